@@ -1,0 +1,84 @@
+"""Load and unload of the IPython extension: every registration has its undo.
+
+Each feature lives in its own shell module with ``register(ip, state)``; it registers
+magics, cell events and things to stop through :class:`ExtensionState`, which undoes
+all of it on ``%unload_ext`` / ``%reload_ext``.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any, Callable
+
+# Shell modules, each with ``register(ip, state)``.
+FEATURES: tuple[str, ...] = (
+    "gpunb.shells.check_magic",
+)
+
+_STATE_ATTR = "_gpunb_extension_state"
+
+
+class ExtensionState:
+    """What the extension registered on one shell, so unload can take it all back."""
+
+    def __init__(self, shell: Any) -> None:
+        self.shell = shell
+        self._magic_names: list[tuple[str, str]] = []  # (kind, name)
+        self._magic_classes: list[str] = []
+        self._events: list[tuple[str, Callable]] = []
+        self._on_unload: list[Callable[[], None]] = []
+        self.shared: dict[str, Any] = {}  # per-shell objects features share (e.g. the sampler)
+
+    def add_magics(self, magics: Any) -> None:
+        self.shell.register_magics(magics)
+        for kind, table in magics.magics.items():
+            self._magic_names.extend((kind, name) for name in table)
+        self._magic_classes.append(type(magics).__name__)
+
+    def on(self, event: str, callback: Callable) -> None:
+        self.shell.events.register(event, callback)
+        self._events.append((event, callback))
+
+    def on_unload(self, fn: Callable[[], None]) -> None:
+        self._on_unload.append(fn)
+
+    def undo(self) -> None:
+        for fn in reversed(self._on_unload):
+            try:
+                fn()
+            except Exception as exc:  # unload must finish whatever one feature does
+                print(f"gpunb: error while unloading: {exc!r}")
+        for event, callback in self._events:
+            try:
+                self.shell.events.unregister(event, callback)
+            except ValueError:
+                pass
+        manager = self.shell.magics_manager
+        for kind, name in self._magic_names:
+            manager.magics[kind].pop(name, None)
+        for cls in self._magic_classes:
+            manager.registry.pop(cls, None)
+        self._on_unload.clear()
+        self._events.clear()
+        self._magic_names.clear()
+
+
+def state_of(shell: Any) -> ExtensionState | None:
+    return getattr(shell, _STATE_ATTR, None)
+
+
+def load(shell: Any) -> None:
+    if state_of(shell) is not None:  # loading twice must not double hooks or threads
+        unload(shell)
+    state = ExtensionState(shell)
+    setattr(shell, _STATE_ATTR, state)
+    for module in FEATURES:
+        import_module(module).register(shell, state)
+
+
+def unload(shell: Any) -> None:
+    state = state_of(shell)
+    if state is None:
+        return
+    state.undo()
+    delattr(shell, _STATE_ATTR)

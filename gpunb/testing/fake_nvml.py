@@ -1,0 +1,285 @@
+"""A fake ``pynvml`` module replaying real NVML readings recorded on an H200.
+
+It implements the functions gpunb calls, with pynvml's own names, constants and error
+classes, so the code under test is the same code that runs on a GPU. Values come from
+``h200_trace.json`` (recorded on the project's H200 test machine, 2026-11-29: idle,
+model build, training ramp, a real OOM, recovery). Faults are configured per function.
+
+Tests only: the product never uses it unless ``GPUNB_FAKE_NVML`` names a scenario.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import pynvml as _real  # constants and error classes only; no NVML call is made
+
+TRACE_PATH = Path(__file__).with_name("h200_trace.json")
+
+
+def load_trace() -> dict:
+    return json.loads(TRACE_PATH.read_text())
+
+
+@dataclass
+class FakeGpu:
+    """One GPU: static facts plus a timeline of samples (``t`` in seconds)."""
+
+    facts: dict
+    samples: list[dict]
+    faults: dict[str, int] = field(default_factory=dict)  # function name -> NVML error code
+    lost_after_s: float | None = None  # every call raises GPU_IS_LOST after this time
+    extra_processes: list[dict] = field(default_factory=list)  # other users' processes
+    mig_devices: list[dict] = field(default_factory=list)  # [{"uuid":..., "memory_total":...}]
+
+    def sample_at(self, t: float) -> dict:
+        span = self.samples[-1]["t"] + 0.2
+        t = t % span  # replay in a loop
+        current = self.samples[0]
+        for s in self.samples:
+            if s["t"] > t:
+                break
+            current = s
+        return current
+
+
+class FakePynvml:
+    """Drop-in for the ``pynvml`` module over :class:`FakeGpu` devices."""
+
+    def __init__(
+        self,
+        gpus: list[FakeGpu],
+        *,
+        init_error: int | None = None,
+        driver_version: str = "580.159.04",
+        cuda_driver_version: int = 13000,
+        clock: Callable[[], float] | None = None,
+        process_names: dict[int, str] | None = None,
+    ) -> None:
+        self.gpus = gpus
+        self.init_error = init_error
+        self.driver_version = driver_version
+        self.cuda_driver_version = cuda_driver_version
+        self.process_names = process_names or {}
+        start = time.monotonic()
+        self.clock = clock or (lambda: time.monotonic() - start)
+        self.calls: dict[str, int] = {}
+        self.initialized = 0
+
+    def __getattr__(self, name: str) -> Any:
+        # Constants (NVML_CLOCK_SM, nvmlMemory_v2, ...) and NVMLError come from the real module.
+        if name.startswith(("NVML", "nvmlClocks", "nvmlMemory")):
+            return getattr(_real, name)
+        raise AttributeError(name)
+
+    NVMLError = _real.NVMLError
+
+    # -- helpers ----------------------------------------------------------------
+    def _count(self, name: str) -> None:
+        self.calls[name] = self.calls.get(name, 0) + 1
+
+    def _gpu(self, handle: Any, name: str) -> FakeGpu:
+        self._count(name)
+        if not self.initialized:
+            raise _real.NVMLError(_real.NVML_ERROR_UNINITIALIZED)
+        gpu = self.gpus[handle.index]
+        if gpu.lost_after_s is not None and self.clock() >= gpu.lost_after_s:
+            raise _real.NVMLError(_real.NVML_ERROR_GPU_IS_LOST)
+        code = gpu.faults.get(name)
+        if code is not None:
+            raise _real.NVMLError(code)
+        return gpu
+
+    def _now(self, gpu: FakeGpu) -> dict:
+        return gpu.sample_at(self.clock())
+
+    # -- library ----------------------------------------------------------------
+    def nvmlInit(self) -> None:
+        self._count("nvmlInit")
+        if self.init_error is not None:
+            raise _real.NVMLError(self.init_error)
+        self.initialized += 1
+
+    def nvmlShutdown(self) -> None:
+        self.initialized = max(0, self.initialized - 1)
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return self.driver_version
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        return self.cuda_driver_version
+
+    def nvmlSystemGetProcessName(self, pid: int) -> str:
+        if pid in self.process_names:
+            return self.process_names[pid]
+        raise _real.NVMLError(_real.NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._count("nvmlDeviceGetCount")
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:
+        if not 0 <= index < len(self.gpus):
+            raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
+        handle = SimpleNamespace(index=index, mig=None)
+        self._gpu(handle, "nvmlDeviceGetHandleByIndex")
+        return handle
+
+    # -- static facts -------------------------------------------------------------
+    def nvmlDeviceGetName(self, h: Any) -> str:
+        return self._gpu(h, "nvmlDeviceGetName").facts["name"]
+
+    def nvmlDeviceGetUUID(self, h: Any) -> str:
+        gpu = self._gpu(h, "nvmlDeviceGetUUID")
+        if h.mig is not None:
+            return gpu.mig_devices[h.mig]["uuid"]
+        return gpu.facts["uuid"]
+
+    def nvmlDeviceGetPciInfo(self, h: Any) -> Any:
+        return SimpleNamespace(busId=self._gpu(h, "nvmlDeviceGetPciInfo").facts["pci_bus_id"])
+
+    def nvmlDeviceGetCudaComputeCapability(self, h: Any) -> tuple[int, int]:
+        return tuple(self._gpu(h, "nvmlDeviceGetCudaComputeCapability").facts["cuda_compute_capability"])
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h: Any) -> int:
+        return self._gpu(h, "nvmlDeviceGetEnforcedPowerLimit").facts["power_limit_mw"]
+
+    def nvmlDeviceGetMaxClockInfo(self, h: Any, kind: int) -> int:
+        f = self._gpu(h, "nvmlDeviceGetMaxClockInfo").facts
+        return f["max_sm_clock_mhz"] if kind == _real.NVML_CLOCK_SM else f["max_mem_clock_mhz"]
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, h: Any) -> int:
+        return self._gpu(h, "nvmlDeviceGetMaxPcieLinkGeneration").facts["pcie_gen_max"]
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, h: Any) -> int:
+        return self._gpu(h, "nvmlDeviceGetMaxPcieLinkWidth").facts["pcie_width_max"]
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, h: Any) -> int:
+        return self._gpu(h, "nvmlDeviceGetCurrPcieLinkGeneration").facts["pcie_gen_current"]
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, h: Any) -> int:
+        return self._gpu(h, "nvmlDeviceGetCurrPcieLinkWidth").facts["pcie_width_current"]
+
+    def nvmlDeviceGetTemperatureThreshold(self, h: Any, kind: int) -> int:
+        f = self._gpu(h, "nvmlDeviceGetTemperatureThreshold").facts
+        if kind == _real.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN:
+            return f["temp_slowdown_c"]
+        if kind == _real.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN:
+            return f["temp_shutdown_c"]
+        raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceGetPersistenceMode(self, h: Any) -> int:
+        return self._gpu(h, "nvmlDeviceGetPersistenceMode").facts["persistence_mode"]
+
+    def nvmlDeviceGetComputeMode(self, h: Any) -> int:
+        return self._gpu(h, "nvmlDeviceGetComputeMode").facts["compute_mode"]
+
+    def nvmlDeviceGetMigMode(self, h: Any) -> list[int]:
+        return list(self._gpu(h, "nvmlDeviceGetMigMode").facts["mig_mode"])
+
+    def nvmlDeviceGetEccMode(self, h: Any) -> list[int]:
+        return list(self._gpu(h, "nvmlDeviceGetEccMode").facts["ecc_mode"])
+
+    def nvmlDeviceGetTotalEccErrors(self, h: Any, error_type: int, counter: int) -> int:
+        return self._gpu(h, "nvmlDeviceGetTotalEccErrors").facts["ecc_uncorrected_volatile"]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: Any) -> int:
+        return 7 if self._gpu(h, "nvmlDeviceGetMaxMigDeviceCount").mig_devices else 0
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: Any, slot: int) -> Any:
+        gpu = self._gpu(h, "nvmlDeviceGetMigDeviceHandleByIndex")
+        if slot >= len(gpu.mig_devices):
+            raise _real.NVMLError(_real.NVML_ERROR_NOT_FOUND)
+        return SimpleNamespace(index=h.index, mig=slot)
+
+    # -- moving values --------------------------------------------------------------
+    def nvmlDeviceGetMemoryInfo(self, h: Any, version: Any = None) -> Any:
+        gpu = self._gpu(h, "nvmlDeviceGetMemoryInfo")
+        if h.mig is not None:
+            total = gpu.mig_devices[h.mig]["memory_total"]
+            return SimpleNamespace(total=total, used=0, free=total, reserved=0)
+        s = self._now(gpu)
+        total = gpu.facts["memory_total"]
+        reserved = gpu.facts["memory_reserved"]
+        used = s["memory_used"] + sum(p["used_gpu_memory"] for p in gpu.extra_processes)
+        if version:  # v2 separates the driver's reservation from "used"
+            return SimpleNamespace(total=total, reserved=reserved, used=used, free=total - reserved - used)
+        return SimpleNamespace(total=total, used=used + reserved, free=total - reserved - used)
+
+    def nvmlDeviceGetUtilizationRates(self, h: Any) -> Any:
+        s = self._now(self._gpu(h, "nvmlDeviceGetUtilizationRates"))
+        return SimpleNamespace(gpu=s["util_gpu"], memory=s["util_memory"])
+
+    def nvmlDeviceGetPowerUsage(self, h: Any) -> int:
+        return self._now(self._gpu(h, "nvmlDeviceGetPowerUsage"))["power_mw"]
+
+    def nvmlDeviceGetTemperature(self, h: Any, sensor: int) -> int:
+        return self._now(self._gpu(h, "nvmlDeviceGetTemperature"))["temp_c"]
+
+    def nvmlDeviceGetClockInfo(self, h: Any, kind: int) -> int:
+        s = self._now(self._gpu(h, "nvmlDeviceGetClockInfo"))
+        return s["sm_clock_mhz"] if kind == _real.NVML_CLOCK_SM else s["mem_clock_mhz"]
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: Any) -> int:
+        return self._now(self._gpu(h, "nvmlDeviceGetCurrentClocksEventReasons"))["clocks_event_reasons"]
+
+    def nvmlDeviceGetPerformanceState(self, h: Any) -> int:
+        return self._now(self._gpu(h, "nvmlDeviceGetPerformanceState"))["pstate"]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: Any) -> list[Any]:
+        gpu = self._gpu(h, "nvmlDeviceGetComputeRunningProcesses")
+        procs = self._now(gpu)["processes"] + gpu.extra_processes
+        return [SimpleNamespace(pid=p["pid"], usedGpuMemory=p["used_gpu_memory"]) for p in procs]
+
+
+# -- scenarios ---------------------------------------------------------------------------
+
+def _h200(trace: dict, **overrides: Any) -> FakeGpu:
+    return FakeGpu(facts=dict(trace["facts"]), samples=trace["samples"], **overrides)
+
+
+def scenario(name: str, clock: Callable[[], float] | None = None) -> FakePynvml:
+    """Named fault scenarios, all from the recorded H200 readings.
+
+    ``h200``             the recorded H200, healthy
+    ``no-driver``        libnvidia-ml.so.1 missing (a CPU-only machine)
+    ``two-gpus``         two H200s (the second with its own UUID and bus id)
+    ``power-not-supported``  power readings raise NotSupported
+    ``gpu-lost``         the only GPU has fallen off the bus
+    ``second-gpu-lost``  two GPUs, the second lost
+    ``mig``              MIG enabled with two MIG devices
+    ``busy``             another user's process holds 40 GiB
+    """
+    trace = load_trace()
+    if name == "h200":
+        return FakePynvml([_h200(trace)], clock=clock)
+    if name == "no-driver":
+        return FakePynvml([], init_error=_real.NVML_ERROR_LIBRARY_NOT_FOUND, clock=clock)
+    if name in ("two-gpus", "second-gpu-lost"):
+        second = _h200(trace)
+        second.facts.update(uuid="GPU-0b7c3f51-9a2e-4d6b-8f10-2c4e6a8b0d12", pci_bus_id="00000000:00:07.0")
+        if name == "second-gpu-lost":
+            second.lost_after_s = 0.0
+        return FakePynvml([_h200(trace), second], clock=clock)
+    if name == "power-not-supported":
+        gpu = _h200(trace, faults={"nvmlDeviceGetPowerUsage": _real.NVML_ERROR_NOT_SUPPORTED,
+                                   "nvmlDeviceGetEnforcedPowerLimit": _real.NVML_ERROR_NOT_SUPPORTED})
+        return FakePynvml([gpu], clock=clock)
+    if name == "gpu-lost":
+        return FakePynvml([_h200(trace, lost_after_s=0.0)], clock=clock)
+    if name == "mig":
+        gpu = _h200(trace, mig_devices=[
+            {"uuid": "MIG-4f2d8a61-3b7e-5c90-a1d4-7e6f5b3c2a10", "memory_total": 71 * 2**30},
+            {"uuid": "MIG-9c1e7b24-6d3a-5f81-b2c7-0a9d8e4f6b35", "memory_total": 71 * 2**30},
+        ])
+        gpu.facts["mig_mode"] = [1, 1]
+        return FakePynvml([gpu], clock=clock)
+    if name == "busy":
+        gpu = _h200(trace, extra_processes=[{"pid": 999_001, "used_gpu_memory": 40 * 2**30}])
+        return FakePynvml([gpu], clock=clock, process_names={999_001: "python3"})
+    raise ValueError(f"unknown fake NVML scenario {name!r}; see gpunb.testing.fake_nvml.scenario")
