@@ -1,0 +1,86 @@
+"""``CUDA_VISIBLE_DEVICES``: which GPUs a CUDA program in this environment will see.
+
+Rules from the CUDA C++ Programming Guide, "CUDA Environment Variables": a comma-separated
+list of device indices, GPU UUIDs (``GPU-...``, a unique prefix is enough) or MIG UUIDs
+(``MIG-...``); an empty value hides every GPU; parsing stops at the first invalid entry,
+so only the entries before it are visible. Indices follow CUDA's enumeration order,
+which is fastest-first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (NVML uses bus order).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from gpunb.readings.gpu import GpuInfo
+
+
+@dataclass(frozen=True)
+class VisibleDevices:
+    raw: str | None  # None: the variable is not set
+    visible: tuple[str, ...]  # UUIDs (GPU- or MIG-) CUDA will see, in CUDA order
+    nvml_indices: tuple[int, ...]  # the physical GPUs behind them
+    problems: tuple[str, ...] = field(default=())
+    notes: tuple[str, ...] = field(default=())
+
+
+def _match_uuid(token: str, gpus: Sequence[GpuInfo]) -> tuple[str, int] | None | str:
+    """The (uuid, nvml index) a UUID token names; a string explains an ambiguity."""
+    hits = []
+    for g in gpus:
+        if isinstance(g.uuid, str) and g.uuid.startswith(token):
+            hits.append((g.uuid, g.index))
+        for mig in g.mig_devices:
+            # MIG-<uuid> and the legacy MIG-GPU-<uuid>/<gi>/<ci> both select a MIG device
+            if mig.uuid.startswith(token) or (token.startswith("MIG-GPU-") and isinstance(g.uuid, str)
+                                              and token[4:].split("/")[0] == g.uuid):
+                hits.append((mig.uuid if not token.startswith("MIG-GPU-") else token, g.index))
+    if len(hits) > 1:
+        return f"{token!r} matches {len(hits)} devices; give more of the UUID"
+    return hits[0] if hits else None
+
+
+def resolve(environ: Mapping[str, str], gpus: Sequence[GpuInfo]) -> VisibleDevices:
+    raw = environ.get("CUDA_VISIBLE_DEVICES")
+    if raw is None:
+        uuids = tuple(g.uuid for g in gpus if isinstance(g.uuid, str))
+        notes = []
+        if any(g.mig_enabled is True for g in gpus):
+            notes.append("MIG is enabled and CUDA_VISIBLE_DEVICES is unset: CUDA enumerates MIG "
+                         "instances itself; select one with CUDA_VISIBLE_DEVICES=MIG-<uuid>.")
+        return VisibleDevices(None, uuids, tuple(g.index for g in gpus), notes=tuple(notes))
+    tokens = [t.strip() for t in raw.split(",")]
+    if raw.strip() == "":
+        return VisibleDevices(raw, (), (), problems=("CUDA_VISIBLE_DEVICES is set to an empty string, "
+                                                        "which hides every GPU from CUDA.",))
+    visible, indices, problems, notes = [], [], [], []
+    by_index = {g.index: g for g in gpus}
+    for pos, token in enumerate(tokens):
+        hit: tuple[str, int] | None | str
+        if token.lstrip("-").isdigit():
+            g = by_index.get(int(token))
+            hit = (g.uuid, g.index) if g is not None and isinstance(g.uuid, str) else None
+            if hit is None:
+                reason = (f"index {token} does not exist (this machine has {len(gpus)} GPU(s): "
+                          f"0..{len(gpus) - 1})" if int(token) >= 0 else f"{token} is not a device")
+        elif token.startswith(("GPU-", "MIG-")):
+            hit = _match_uuid(token, gpus)
+            reason = hit if isinstance(hit, str) else f"no GPU or MIG device has UUID {token!r}"
+        else:
+            hit, reason = None, f"{token!r} is neither an index nor a GPU-/MIG- UUID"
+        if not isinstance(hit, tuple):
+            ignored = tokens[pos + 1:]
+            tail = f"; the entries after it ({', '.join(ignored)}) are ignored too" if ignored else ""
+            problems.append(f"CUDA_VISIBLE_DEVICES entry {pos + 1}: {reason}. CUDA stops reading the list "
+                            f"there{tail}.")
+            break
+        if hit[0] in visible:
+            problems.append(f"CUDA_VISIBLE_DEVICES lists {token!r} twice.")
+            break
+        visible.append(hit[0])
+        indices.append(hit[1])
+    numeric = [t for t in tokens if t.isdigit()]
+    if numeric and len({g.name for g in gpus}) > 1 and environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
+        notes.append("GPUs of different models with numeric CUDA_VISIBLE_DEVICES: CUDA numbers them "
+                     "fastest-first, NVML by bus id; set CUDA_DEVICE_ORDER=PCI_BUS_ID or use UUIDs.")
+    return VisibleDevices(raw, tuple(visible), tuple(indices), tuple(problems), tuple(notes))

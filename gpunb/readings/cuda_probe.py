@@ -1,0 +1,104 @@
+"""Run the CUDA probe in a subprocess and collect its readings.
+
+The probe script (``cuda_probe_script.py``) is started by path with the kernel's own
+interpreter, so it sees the same torch and the same environment (CUDA_VISIBLE_DEVICES),
+but its CUDA context lives and dies in the child.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping
+
+SCRIPT = Path(__file__).with_name("cuda_probe_script.py")
+
+
+@dataclass
+class ProbeResult:
+    """What the child process reported; ``error`` says why it could not finish."""
+
+    facts: dict | None = None
+    results: dict = field(default_factory=dict)  # (step, device) -> numbers
+    errors: dict = field(default_factory=dict)  # (step, device) -> message
+    error: str | None = None
+    duration_s: float = 0.0
+
+    def result(self, step: str, device: int | None) -> dict | None:
+        return self.results.get((step, device))
+
+    def step_error(self, step: str, device: int | None) -> str | None:
+        return self.errors.get((step, device))
+
+
+def run_probe(
+    *,
+    environ: Mapping[str, str] | None = None,
+    devices: list[int] | None = None,
+    timeout_s: float = 180.0,
+    on_step: Callable[[str, int | None], None] | None = None,
+    python: str | None = None,
+) -> ProbeResult:
+    """Run the probe; ``on_step(step, device)`` is called as each measurement starts."""
+    cmd = [python or sys.executable, str(SCRIPT)]
+    if devices is not None:
+        cmd.append("--devices=" + ",".join(map(str, devices)))
+    env = dict(os.environ if environ is None else environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    out = ProbeResult()
+    t0 = time.monotonic()
+    # stderr goes to a file: a chatty library must not fill a pipe and stall the child.
+    with tempfile.TemporaryFile(mode="w+") as stderr_file:
+        try:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr_file, text=True, env=env)
+        except OSError as exc:
+            out.error = f"could not start {cmd[0]}: {exc}"
+            return out
+        # A hung driver blocks the child's output; the timer kills it so reading ends.
+        killer = threading.Timer(timeout_s, proc.kill)
+        killer.start()
+        done = False
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                done = _handle(line, out, on_step) or done
+            proc.wait()
+        finally:
+            timed_out = not killer.is_alive() and proc.returncode not in (0, None) and not done
+            killer.cancel()
+        if timed_out:
+            out.error = (f"the CUDA probe did not finish within {timeout_s:.0f} s "
+                         "(a hung driver, or a GPU busy with another job)")
+        elif not done:
+            stderr_file.seek(0)
+            lines = [ln for ln in stderr_file.read().strip().splitlines() if ln.strip()]
+            tail = " | ".join(lines[-3:]) if lines else f"exit code {proc.returncode}"
+            out.error = f"the CUDA probe process died: {tail}"
+    out.duration_s = time.monotonic() - t0
+    return out
+
+
+def _handle(line: str, out: ProbeResult, on_step: Callable[[str, int | None], None] | None) -> bool:
+    """Fold one protocol line into ``out``; True when it is the final "done"."""
+    try:
+        msg = json.loads(line)
+    except json.JSONDecodeError:
+        return False  # a library printed to stdout; not ours
+    event = msg.pop("event", None)
+    step, device = msg.pop("step", None), msg.pop("device", None)
+    if event == "step" and on_step is not None:
+        on_step(step, device)
+    elif event == "facts":
+        out.facts = msg
+    elif event == "result":
+        out.results[(step, device)] = msg
+    elif event == "error":
+        out.errors[(step, device)] = msg.get("error", "")
+    return event == "done"

@@ -1,0 +1,94 @@
+"""What torch is installed, read without importing it (or from the kernel's torch if the
+user already imported it), and whether this kernel already holds a CUDA context.
+
+Importing torch costs 3-4 s and is the user's decision; ``torch/version.py`` holds the
+build facts as plain assignments, which we read as text.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class TorchBuild:
+    installed: bool
+    version: str | None = None
+    cuda: str | None = None  # CUDA runtime torch was built with ("13.0"); None for CPU/ROCm builds
+    hip: str | None = None
+    location: str | None = None
+    imported: bool = False  # torch is in sys.modules of this process
+
+
+@dataclass(frozen=True)
+class KernelTorchState:
+    """Facts from the kernel's own torch; only read when the user already imported it."""
+
+    arch_list: tuple[str, ...] | None  # None: unknown without initialising CUDA
+    cudnn_version: int | None
+    nccl_version: str | None
+    matmul_precision: str
+    cuda_initialized: bool
+    context_error: str | None  # set when an earlier device-side error poisoned the context
+
+
+def _version_file_assignments(path: Path) -> dict:
+    values = {}
+    try:
+        tree = ast.parse(path.read_text())
+    except (OSError, SyntaxError):
+        return values
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+        if isinstance(target, ast.Name) and getattr(node, "value", None) is not None:
+            try:
+                values[target.id] = ast.literal_eval(node.value)
+            except ValueError:
+                pass
+    return values
+
+
+def read_torch_build() -> TorchBuild:
+    module = sys.modules.get("torch")
+    if module is not None and hasattr(module, "version"):
+        return TorchBuild(True, module.__version__, module.version.cuda, getattr(module.version, "hip", None),
+                          str(Path(module.__file__).parent), imported=True)
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        return TorchBuild(False)
+    root = Path(list(spec.submodule_search_locations)[0])
+    values = _version_file_assignments(root / "version.py")
+    return TorchBuild(True, values.get("__version__"), values.get("cuda"), values.get("hip"), str(root))
+
+
+def read_kernel_torch_state() -> KernelTorchState | None:
+    """Read torch facts in this process without creating a CUDA context; None if torch is not imported."""
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(torch, "cuda"):
+        return None
+    arch_flags = getattr(torch._C, "_cuda_getArchFlags", None)  # compile-time list, no CUDA init
+    arch = tuple(arch_flags().split()) if arch_flags is not None and arch_flags() else None
+    try:
+        cudnn = torch.backends.cudnn.version()
+    except Exception:
+        cudnn = None
+    try:
+        nccl = torch.cuda.nccl.version()
+        nccl = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
+    except Exception:
+        nccl = None
+    initialized = bool(torch.cuda.is_initialized())
+    context_error = None
+    if initialized:
+        try:  # a sticky error (device-side assert, illegal address) makes every CUDA call raise
+            torch.cuda.mem_get_info()
+        except Exception as exc:
+            context_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return KernelTorchState(arch, cudnn, nccl, torch.get_float32_matmul_precision(), initialized, context_error)
