@@ -1,0 +1,42 @@
+"""Everything the checks look at, gathered once so each check is a pure function of it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from gpunb.analysis.visible_devices import VisibleDevices
+from gpunb.readings.cuda_probe import ProbeResult
+from gpunb.readings.gpu import GpuInfo, GpuSnapshot
+from gpunb.readings.host import HostFacts
+from gpunb.readings.torch_build import KernelTorchState, TorchBuild
+
+
+@dataclass
+class CheckInputs:
+    environ: Mapping[str, str]
+    snapshot: GpuSnapshot
+    host: HostFacts
+    torch: TorchBuild
+    kernel_torch: KernelTorchState | None  # None unless the user imported torch in this process
+    in_kernel: bool  # running inside a notebook/IPython kernel
+    visible: VisibleDevices
+    selected: tuple[int, ...]  # NVML indices of the GPUs being checked
+    probe: ProbeResult | None = None  # None with --quick
+    probe_devices: tuple[int, ...] = ()  # CUDA ordinals measured by the probe, matching ``selected``
+    frameworks: dict = field(default_factory=dict)  # "jax"/"tensorflow" -> report
+    quick: bool = False
+
+    @property
+    def gpus(self) -> list[GpuInfo]:
+        return [g for g in self.snapshot.gpus if g.index in self.selected]
+
+    @property
+    def has_gpu(self) -> bool:
+        return bool(self.snapshot.gpus)
+
+    def sample(self, index: int):
+        return self.snapshot.samples[index]
+
+    def processes(self, index: int):
+        return self.snapshot.processes[index]

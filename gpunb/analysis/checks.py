@@ -1,0 +1,147 @@
+"""``gpunb.check()``: the GPU training setup checklist, executed.
+
+Fast checks (NVML, host, files) come first and are shown at once; the CUDA probe then
+runs in a subprocess (so this process gets no CUDA context) while progress is reported,
+and the checks that need its measurements complete the report.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Callable, Mapping
+
+from gpunb.analysis import checks_gpu, checks_host, checks_torch
+from gpunb.analysis.check_inputs import CheckInputs
+from gpunb.analysis.check_report import CheckReport, CheckResult
+from gpunb.analysis.visible_devices import resolve
+from gpunb.readings.cuda_probe import run_probe
+from gpunb.readings.gpu import read_snapshot
+from gpunb.readings.host import read_host_facts
+from gpunb.readings.nvml import NvmlSession, default_session
+from gpunb.readings.torch_build import read_kernel_torch_state, read_torch_build
+
+# (check, needs the subprocess measurements) in the order of the training checklist:
+# driver first, then versions, one small success, then health, precision, host, config.
+CHECKS: tuple[tuple[Callable[[CheckInputs], CheckResult], bool], ...] = (
+    (checks_gpu.check_driver, False),
+    (checks_gpu.check_other_processes, False),
+    (checks_torch.check_torch_build, True),
+    (checks_torch.check_torch_arch, True),
+    (checks_torch.check_cudnn_nccl, True),
+    (checks_gpu.check_visible_devices, False),
+    (checks_torch.check_smoke, True),
+    (checks_torch.check_matmul, True),
+    (checks_torch.check_copy, True),
+    (checks_torch.check_kernel_cuda_state, False),
+    (checks_gpu.check_temperature, False),
+    (checks_gpu.check_power, False),
+    (checks_gpu.check_clock_events, False),
+    (checks_gpu.check_ecc, False),
+    (checks_gpu.check_persistence, False),
+    (checks_gpu.check_mig, False),
+    (checks_gpu.check_compute_mode, False),
+    (checks_torch.check_precision, True),
+    (checks_host.check_cpu_ram, False),
+    (checks_host.check_shm, False),
+    (checks_host.check_disk, False),
+    (checks_torch.check_alloc_conf, False),
+    (checks_host.check_frameworks, True),
+    (checks_host.check_nvml_package, False),
+)
+
+_STEP_WORDS = {
+    "import torch": "importing torch in a subprocess",
+    "cuda init": "starting CUDA in a subprocess",
+    "smoke": "training-step smoke test",
+    "matmul": "matrix-multiply throughput",
+    "copy": "host-to-device copy bandwidth",
+}
+
+ProgressFn = Callable[[CheckReport], None]
+
+
+class DeviceChoiceError(ValueError):
+    """``device=N`` names no GPU CUDA can see."""
+
+
+def _in_ipython() -> bool:
+    ipython = sys.modules.get("IPython")
+    return ipython is not None and ipython.get_ipython() is not None
+
+
+def _run(inputs: CheckInputs, include_probe_checks: bool) -> tuple[CheckResult, ...]:
+    results = []
+    for fn, needs_probe in CHECKS:
+        if needs_probe and not include_probe_checks:
+            continue
+        try:
+            results.append(fn(inputs))
+        except Exception as exc:  # a bug in one check must not hide the others
+            name = fn.__name__.removeprefix("check_")
+            results.append(CheckResult(name, name.replace("_", " "), "fail", "the check itself crashed",
+                                       {"error": repr(exc)}, f"gpunb bug: {exc!r}",
+                                       "Please report it with this output."))
+    return tuple(results)
+
+
+def check(
+    quick: bool = False,
+    device: int | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    nvml: NvmlSession | None = None,
+    progress: ProgressFn | None = None,
+    in_kernel: bool | None = None,
+    probe_timeout_s: float = 180.0,
+) -> CheckReport:
+    """Run the setup checklist and return a :class:`CheckReport`.
+
+    quick: skip the subprocess measurements (CUDA smoke test, matmul and copy speed).
+    device: check only ``cuda:N`` (numbered as CUDA sees GPUs under CUDA_VISIBLE_DEVICES).
+    progress: called with the partial report whenever a step starts or finishes.
+    """
+    t0 = time.monotonic()
+    env = dict(os.environ if environ is None else environ)
+    snapshot = read_snapshot(nvml or default_session())
+    visible = resolve(env, snapshot.gpus)
+    if device is not None:
+        if not isinstance(device, int) or isinstance(device, bool):
+            raise DeviceChoiceError(f"device must be an integer CUDA ordinal, not {device!r}")
+        if not 0 <= device < len(visible.nvml_indices):
+            raise DeviceChoiceError(
+                f"device {device} does not exist: CUDA sees {len(visible.nvml_indices)} GPU(s)"
+                + (f" (cuda:0..cuda:{len(visible.nvml_indices) - 1})" if visible.nvml_indices else ""))
+        selected = (visible.nvml_indices[device],)
+    else:
+        selected = tuple(g.index for g in snapshot.gpus)
+    inputs = CheckInputs(
+        environ=env,
+        snapshot=snapshot,
+        host=read_host_facts(),
+        torch=read_torch_build(),
+        kernel_torch=read_kernel_torch_state(),
+        in_kernel=_in_ipython() if in_kernel is None else in_kernel,
+        visible=visible,
+        selected=selected,
+        quick=quick,
+    )
+
+    def show(message: str | None, include_probe: bool) -> None:
+        if progress is not None:
+            progress(CheckReport(_run(inputs, include_probe), time.monotonic() - t0, quick, device, message))
+
+    if not quick and inputs.torch.installed and visible.visible:
+        show("starting the CUDA probe (a subprocess, so this kernel gets no CUDA context)", False)
+
+        def on_step(step: str, dev: int | None) -> None:
+            where = f" on cuda:{dev}" if dev is not None else ""
+            show(f"running: {_STEP_WORDS.get(step, step)}{where}", False)
+
+        inputs.probe = run_probe(environ=env, devices=[device] if device is not None else None,
+                                 timeout_s=probe_timeout_s, on_step=on_step)
+    if not quick and checks_host.frameworks_installed():
+        show("asking JAX/TensorFlow which devices they see (subprocess)", False)
+    inputs.frameworks = checks_host.probe_frameworks(quick)
+    return CheckReport(_run(inputs, True), time.monotonic() - t0, quick, device)

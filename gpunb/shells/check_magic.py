@@ -1,0 +1,109 @@
+"""``%gpucheck``: the setup checklist in a notebook, with live progress while it runs."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from gpunb.analysis.check_report import CheckReport
+from gpunb.analysis.checks import DeviceChoiceError, check
+
+
+def parse_args(magic: Any, line: str) -> Any:
+    """Parse magic arguments; a bad flag becomes a UsageError that shows the usage line."""
+    try:
+        return parse_argstring(magic, line)
+    except UsageError as exc:
+        usage = " ".join(magic.parser.format_usage().replace("::", "").split())
+        raise UsageError(f"{exc}\n{usage}\n(see `%{magic.__name__}?` for help)") from None
+
+
+@magics_class
+class CheckMagics(Magics):
+    @magic_arguments()
+    @argument("--quick", action="store_true",
+              help="Skip the subprocess measurements (CUDA smoke test, matmul and copy speed): well under a second.")
+    @argument("--device", type=int, default=None, metavar="N",
+              help="Check only cuda:N (numbered as CUDA sees GPUs under CUDA_VISIBLE_DEVICES).")
+    @argument("--json", action="store_true", help="Print the report as JSON instead of the formatted checklist.")
+    @argument("-o", "--output", metavar="NAME", default=None,
+              help="Also bind the CheckReport object to NAME in the notebook namespace.")
+    @line_magic
+    def gpucheck(self, line: str = "") -> None:
+        """Run the GPU training setup checklist and show each check's status, cause and fix.
+
+        Checks the NVIDIA driver and GPUs, other processes, the torch build against the driver
+        and the GPU architecture, cuDNN/NCCL, CUDA_VISIBLE_DEVICES, a CUDA smoke test with
+        matmul and copy speed (in a subprocess, so this kernel gets no CUDA context), this
+        kernel's CUDA state, temperature, power, throttling, ECC, persistence/MIG/compute
+        modes, TF32/bf16, host CPU/RAM, /dev/shm, disk, PYTORCH_CUDA_ALLOC_CONF, JAX/TF.
+
+        The same report: ``gpunb.check()`` in Python, ``gpunb check`` in a terminal.
+
+        Examples::
+
+            %gpucheck
+            %gpucheck --quick
+            %gpucheck --device 1 -o report
+            %gpucheck --json
+        """
+        args = parse_args(self.gpucheck, line)
+        if args.output is not None and not args.output.isidentifier():
+            raise UsageError(f"-o needs a Python variable name, not {args.output!r}")
+        show_progress = not args.json
+        handle = _ProgressDisplay(self.shell) if show_progress else None
+        try:
+            report = check(quick=args.quick, device=args.device, progress=handle.update if handle else None)
+        except DeviceChoiceError as exc:
+            if handle:
+                handle.clear()
+            raise UsageError(str(exc)) from None
+        if args.output:
+            self.shell.user_ns[args.output] = report
+        if args.json:
+            print(report.to_json())
+        else:
+            handle.finish(report)
+
+
+class _ProgressDisplay:
+    """One output area updated in place: partial reports while the probe runs, then the final one.
+
+    In a Jupyter kernel this uses display_id updates (works in JupyterLab, Notebook 7, VS Code,
+    Colab and is saved by nbconvert); in terminal IPython progress goes to stderr.
+    """
+
+    def __init__(self, shell: Any) -> None:
+        self._in_kernel = getattr(shell, "kernel", None) is not None
+        self._handle = None
+
+    def update(self, partial: CheckReport) -> None:
+        if self._in_kernel:
+            from IPython.display import display
+
+            if self._handle is None:
+                self._handle = display(partial, display_id=True)
+            else:
+                self._handle.update(partial)
+        elif partial.in_progress:
+            print(f"gpucheck: {partial.in_progress}", file=sys.stderr, flush=True)
+
+    def clear(self) -> None:
+        if self._handle is not None:
+            self._handle.update({"text/plain": ""}, raw=True)
+
+    def finish(self, report: CheckReport) -> None:
+        from IPython.display import display
+
+        if self._handle is not None:
+            self._handle.update(report)
+        else:
+            display(report)
+
+
+def register(shell: Any, state: Any) -> None:
+    state.add_magics(CheckMagics(shell))

@@ -1,0 +1,84 @@
+"""The check report as plain text (terminals, logs) and as HTML (notebooks, nbconvert).
+
+Both come from the same records; every dynamic string in HTML is escaped, because GPU
+process names, paths and error messages are not ours to trust.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from html import escape
+
+from gpunb.analysis.check_report import CheckReport, CheckResult
+from gpunb.units import seconds
+
+SYMBOL = {"ok": "✓", "warn": "!", "fail": "✗", "skip": "–"}
+COLOR = {"ok": "#1a7f37", "warn": "#b35900", "fail": "#cf222e", "skip": "#6e7781"}
+
+
+def headline(report: CheckReport) -> str:
+    line = f"gpunb check · {report.summary_line() or 'no checks yet'} · {seconds(report.duration_s)}"
+    if report.quick:
+        line += " · --quick"
+    return line
+
+
+def _wrap(label: str, text: str, width: int = 100) -> list[str]:
+    prefix = f"    {label}" if label else "    "
+    return textwrap.wrap(text, width=width, initial_indent=prefix, subsequent_indent=" " * len(prefix)) or [prefix]
+
+
+def render_check_text(c: CheckResult) -> list[str]:
+    lines = [f"{SYMBOL[c.status]} {c.status.upper():4} {c.title}"]
+    lines += _wrap("", c.summary)
+    if c.status in ("warn", "fail"):
+        if c.cause:
+            lines += _wrap("cause: ", c.cause)
+        if c.fix:
+            lines += _wrap("fix:   ", c.fix)
+        if c.link:
+            lines.append(f"    docs:  {c.link}")
+    if c.tip:
+        lines += _wrap("tip:   ", c.tip)
+    return lines
+
+
+def render_text(report: CheckReport) -> str:
+    lines = [headline(report)]
+    if report.in_progress:
+        lines.append(f"… {report.in_progress}")
+    for c in report.checks:
+        lines += render_check_text(c)
+    return "\n".join(lines)
+
+
+def _check_html(c: CheckResult) -> str:
+    color = COLOR[c.status]
+    body = [f'<div style="margin:2px 0 4px 22px;color:#57606a">{escape(c.summary)}</div>']
+    if c.status in ("warn", "fail"):
+        for label, text in (("Cause", c.cause), ("Fix", c.fix)):
+            if text:
+                body.append(f'<div style="margin:2px 0 2px 22px"><b>{label}:</b> {escape(text)}</div>')
+    if c.tip:
+        body.append(f'<div style="margin:2px 0 2px 22px"><b>Tip:</b> {escape(c.tip)}</div>')
+    if c.link:
+        body.append(f'<div style="margin:2px 0 2px 22px"><a href="{escape(c.link, quote=True)}" target="_blank" '
+                    f'rel="noopener noreferrer">documentation</a></div>')
+    is_open = " open" if c.status in ("warn", "fail") else ""
+    return (f'<details{is_open} style="margin:1px 0"><summary style="cursor:pointer">'
+            f'<span style="color:{color};font-weight:bold;display:inline-block;width:1.2em">{SYMBOL[c.status]}</span>'
+            f'<span style="color:{color};font-weight:600">{escape(c.status)}</span> {escape(c.title)}</summary>'
+            + "".join(body) + "</details>")
+
+
+def render_html(report: CheckReport) -> str:
+    counts = report.counts
+    pills = " · ".join(f'<span style="color:{COLOR[s]};font-weight:600">{n} {s}</span>'
+                       for s, n in counts.items() if n)
+    head = (f'<div style="font-weight:600;margin-bottom:4px">gpunb check · {pills or "no checks yet"} · '
+            f'{escape(seconds(report.duration_s))}{" · --quick" if report.quick else ""}</div>')
+    progress = (f'<div style="color:#0969da;margin-bottom:4px">⏳ {escape(report.in_progress)}…</div>'
+                if report.in_progress else "")
+    rows = "".join(_check_html(c) for c in report.checks)
+    return f'<div class="gpunb-check" style="font-family:var(--jp-ui-font-family,sans-serif);font-size:13px">' \
+           f"{head}{progress}{rows}</div>"
