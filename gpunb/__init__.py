@@ -14,6 +14,7 @@ from gpunb._version import __version__
 # Public API name -> "module:attribute", imported on first access.
 _LAZY = {
     "check": "gpunb.analysis.checks:check",
+    "monitor": "gpunb.shells.monitor:monitor",
 }
 
 __all__ = ["__version__", "load_ipython_extension", "unload_ipython_extension", *_LAZY]

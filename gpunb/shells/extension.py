@@ -13,6 +13,7 @@ from typing import Any, Callable
 # Shell modules, each with ``register(ip, state)``.
 FEATURES: tuple[str, ...] = (
     "gpunb.shells.check_magic",
+    "gpunb.shells.monitor_magic",
 )
 
 _STATE_ATTR = "_gpunb_extension_state"

@@ -1,0 +1,504 @@
+"""The sampler: one thread per kernel reading every GPU and the host a few times a second.
+
+It keeps the readings in bounded ring buffers of compact typed numbers (``array``), so
+a day at the default 2 Hz fits in a few MB, and hands out windows of them to whoever
+listens (the ``%gpumonitor`` widget). The thread never prints: it only calls listeners.
+NVML faults (a sensor not supported, a GPU fallen off the bus) become gaps plus a note;
+nothing that happens in a tick stops the thread.
+
+``tick()`` is the seam tests (and the benchmarks) drive without a thread; the clock is
+injectable so replayed traces line up.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from array import array
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from gpunb.readings.gpu import GpuInfo, read_info, read_processes, read_sample
+from gpunb.readings.host import read_host_sample
+from gpunb.readings.nvml import NvmlSession, NvmlStatus, Unavailable, default_session, is_available
+
+# NVML refreshes utilization about every 200 ms on an H200 (measured, see research), so
+# faster than 10 Hz only repeats values; below 0.5 Hz a training ramp is a blur.
+HZ_DEFAULT = 2.0
+HZ_MIN = 0.5
+HZ_MAX = 10.0
+# The process list costs tens of µs (more with many processes): refresh it rarely.
+PROCESS_REFRESH_S = 5.0
+# A day at the default rate; with one GPU that is ~6 MB (see ``bytes_per_tick``).
+HISTORY_TICKS = 24 * 3600 * int(HZ_DEFAULT)
+THREAD_NAME = "gpunb-sampler"
+MIB = 2**20
+
+# Per-GPU columns: name -> array typecode. Floats store NaN for a gap; the unsigned
+# integer columns store their largest value as the gap marker.
+GPU_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("mem_used_mib", "f"),  # float32 holds whole MiB exactly up to 16 TiB
+    ("mem_own_mib", "f"),  # this kernel's processes (from the last process-list refresh)
+    ("mem_free_mib", "f"),
+    ("util_pct", "B"),
+    ("mem_util_pct", "B"),  # memory-controller busy share
+    ("power_w", "f"),
+    ("temp_c", "B"),
+    ("sm_clock_mhz", "H"),
+    ("clock_events", "I"),  # bitmask, gpunb.readings.gpu.CLOCK_EVENT_REASONS
+)
+HOST_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("cpu_pct", "f"),
+    ("ram_used_mib", "f"),
+    ("kernel_rss_mib", "f"),
+)
+_GAP_INT = {"B": 0xFF, "H": 0xFFFF, "I": 0xFFFFFFFF}
+
+
+def clamp_hz(hz: Any) -> tuple[float, str]:
+    """The rate to use and, when it had to change, why (in words for the user)."""
+    if isinstance(hz, bool) or not isinstance(hz, (int, float)) or math.isnan(hz):
+        raise ValueError(f"hz must be a number of samples per second, got {hz!r}")
+    if hz <= 0:
+        raise ValueError(f"hz must be above 0 (samples per second), got {hz:g}")
+    if hz < HZ_MIN:
+        return HZ_MIN, f"{hz:g} Hz is below the {HZ_MIN:g} Hz minimum; sampling at {HZ_MIN:g} Hz."
+    if hz > HZ_MAX:
+        return HZ_MAX, (
+            f"{hz:g} Hz is above the {HZ_MAX:g} Hz maximum (NVML refreshes its counters about "
+            f"every 200 ms, faster sampling only repeats values); sampling at {HZ_MAX:g} Hz."
+        )
+    return float(hz), ""
+
+
+def gpu_column(index: int, name: str) -> str:
+    return f"gpu{index}_{name}"
+
+
+class RingColumns:
+    """Columns of typed numbers sharing one write position; the oldest row is overwritten
+    once ``capacity`` rows are held. Not thread-safe: the sampler locks around it."""
+
+    def __init__(self, spec: Iterable[tuple[str, str]], capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        self.capacity = capacity
+        self.spec = tuple(spec)
+        self._arrays = {name: array(code) for name, code in self.spec}
+        self._gap = {name: (math.nan if code in "fd" else _GAP_INT[code]) for name, code in self.spec}
+        self._head = 0  # where the next row goes once full
+        self.appended = 0  # rows ever appended
+
+    def __len__(self) -> int:
+        return min(self.appended, self.capacity)
+
+    def _encode(self, name: str, value: Any) -> Any:
+        gap = self._gap[name]
+        if value is None or isinstance(value, Unavailable):
+            return gap
+        if isinstance(gap, float):
+            return float(value)
+        return max(0, min(int(round(value)), gap - 1))
+
+    def append(self, row: dict[str, Any]) -> None:
+        full = self.appended >= self.capacity
+        for name, arr in self._arrays.items():
+            value = self._encode(name, row.get(name))
+            if full:
+                arr[self._head] = value
+            else:
+                arr.append(value)
+        if full:
+            self._head = (self._head + 1) % self.capacity
+        self.appended += 1
+
+    def _ordered(self, arr: array, n: int) -> array:
+        if self.appended <= self.capacity:
+            return arr[len(arr) - n :]
+        head = self._head
+        if n <= head:
+            return arr[head - n : head]
+        return arr[self.capacity - (n - head) :] + arr[:head]
+
+    def tail(self, n: int | None = None, names: Iterable[str] | None = None) -> dict[str, list]:
+        """The last ``n`` rows (all when None), oldest first; gaps are ``None``."""
+        size = len(self)
+        n = size if n is None else max(0, min(n, size))
+        out = {}
+        for name in names if names is not None else self._arrays:
+            gap = self._gap[name]
+            values = self._ordered(self._arrays[name], n)
+            if isinstance(gap, float):
+                out[name] = [None if v != v else v for v in values]  # NaN != NaN
+            else:
+                out[name] = [None if v == gap else v for v in values]
+        return out
+
+    @property
+    def bytes_per_row(self) -> int:
+        return sum(arr.itemsize for arr in self._arrays.values())
+
+    @property
+    def nbytes(self) -> int:
+        return sum(arr.itemsize * len(arr) for arr in self._arrays.values())
+
+
+@dataclass(frozen=True)
+class GpuSeries:
+    """One GPU's readings over a window; ``columns`` holds GPU_COLUMNS names plus
+    ``mem_other_mib`` (used by every other process: used minus this kernel's share)."""
+
+    index: int
+    name: str
+    memory_total_mib: float | None
+    power_limit_w: float | None
+    lost: bool
+    columns: dict[str, list]
+
+
+@dataclass(frozen=True)
+class Window:
+    """What a view needs to draw the last ``seconds``: times, per-GPU and host series."""
+
+    t_s: list[float]
+    seconds: float
+    hz: float
+    gpus: tuple[GpuSeries, ...]
+    host: dict[str, list]
+    ram_total_mib: float | None
+    cpu_count: int | None
+    nvml: NvmlStatus
+    notes: tuple[str, ...]
+    running: bool
+    gpu_count: int = 0  # all GPUs NVML sees (``gpus`` may show a subset)
+    started_unix: float | None = None
+
+
+@dataclass
+class _FaultBook:
+    """Which readings are currently missing, so a fault is noted once, not every tick."""
+
+    active: dict[tuple[int, str], str] = field(default_factory=dict)
+
+
+def _mib(value: Any) -> float | None:
+    return value / MIB if is_available(value) and value is not None else None
+
+
+def _num(value: Any) -> Any:
+    return value if is_available(value) and value is not None else None
+
+
+_FIELD_WORDS = {
+    "memory_used_bytes": "memory",
+    "util_gpu_pct": "utilization",
+    "power_w": "power",
+    "temp_c": "temperature",
+    "sm_clock_mhz": "SM clock",
+    "clock_event_reasons": "clock-event reasons",
+}
+
+
+class Sampler:
+    """Reads all GPUs (NVML) and the host every ``1/hz`` seconds into ring buffers.
+
+    One per kernel (the extension stores it in ``ExtensionState.shared["sampler"]``).
+    ``start()`` runs a fresh thread each time; ``stop()`` is idempotent and joins it.
+    """
+
+    def __init__(
+        self,
+        nvml: NvmlSession | None = None,
+        *,
+        hz: float = HZ_DEFAULT,
+        capacity: int = HISTORY_TICKS,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        own_pids: Iterable[int] | None = None,
+        process_refresh_s: float = PROCESS_REFRESH_S,
+        read_host: Callable[..., Any] = read_host_sample,
+    ) -> None:
+        self.nvml = nvml if nvml is not None else default_session()
+        self.hz, _ = clamp_hz(hz)
+        self._max_hz = self.hz  # the fastest rate used so far: how many rows a window may need
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self.own_pids = frozenset(own_pids) if own_pids is not None else frozenset({os.getpid()})
+        self.process_refresh_s = process_refresh_s
+        self._read_host = read_host
+        self._tick_lock = threading.Lock()  # one tick at a time (thread or a test's tick())
+        self._data_lock = threading.Lock()  # buffers vs readers
+        self._thread_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stop_event: threading.Event | None = None
+        self._listeners: list[Callable[[Sampler], None]] = []
+        self.notes: deque[str] = deque(maxlen=100)
+        self._faults = _FaultBook()
+        self._listener_errors: set[str] = set()
+        self._own_mib: dict[int, float | None] = {}
+        self._last_process_t: float | None = None
+        self._host_thread: int | None = None
+        self.thread_cpu_s = 0.0  # CPU time the sampler thread(s) used, all runs together
+        self.thread_wall_s = 0.0  # how long they ran
+        self._origin: float | None = None
+        self.started_unix: float | None = None
+
+        self.status = self.nvml.start()
+        self.gpus: tuple[GpuInfo, ...] = ()
+        if self.status.ok:
+            self.gpus = tuple(read_info(self.nvml, i) for i in range(self.nvml.device_count()))
+        spec = [("t_s", "f")]
+        for info in self.gpus:
+            spec += [(gpu_column(info.index, name), code) for name, code in GPU_COLUMNS]
+        spec += list(HOST_COLUMNS)
+        self._store = RingColumns(spec, capacity)
+        self.ram_total_mib: float | None = None
+        self.cpu_count = os.cpu_count()
+
+    # -- rate and listeners -----------------------------------------------------
+    def set_hz(self, hz: float) -> str:
+        """Change the rate (all monitors share it); returns a note if it was clamped."""
+        self.hz, message = clamp_hz(hz)
+        self._max_hz = max(self._max_hz, self.hz)
+        return message
+
+    def add_listener(self, fn: Callable[["Sampler"], None]) -> None:
+        with self._thread_lock:
+            if fn not in self._listeners:
+                self._listeners.append(fn)
+
+    def remove_listener(self, fn: Callable[["Sampler"], None]) -> None:
+        with self._thread_lock:
+            if fn in self._listeners:
+                self._listeners.remove(fn)
+
+    @property
+    def listener_count(self) -> int:
+        return len(self._listeners)
+
+    def note(self, text: str) -> None:
+        stamp = time.strftime("%H:%M:%S", time.localtime(self._wall_clock()))
+        self.notes.append(f"{stamp} {text}")
+
+    # -- one reading ------------------------------------------------------------
+    def tick(self) -> None:
+        """Read every GPU and the host once, append a row, tell the listeners."""
+        with self._tick_lock:
+            row = self._read_row()
+            with self._data_lock:
+                self._store.append(row)
+        self._notify()
+
+    def _read_row(self) -> dict[str, Any]:
+        now = self._clock()
+        if self._origin is None:
+            self._origin = now
+            self.started_unix = self._wall_clock()
+        row: dict[str, Any] = {"t_s": now - self._origin}
+        if self.gpus and (self._last_process_t is None or now - self._last_process_t >= self.process_refresh_s):
+            self._last_process_t = now
+            self._refresh_processes()
+        for info in self.gpus:
+            self._read_gpu(info.index, row)
+        self._read_host_row(row)
+        return row
+
+    def _read_gpu(self, index: int, row: dict[str, Any]) -> None:
+        s = read_sample(self.nvml, index, self._clock)
+        col = lambda name: gpu_column(index, name)  # noqa: E731
+        used = _mib(s.memory_used_bytes)
+        own = self._own_mib.get(index)
+        if own is not None and used is not None:
+            own = min(own, used)  # the process list is older than this reading
+        row[col("mem_used_mib")] = used
+        row[col("mem_own_mib")] = own if used is not None else None
+        row[col("mem_free_mib")] = _mib(s.memory_free_bytes)
+        row[col("util_pct")] = _num(s.util_gpu_pct)
+        row[col("mem_util_pct")] = _num(s.util_memory_pct)
+        row[col("power_w")] = _num(s.power_w)
+        row[col("temp_c")] = _num(s.temp_c)
+        row[col("sm_clock_mhz")] = _num(s.sm_clock_mhz)
+        row[col("clock_events")] = _num(s.clock_event_reasons)
+        self._book_faults(index, s)
+
+    def _book_faults(self, index: int, s: Any) -> None:
+        missing: dict[tuple[int, str], str] = {}
+        if s.lost:
+            missing[(index, "lost")] = (
+                f"GPU {index} is lost (NVML: GPU is lost); its charts show a gap. Fix: check "
+                "`nvidia-smi` and `dmesg` (Xid errors); the GPU usually needs a reset or reboot, "
+                "and this kernel a restart."
+            )
+        else:
+            for attr, words in _FIELD_WORDS.items():
+                value = getattr(s, attr)
+                if isinstance(value, Unavailable):
+                    missing[(index, words)] = f"GPU {index} {words}: {value} — shown as a gap."
+        book = self._faults.active
+        for key, text in missing.items():
+            if key not in book:
+                self.note(text)
+        for key in [k for k in book if k[0] == index and k not in missing]:
+            self.note(f"GPU {index} {'is back' if key[1] == 'lost' else key[1] + ' readings are back'}.")
+            del book[key]
+        book.update(missing)
+
+    def _refresh_processes(self) -> None:
+        for info in self.gpus:
+            procs = read_processes(self.nvml, info.index)
+            if not is_available(procs):
+                self._own_mib[info.index] = None
+                continue
+            own = [p.used_bytes for p in procs if p.pid in self.own_pids]
+            known = [b for b in own if isinstance(b, int)]
+            # MIG and some drivers do not give per-process memory: unknown, not zero.
+            self._own_mib[info.index] = (sum(known) / MIB) if len(known) == len(own) else None
+
+    def _read_host_row(self, row: dict[str, Any]) -> None:
+        try:
+            host = self._read_host(self._clock)
+        except Exception as exc:  # psutil can fail in odd sandboxes; a gap, not a crash
+            self._note_once(f"host readings failed: {exc!r}")
+            return
+        # psutil's non-blocking cpu_percent measures since the previous call *in this
+        # thread*; the first call of a fresh thread has nothing to compare with.
+        thread = threading.get_ident()
+        row["cpu_pct"] = host.cpu_pct if self._host_thread == thread else None
+        self._host_thread = thread
+        row["ram_used_mib"] = host.ram_used_bytes / MIB
+        row["kernel_rss_mib"] = host.process_rss_bytes / MIB
+        self.ram_total_mib = host.ram_total_bytes / MIB
+
+    def _note_once(self, text: str) -> None:
+        if text not in self._listener_errors:
+            self._listener_errors.add(text)
+            self.note(text)
+
+    def _notify(self) -> None:
+        for fn in list(self._listeners):
+            try:
+                fn(self)
+            except Exception as exc:  # a broken view must not stop the sampling
+                self._note_once(f"a monitor view failed to update: {exc!r}")
+
+    # -- the thread ---------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    def start(self) -> None:
+        """Start sampling in a fresh thread (no-op if already running)."""
+        with self._thread_lock:
+            if self._thread is not None and self._thread.is_alive():
+                return
+            stop = threading.Event()
+            thread = threading.Thread(target=self._run, args=(stop,), name=THREAD_NAME, daemon=True)
+            self._stop_event, self._thread = stop, thread
+            thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the thread and wait for it; safe to call any number of times."""
+        with self._thread_lock:
+            stop, thread = self._stop_event, self._thread
+            self._stop_event = self._thread = None
+        if stop is not None:
+            stop.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def _run(self, stop: threading.Event) -> None:
+        cpu0, wall0 = time.thread_time(), time.monotonic()
+        cpu_before, wall_before = self.thread_cpu_s, self.thread_wall_s
+        deadline = time.monotonic()
+        while True:
+            try:
+                self.tick()
+            except Exception as exc:  # never let one bad tick end the monitor
+                self._note_once(f"a sampler tick failed: {exc!r}")
+            self.thread_cpu_s = cpu_before + time.thread_time() - cpu0
+            self.thread_wall_s = wall_before + time.monotonic() - wall0
+            deadline += 1.0 / self.hz
+            delay = deadline - time.monotonic()
+            if delay < 0:  # fell behind (a suspended laptop, a busy host): no burst of ticks
+                deadline, delay = time.monotonic(), 0.0
+            if stop.wait(delay):
+                return
+
+    # -- reading the buffers --------------------------------------------------------
+    @property
+    def ticks(self) -> int:
+        return self._store.appended
+
+    @property
+    def bytes_per_tick(self) -> int:
+        return self._store.bytes_per_row
+
+    @property
+    def buffer_bytes(self) -> int:
+        return self._store.nbytes
+
+    @property
+    def capacity(self) -> int:
+        return self._store.capacity
+
+    def _rows(self, seconds: float | None) -> dict[str, list]:
+        with self._data_lock:
+            if seconds is None:
+                return self._store.tail()
+            # Enough rows for the window even if the rate was higher earlier.
+            n = int(math.ceil(seconds * self._max_hz)) + 2
+            rows = self._store.tail(n)
+        t = rows["t_s"]
+        if t:
+            first = next((i for i, v in enumerate(t) if v is not None and v >= t[-1] - seconds), len(t))
+            rows = {k: v[first:] for k, v in rows.items()}
+        return rows
+
+    def samples(self, seconds: float | None = None) -> dict[str, list]:
+        """All buffered readings (or the last ``seconds``) as flat columns: ``t_s``
+        (seconds since the first tick), ``gpu<i>_<name>`` per GPU including
+        ``gpu<i>_mem_other_mib``, and the host columns. Gaps are ``None``."""
+        rows = self._rows(seconds)
+        for info in self.gpus:
+            used = rows[gpu_column(info.index, "mem_used_mib")]
+            own = rows[gpu_column(info.index, "mem_own_mib")]
+            rows[gpu_column(info.index, "mem_other_mib")] = _other(used, own)
+        return rows
+
+    def window(self, seconds: float, devices: Iterable[int] | None = None) -> Window:
+        rows = self._rows(seconds)
+        wanted = None if devices is None else set(devices)
+        gpus = []
+        for info in self.gpus:
+            if wanted is not None and info.index not in wanted:
+                continue
+            prefix = gpu_column(info.index, "")
+            cols = {name[len(prefix):]: values for name, values in rows.items() if name.startswith(prefix)}
+            cols["mem_other_mib"] = _other(cols["mem_used_mib"], cols["mem_own_mib"])
+            total = _mib(info.memory_total_bytes)
+            name = info.name if is_available(info.name) else f"GPU {info.index}"
+            lost = info.lost or any(k == (info.index, "lost") for k in self._faults.active)
+            gpus.append(GpuSeries(info.index, str(name), total, _num(info.power_limit_w), lost, cols))
+        host = {name: rows[name] for name, _ in HOST_COLUMNS}
+        return Window(
+            t_s=rows["t_s"],
+            seconds=seconds,
+            hz=self.hz,
+            gpus=tuple(gpus),
+            host=host,
+            ram_total_mib=self.ram_total_mib,
+            cpu_count=self.cpu_count,
+            nvml=self.status,
+            notes=tuple(self.notes),
+            running=self.running,
+            gpu_count=len(self.gpus),
+            started_unix=self.started_unix,
+        )
+
+
+def _other(used: list, own: list) -> list:
+    return [None if u is None or o is None else max(0.0, u - o) for u, o in zip(used, own)]

@@ -1,0 +1,397 @@
+"""``gpunb.monitor()``: live GPU sparklines that keep drawing while other cells run.
+
+A :class:`Monitor` is one view on the kernel's single :class:`~gpunb.analysis.sampler.Sampler`
+(kept in the extension's shared state, so several monitors share one thread and a new
+one never starts a second). In a Jupyter kernel it shows a core ``ipywidgets.HTML``
+holding inline SVG (no custom JavaScript) with Pause and Stop buttons; the sampler
+thread sets its value. The displayed bundle also carries ``text/html`` (a static
+snapshot), and stopping replaces the widget with the final snapshot through a display
+handle, so saved notebooks and nbconvert HTML still show the charts. Without a widget
+frontend (terminal IPython, plain Python) it shows one text line per GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import threading
+import time
+from typing import Any, Iterable
+
+from gpunb.analysis.sampler import HISTORY_TICKS, HZ_DEFAULT, Sampler, Window, clamp_hz, gpu_column
+from gpunb.views.sparkline import monitor_html, monitor_text
+
+# Used when the extension is not loaded (``import gpunb; gpunb.monitor()``, plain Python).
+_STANDALONE: dict[str, Any] = {}
+# Refresh the saved-notebook fallback of a live widget at most this often (each refresh
+# re-renders the widget view in the frontend, so not on every cell).
+FALLBACK_REFRESH_S = 30.0
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def _current_shell() -> Any:
+    if "IPython" not in sys.modules:  # never import IPython just to find out there is none
+        return None
+    from IPython import get_ipython
+
+    return get_ipython()
+
+
+def registry_for(shell: Any) -> dict[str, Any]:
+    """Where the sampler and the monitors live: the extension's shared state when
+    ``%load_ext gpunb`` ran on this shell, else a module-level dict."""
+    if shell is not None:
+        from gpunb.shells.extension import state_of
+
+        state = state_of(shell)
+        if state is not None:
+            return state.shared
+    return _STANDALONE
+
+
+def stop_all(registry: dict[str, Any] | None = None) -> int:
+    """Stop every monitor (each leaves its snapshot) and the sampler thread.
+    Returns how many monitors were live."""
+    registry = registry if registry is not None else registry_for(_current_shell())
+    monitors = list(registry.get("monitors", ()))
+    for m in monitors:
+        m.stop()
+    sampler = registry.get("sampler")
+    if sampler is not None:
+        sampler.stop()
+    return len(monitors)
+
+
+def _widget_frontend(shell: Any) -> bool:
+    """A Jupyter kernel (Lab, Notebook 7, VS Code, Colab) can show widgets; terminal
+    IPython and plain Python cannot."""
+    if shell is None or getattr(shell, "kernel", None) is None:
+        return False
+    try:
+        import ipywidgets  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _cell_id(shell: Any) -> str | None:
+    """The running cell's id (JupyterLab/Notebook 7 send it), to replace a monitor when
+    its cell is run again rather than keep feeding an invisible one."""
+    header = getattr(shell, "parent_header", None) if shell is not None else None
+    if not isinstance(header, dict):
+        return None
+    cell = header.get("metadata", {}).get("cellId")
+    return str(cell) if cell else None
+
+
+def _check_window(window_s: Any, hz: float) -> float:
+    if isinstance(window_s, bool) or not isinstance(window_s, (int, float)) or not math.isfinite(window_s):
+        raise ValueError(f"window_s must be a number of seconds, got {window_s!r}")
+    longest = HISTORY_TICKS / HZ_DEFAULT
+    if not 1 <= window_s <= longest:
+        raise ValueError(f"window_s must be between 1 and {longest:.0f} seconds (a day), got {window_s:g}")
+    return float(window_s)
+
+
+def _check_devices(device: Any, sampler: Sampler) -> tuple[int, ...] | None:
+    if device is None:
+        return None
+    wanted = [device] if isinstance(device, int) and not isinstance(device, bool) else device
+    try:
+        wanted = [int(d) for d in wanted]
+    except (TypeError, ValueError):
+        raise ValueError(f"device must be a GPU index (or a list of them), got {device!r}") from None
+    have = [g.index for g in sampler.gpus]
+    for d in wanted:
+        if d not in have:
+            if not have:
+                raise ValueError(
+                    f"there is no GPU {d} to monitor: no GPU is visible here "
+                    f"({sampler.status.cause or 'NVML sees none'}). Leave out the device to monitor the host."
+                )
+            raise ValueError(
+                f"there is no GPU {d}: NVML sees {len(have)} GPU(s), indices {', '.join(map(str, have))}. "
+                "Pick one of those, or leave the device out to show all."
+            )
+    return tuple(wanted)
+
+
+class Monitor:
+    """One live view of the sampler: ``samples()``/``to_pandas()`` give the data,
+    ``stop()`` (or ``close()``) ends it and leaves a static snapshot in the output."""
+
+    def __init__(
+        self,
+        sampler: Sampler,
+        registry: dict[str, Any],
+        *,
+        window_s: float,
+        devices: tuple[int, ...] | None,
+        use_widget: bool,
+        messages: Iterable[str] = (),
+        cell_id: str | None = None,
+    ) -> None:
+        self.sampler = sampler
+        self.window_s = window_s
+        self.devices = devices
+        self.messages = tuple(m for m in messages if m)
+        self._registry = registry
+        self._use_widget = use_widget
+        self._cell_id = cell_id
+        self._lock = threading.Lock()  # the sampler thread vs stop()/pause from the kernel
+        self._stopped = False
+        self._paused = False
+        self._handles: list[Any] = []
+        self._widgets: list[Any] = []
+        self._html: Any = None
+        self._box: Any = None
+        self._fallback_at = 0.0
+
+    # -- data -------------------------------------------------------------------
+    @property
+    def hz(self) -> float:
+        return self.sampler.hz
+
+    @property
+    def running(self) -> bool:
+        return not self._stopped and self.sampler.running
+
+    def window(self, seconds: float | None = None) -> Window:
+        return self.sampler.window(seconds or self.window_s, self.devices)
+
+    def samples(self, seconds: float | None = None) -> dict[str, list]:
+        """Every buffered reading (or the last ``seconds``) as columns: ``t_s`` (seconds
+        since sampling began), ``gpu<i>_<reading>_<unit>`` per shown GPU, host columns.
+        Missing readings are ``None``."""
+        cols = self.sampler.samples(seconds)
+        if self.devices is None:
+            return cols
+        keep = tuple(gpu_column(d, "") for d in self.devices)
+        return {k: v for k, v in cols.items() if not k.startswith("gpu") or k.startswith(keep)}
+
+    def to_pandas(self, seconds: float | None = None) -> Any:
+        """``samples()`` as a pandas DataFrame indexed by wall-clock time."""
+        try:
+            import pandas as pd
+        except ImportError:
+            raise ImportError(
+                "Monitor.to_pandas() needs pandas, which is not installed: `pip install pandas`. "
+                "Monitor.samples() gives the same columns as a dict of lists."
+            ) from None
+        cols = self.samples(seconds)
+        frame = pd.DataFrame(cols)
+        start = self.sampler.started_unix or time.time()
+        frame.index = pd.to_datetime([start + t for t in cols["t_s"]], unit="s")
+        frame.index.name = "time"
+        return frame
+
+    def text(self) -> str:
+        return monitor_text(self.window())
+
+    def _state(self) -> str:
+        return "stopped" if self._stopped else ("paused" if self._paused else "live")
+
+    def html(self) -> str:
+        return monitor_html(self.window(), state=self._state(), messages=self.messages)
+
+    def to_dict(self) -> dict[str, Any]:
+        w = self.window()
+        latest = lambda values: next((v for v in reversed(values) if v is not None), None)  # noqa: E731
+        return {
+            "running": self.running,
+            "state": self._state(),
+            "hz": self.hz,
+            "window_s": self.window_s,
+            "devices": list(self.devices) if self.devices is not None else None,
+            "ticks": self.sampler.ticks,
+            "nvml": {"ok": w.nvml.ok, "cause": w.nvml.cause, "fix": w.nvml.fix},
+            "gpus": [
+                {
+                    "index": g.index,
+                    "name": g.name,
+                    "memory_total_mib": g.memory_total_mib,
+                    "power_limit_w": g.power_limit_w,
+                    "lost": g.lost,
+                    "latest": {k: latest(v) for k, v in g.columns.items()},
+                }
+                for g in w.gpus
+            ],
+            "host": {k: latest(v) for k, v in w.host.items()},
+            "notes": list(w.notes) + list(self.messages),
+        }
+
+    # -- display ----------------------------------------------------------------
+    def _static_bundle(self) -> dict[str, str]:
+        return {"text/plain": self.text(), "text/html": self.html()}
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        return self._static_bundle()
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(self.text())
+
+    def __repr__(self) -> str:
+        where = "all GPUs" if self.devices is None else f"GPU {', '.join(map(str, self.devices))}"
+        return f"<gpunb Monitor {self._state()} {self.hz:g} Hz, last {self.window_s:g} s, {where}>"
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        if self._stopped or not self._use_widget:
+            display(self._static_bundle() if self._use_widget else {"text/plain": self.text()}, raw=True)
+            return
+        if self._box is None:
+            self._build_widget()
+        handle = display(self._live_bundle(), raw=True, display_id=True)
+        self._fallback_at = time.monotonic()
+        if handle is not None:
+            self._handles.append(handle)
+
+    def _live_bundle(self) -> dict[str, Any]:
+        # Frontends with a widget manager draw the widget (it outranks text/html);
+        # nbconvert, GitHub and widget-less frontends fall back to the static snapshot.
+        bundle: dict[str, Any] = self._static_bundle()
+        bundle[WIDGET_VIEW] = {"version_major": 2, "version_minor": 0, "model_id": self._box.model_id}
+        return bundle
+
+    def _build_widget(self) -> None:
+        import ipywidgets as w
+
+        self._html = w.HTML(value=self.html())
+        pause = w.ToggleButton(
+            value=False,
+            description="Pause",
+            icon="pause",
+            tooltip="Freeze this view (sampling goes on). Clicks reach the kernel when no cell is running.",
+            layout=w.Layout(width="auto"),
+        )
+        stop = w.Button(
+            description="Stop",
+            icon="stop",
+            tooltip="Stop this monitor; a static snapshot stays in the output.",
+            layout=w.Layout(width="auto"),
+        )
+        pause.observe(self._on_pause, names="value")
+        stop.on_click(lambda _button: self.stop())
+        controls = w.HBox([pause, stop])
+        self._box = w.VBox([self._html, controls])
+        self._widgets = [self._box, controls, self._html, pause, stop]
+        # ``Widget.close()`` sets ``comm`` to None: closing the widget stops the monitor.
+        self._box.observe(self._on_box_comm, names="comm")
+
+    def _on_box_comm(self, change: dict) -> None:
+        if change.get("new") is None:
+            self.stop()
+
+    def _on_pause(self, change: dict) -> None:
+        with self._lock:
+            self._paused = bool(change["new"])
+            button = change["owner"]
+            button.description = "Resume" if self._paused else "Pause"
+            button.icon = "play" if self._paused else "pause"
+            self._draw()
+
+    def _draw(self) -> None:
+        """Set the widget's value; callers hold ``self._lock`` (one writer at a time)."""
+        if self._html is None:
+            return
+        markup = self.html()
+        with self._html.hold_sync():
+            self._html.value = markup
+
+    def _on_tick(self, sampler: Sampler) -> None:
+        """Sampler-thread listener: redraw, never print."""
+        with self._lock:
+            if self._stopped or self._paused or self._html is None:
+                return
+            self._draw()
+
+    def refresh_fallback(self, min_age_s: float = FALLBACK_REFRESH_S) -> None:
+        """Re-send the displayed bundle so its ``text/html`` snapshot is recent (what a
+        saved notebook shows). Main thread only (cell events)."""
+        if self._stopped or not self._handles or time.monotonic() - self._fallback_at < min_age_s:
+            return
+        self._fallback_at = time.monotonic()
+        bundle = self._live_bundle()
+        for handle in self._handles:
+            handle.update(bundle, raw=True)
+
+    # -- life cycle ---------------------------------------------------------------
+    def stop(self) -> None:
+        """Stop drawing, leave the last window as a static snapshot, and let the sampler
+        thread end if no other monitor uses it. The data stays in ``samples()``."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        self.sampler.remove_listener(self._on_tick)
+        monitors = self._registry.get("monitors", [])
+        if self in monitors:
+            monitors.remove(self)
+        if self.sampler.listener_count == 0:
+            self.sampler.stop()
+        if self._handles:
+            final = self._static_bundle()
+            for handle in self._handles:
+                try:
+                    handle.update(final, raw=True)
+                except Exception:  # no kernel any more (shutdown): nothing to update
+                    pass
+        for widget in self._widgets:
+            widget.close()
+        self._widgets = []
+
+    def close(self) -> None:
+        """Same as :meth:`stop` (named like ``ipywidgets.Widget.close``)."""
+        self.stop()
+
+
+def monitor(
+    hz: float = HZ_DEFAULT,
+    window_s: float = 120.0,
+    device: int | Iterable[int] | None = None,
+    *,
+    frontend: str = "auto",
+) -> Monitor:
+    """Live GPU sparklines (memory split into this kernel / other processes / free,
+    utilization, power against its limit, temperature, SM clock, throttle reasons) and
+    host CPU/RAM, sampled ``hz`` times a second (0.5 to 10) by the kernel's one sampler
+    thread, showing the last ``window_s`` seconds. ``device`` limits it to some GPUs.
+
+    Display it (last line of a cell, or ``display(m)``); it keeps updating while later
+    cells run. ``m.samples()`` / ``m.to_pandas()`` give the readings; ``m.stop()`` ends it
+    and leaves a static snapshot. ``frontend`` is "auto", "widget" or "text".
+    """
+    if frontend not in ("auto", "widget", "text"):
+        raise ValueError(f"frontend must be 'auto', 'widget' or 'text', got {frontend!r}")
+    hz, hz_message = clamp_hz(hz)
+    shell = _current_shell()
+    registry = registry_for(shell)
+    sampler = registry.get("sampler")
+    if sampler is None:
+        sampler = Sampler(hz=hz)
+        registry["sampler"] = sampler
+    else:
+        sampler.set_hz(hz)
+    window_s = _check_window(window_s, hz)
+    devices = _check_devices(device, sampler)
+    use_widget = _widget_frontend(shell) if frontend == "auto" else frontend == "widget"
+    messages = [hz_message]
+    if not sampler.gpus:
+        cause = sampler.status.cause if not sampler.status.ok else "NVML sees no GPU."
+        messages.append(f"No GPU to show: {cause} Monitoring the host only.")
+    cell = _cell_id(shell)
+    m = Monitor(
+        sampler, registry, window_s=window_s, devices=devices, use_widget=use_widget,
+        messages=messages, cell_id=cell,
+    )
+    monitors = registry.setdefault("monitors", [])
+    replaced = [old for old in monitors if cell is not None and old._cell_id == cell]
+    monitors.append(m)
+    sampler.add_listener(m._on_tick)
+    if sampler.ticks == 0:
+        sampler.tick()  # something to show at once; the thread takes over from here
+    sampler.start()
+    for old in replaced:  # the same cell run again: its old output is gone
+        old.stop()
+    return m
