@@ -15,6 +15,7 @@ from gpunb._version import __version__
 _LAZY = {
     "check": "gpunb.analysis.checks:check",
     "monitor": "gpunb.shells.monitor:monitor",
+    "profile": "gpunb.analysis.profile:profile",
 }
 
 __all__ = ["__version__", "load_ipython_extension", "unload_ipython_extension", *_LAZY]

@@ -14,6 +14,7 @@ from typing import Any, Callable
 FEATURES: tuple[str, ...] = (
     "gpunb.shells.check_magic",
     "gpunb.shells.monitor_magic",
+    "gpunb.shells.profile_magic",
 )
 
 _STATE_ATTR = "_gpunb_extension_state"

@@ -236,6 +236,28 @@ class FakePynvml:
         procs = self._now(gpu)["processes"] + gpu.extra_processes
         return [SimpleNamespace(pid=p["pid"], usedGpuMemory=p["used_gpu_memory"]) for p in procs]
 
+    def nvmlDeviceGetSamples(self, h: Any, sampling_type: int, last_seen_us: int) -> tuple[int, list[Any]]:
+        """Utilization samples newer than ``last_seen_us`` (CPU wall clock in µs, like NVML),
+        replayed from the recorded trace rows of the last 20 s of the fake clock."""
+        gpu = self._gpu(h, "nvmlDeviceGetSamples")
+        if sampling_type != _real.NVML_GPU_UTILIZATION_SAMPLES:
+            raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
+        now = self.clock()
+        wall_us = time.time() * 1e6
+        span = gpu.samples[-1]["t"] + 0.2
+        out = []
+        loop = int(now // span)
+        for k in (loop - 1, loop):
+            for s in gpu.samples:
+                t = s["t"] + k * span
+                if now - 20.0 < t <= now:
+                    stamp = int(wall_us - (now - t) * 1e6)
+                    if stamp > last_seen_us:
+                        out.append(SimpleNamespace(timeStamp=stamp, sampleValue=SimpleNamespace(uiVal=s["util_gpu"])))
+        if not out:
+            raise _real.NVMLError(_real.NVML_ERROR_NOT_FOUND)
+        return 1, out  # NVML_VALUE_TYPE_UNSIGNED_INT
+
 
 # -- scenarios ---------------------------------------------------------------------------
 

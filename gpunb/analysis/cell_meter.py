@@ -1,0 +1,74 @@
+"""The cheap per-cell measurement behind ``%gpuprofile on``: no hooks inside the cell.
+
+At cell start: a clock, (optionally) torch's peak counter reset, the RSS peak reset and
+an NVML timestamp. At cell end: one ``synchronize`` (so the time includes the GPU work
+the cell queued), one ``memory_stats``, one NVML samples call. A few hundred µs per cell,
+nothing per training step.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from gpunb.readings import torch_state
+from gpunb.readings.gpu_activity import UtilWindow, now_us, nvml_index_for_uuid, read_util_since
+from gpunb.readings.nvml import NvmlSession, default_session
+from gpunb.readings.process import read_process_usage, reset_peak_rss
+
+
+@dataclass(frozen=True)
+class CellLine:
+    wall_s: float
+    synced_wall_s: float | None
+    peak_vram_bytes: int | None
+    util_pct: float | None
+    peak_rss_bytes: int | None
+    gpu_note: str = ""
+
+
+class CellMeter:
+    def __init__(self, reset_peak: bool = True, nvml: NvmlSession | None = None) -> None:
+        self.reset_peak = reset_peak
+        self.nvml = nvml
+        self._t0: float | None = None
+
+    def start(self) -> None:
+        torch = torch_state.imported_torch()
+        self._peak_before = None
+        if torch_state.cuda_initialized(torch):
+            dev = torch_state.current_device(torch)
+            if self.reset_peak:
+                torch.cuda.reset_peak_memory_stats(dev)
+            else:
+                self._peak_before = torch.cuda.max_memory_allocated(dev)
+        self._rss_reset = reset_peak_rss()
+        self._since = now_us()
+        self._t0 = time.perf_counter()
+
+    def stop(self) -> CellLine | None:
+        if self._t0 is None:
+            return None
+        wall = time.perf_counter() - self._t0
+        torch = torch_state.imported_torch()
+        synced = peak = util = None
+        note = ""
+        if torch_state.cuda_initialized(torch):
+            try:
+                torch.cuda.synchronize()
+                synced = time.perf_counter() - self._t0
+                dev = torch_state.current_device(torch)
+                peak = torch.cuda.max_memory_allocated(dev)
+                if self._peak_before is not None and peak <= self._peak_before:
+                    peak, note = None, "peak VRAM not above the earlier peak"
+                nvml = self.nvml or default_session()
+                if nvml.device_count():
+                    index = nvml_index_for_uuid(nvml, torch_state.device_uuid(torch, dev), dev)
+                    window = read_util_since(nvml, index, self._since)
+                    util = window.mean_pct if isinstance(window, UtilWindow) else None
+            except Exception as exc:  # a broken CUDA context: say so, never break the cell
+                note = f"CUDA unreadable ({type(exc).__name__})"
+        usage = read_process_usage(peak_was_reset=self._rss_reset)
+        self._t0 = None
+        return CellLine(wall, synced, peak, util, usage.peak_rss_bytes if usage.peak_since_reset else None, note)

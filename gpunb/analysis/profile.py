@@ -1,0 +1,387 @@
+"""One profiled cell: start the instruments, stop them, and turn what they saw into a
+:class:`CellProfile` record (with its verdict and advice).
+
+Used by ``%%gpuprofile`` and by the API twin ``with gpunb.profile() as p:``.
+
+Peak VRAM: torch's allocator keeps ONE global peak counter per device. A profiled cell
+resets it at the start (``torch.cuda.reset_peak_memory_stats``) so the peak is the cell's;
+code that reads ``torch.cuda.max_memory_allocated()`` across cells sees the reset too.
+``reset_peak=False`` (``--no-reset``) leaves the counter alone; the peak is then only
+reported when it grew during the cell.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpunb.analysis.advice import Advice
+from gpunb.analysis.instruments import Instruments
+from gpunb.readings import torch_state
+from gpunb.readings.gpu_activity import (
+    UtilWindow,
+    now_us,
+    nvml_index_for_uuid,
+    read_device_memory,
+    read_util_since,
+)
+from gpunb.readings.nvml import NvmlSession, default_session, is_available
+from gpunb.readings.process import read_process_usage, reset_peak_rss
+
+
+@dataclass(frozen=True)
+class StepStats:
+    count: int  # optimizer steps seen (first optimizer only)
+    skipped: int  # warm-up steps left out of median/p90
+    first_ms: float | None  # the first step, from the start of the cell (includes warm-up work)
+    median_ms: float | None
+    p90_ms: float | None
+    steps_per_s: float | None
+    samples_per_s: float | None
+    batch_size: int | None
+    source: str  # "CUDA events" or "host clock"
+    step_ms: tuple[float, ...] = ()  # every step, in order (step 0 from the cell start)
+
+
+@dataclass(frozen=True)
+class GpuPart:
+    device: int  # torch's index
+    nvml_index: int | None
+    name: str
+    total_bytes: int | None
+    peak_allocated_bytes: int | None  # None with --no-reset when the old peak was not exceeded
+    peak_reserved_bytes: int | None
+    end_allocated_bytes: int
+    end_reserved_bytes: int
+    nvml_process_bytes: int | None  # this process as NVML sees it, at the end of the cell
+    other_processes_bytes: int | None
+    alloc_retries: int  # during the cell
+    ooms: int  # during the cell
+    util_mean_pct: float | None
+    util_idle_share: float | None
+    util_samples: int
+    compute_capability: tuple[int, int] | None
+    peak_reset: bool
+
+
+@dataclass(frozen=True)
+class TimeShares:
+    loop_s: float  # from the first batch (or cell start) to the last step (or cell end)
+    data_wait_s: float
+    batches: int
+    sync_n: int
+    sync_gpu_n: int
+    sync_s: float
+    sync_gpu_s: float
+    sync_by_method: dict
+    output_s: float
+    output_writes: int
+    output_chars: int
+    loader_workers: int | None
+    loader_pin_memory: bool | None
+
+    def share(self, seconds: float) -> float:
+        return seconds / self.loop_s if self.loop_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: str  # input-bound | sync-bound | compute-bound | memory-bound | on-cpu | output-bound | host-bound | none
+    headline: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class CellProfile:
+    label: str
+    cell: int | None
+    started: str  # local wall-clock time, ISO
+    wall_s: float
+    synced_wall_s: float | None  # until the GPU finished the cell's work
+    gpu_time_s: float | None  # CUDA events, cell start to end
+    cpu_s: float
+    peak_rss_bytes: int | None
+    peak_rss_is_cell: bool
+    steps: StepStats
+    shares: TimeShares
+    gpu: GpuPart | None
+    gpu_absent: str  # why there is no GPU part ("" when there is one)
+    gpu_visible: str  # name of a GPU NVML sees ("" when none), for the on-the-CPU verdict
+    torch_version: str | None
+    torch_cuda: str | None
+    matmul_precision: str | None
+    param_devices: tuple[str, ...]
+    param_dtypes: tuple[str, ...]
+    param_count: int
+    optimizers: int
+    memory_timeline: tuple[tuple[float, int, int | None], ...]  # (s since start, bytes, reserved)
+    step_marks_s: tuple[float, ...]
+    error: str = ""  # "ValueError: ..." when the cell raised
+    verdict: Verdict = Verdict("none", "", "")
+    advice: tuple[Advice, ...] = ()
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["advice"] = [a.to_dict() for a in self.advice]
+        return d
+
+    # Display goes through the views layer (records -> text/HTML).
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
+        from gpunb.views.profile_view import profile_html, profile_text
+
+        return {"text/plain": profile_text(self), "text/html": profile_html(self)}
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        from gpunb.views.profile_view import profile_text
+
+        p.text(profile_text(self))
+
+    def __str__(self) -> str:
+        from gpunb.views.profile_view import profile_text
+
+        return profile_text(self)
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    k = (len(sorted_values) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (k - lo)
+
+
+class ProfileSession:
+    """Measures everything between :meth:`start` and :meth:`stop` in this process."""
+
+    def __init__(self, *, label: str = "", cell: int | None = None, warmup_steps: int = 1,
+                 reset_peak: bool = True, timeline: bool = True, nvml: NvmlSession | None = None) -> None:
+        if not isinstance(warmup_steps, int) or isinstance(warmup_steps, bool) or warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
+        self.label = label
+        self.cell = cell
+        self.warmup_steps = warmup_steps
+        self.reset_peak = reset_peak
+        self.timeline = timeline
+        self.nvml = nvml
+        self.instruments: Instruments | None = None
+        self.result: CellProfile | None = None
+
+    def start(self) -> "ProfileSession":
+        self.torch = torch = torch_state.imported_torch()
+        self.cuda_at_start = cuda = torch_state.cuda_initialized(torch)
+        self.started = time.strftime("%Y-%m-%d %H:%M:%S")
+        self.rss_reset = reset_peak_rss()
+        self.before_alloc = None
+        if cuda:
+            dev = torch_state.current_device(torch)
+            self.before_alloc = torch_state.read_allocator(torch, dev)
+            if self.reset_peak:
+                torch.cuda.reset_peak_memory_stats(dev)
+        self.util_since_us = now_us()
+        self.instruments = Instruments(torch, memory_every_s=0.05 if self.timeline else None)
+        self.usage0 = read_process_usage()
+        self.t0 = self.usage0.t_s
+        self.instruments.install(cuda)
+        return self
+
+    def stop(self, error: BaseException | None = None) -> CellProfile:
+        """End the measurement (call once, also when the cell raised) and build the record."""
+        ins = self.instruments
+        assert ins is not None, "stop() before start()"
+        t_end = time.perf_counter()
+        ins.remove()
+        torch = self.torch
+        cuda = torch_state.cuda_initialized(torch)
+        synced = gpu_time = None
+        end_event = None
+        if cuda:
+            try:
+                end_event = torch.cuda.Event(enable_timing=True)
+                end_event.record()
+                end_event.synchronize()
+                synced = time.perf_counter() - self.t0
+                ins.finish_steps()
+                if ins.start_event is not None:
+                    gpu_time = ins.start_event.elapsed_time(end_event) / 1000.0
+            except Exception as exc:  # a sticky CUDA error (illegal address...) from the user's cell
+                synced = None
+                error = error or exc
+        ins.sample_memory(force=True)
+        usage = read_process_usage(peak_was_reset=self.rss_reset)
+        steps = self._steps(ins)
+        shares = self._shares(ins, t_end)
+        nvml = self.nvml or default_session()
+        gpu, absent = self._gpu_part(torch, cuda, nvml) if cuda else (None, self._why_no_gpu(torch))
+        visible = ""
+        count = nvml.device_count()
+        if count:
+            name = nvml.device_query(0, "nvmlDeviceGetName")
+            visible = str(name) if is_available(name) else "an NVIDIA GPU"
+        build = getattr(getattr(torch, "version", None), "cuda", None) if torch is not None else None
+        profile = CellProfile(
+            label=self.label,
+            cell=self.cell,
+            started=self.started,
+            wall_s=t_end - self.t0,
+            synced_wall_s=synced,
+            gpu_time_s=gpu_time,
+            cpu_s=usage.cpu_s - self.usage0.cpu_s,
+            peak_rss_bytes=usage.peak_rss_bytes,
+            peak_rss_is_cell=usage.peak_since_reset,
+            steps=steps,
+            shares=shares,
+            gpu=gpu,
+            gpu_absent=absent,
+            gpu_visible=visible,
+            torch_version=getattr(torch, "__version__", None) if torch is not None else None,
+            torch_cuda=build,
+            matmul_precision=torch_state.matmul_precision(torch) if torch is not None else None,
+            param_devices=tuple(sorted(ins.param_device_types)),
+            param_dtypes=tuple(sorted(ins.param_dtypes)),
+            param_count=ins.param_count,
+            optimizers=ins.optimizers,
+            memory_timeline=tuple((t - self.t0, a, r) for t, a, r in ins.memory),
+            step_marks_s=tuple(t - self.t0 for t in ins.step_t),
+            error=f"{type(error).__name__}: {error}" if error is not None else "",
+        )
+        from gpunb.analysis.verdict import judge
+
+        verdict, advice = judge(profile)
+        self.result = dataclasses.replace(profile, verdict=verdict, advice=tuple(advice))
+        return self.result
+
+    # -- parts ----------------------------------------------------------------------------
+    def _steps(self, ins: Instruments) -> StepStats:
+        n = len(ins.step_t)
+        marks = [self.t0] + ins.step_t
+        host = [(b - a) * 1000.0 for a, b in zip(marks, marks[1:])]
+        if ins.step_gpu_ms:
+            source = "CUDA events"
+            # host clock only where the GPU clock has no beginning (CUDA started mid-cell)
+            times = [ins.step_gpu_ms.get(i, host[i]) for i in range(n)]
+        else:
+            source = "host clock"
+            times = host
+        first = times[0] if times else None
+        steady = sorted(times[self.warmup_steps:]) if len(times) > self.warmup_steps else []
+        median = statistics.median(steady) if steady else None
+        p90 = _percentile(steady, 0.9) if steady else None
+        per_s = 1000.0 / statistics.fmean(steady) if steady and statistics.fmean(steady) > 0 else None
+        samples_per_s = per_s * ins.batch_size if per_s and ins.batch_size else None
+        return StepStats(n, min(self.warmup_steps, n), first, median, p90, per_s,
+                         samples_per_s, ins.batch_size, source, tuple(times))
+
+    def _shares(self, ins: Instruments, t_end: float) -> TimeShares:
+        begin = ins.first_fetch_t if ins.first_fetch_t is not None else self.t0
+        end = ins.step_t[-1] if ins.step_t else t_end
+        loop = end - begin if end > begin else t_end - self.t0
+        return TimeShares(loop, ins.fetch_s, ins.fetch_n, ins.sync_n, ins.sync_gpu_n, ins.sync_s, ins.sync_gpu_s,
+                          dict(ins.sync_by_method), ins.write_s, ins.write_n, ins.write_chars,
+                          ins.loader_workers, ins.loader_pin_memory)
+
+    def _why_no_gpu(self, torch: Any) -> str:
+        if torch is None:
+            return "torch is not imported in this kernel, so no GPU work was measured"
+        if not getattr(torch.version, "cuda", None):
+            return f"torch {torch.__version__} is a CPU-only build"
+        return "this cell did not use CUDA (no CUDA context in this process)"
+
+    def _gpu_part(self, torch: Any, cuda: bool, nvml: NvmlSession) -> tuple[GpuPart | None, str]:
+        try:
+            dev = torch_state.current_device(torch)
+            stats = torch_state.read_allocator(torch, dev)
+            props = torch.cuda.get_device_properties(dev)
+        except Exception as exc:
+            return None, f"torch could not read CUDA memory statistics ({type(exc).__name__}: {exc})"
+        before = self.before_alloc
+        peak_alloc: int | None = stats.peak_allocated_bytes
+        peak_res: int | None = stats.peak_reserved_bytes
+        reset = self.reset_peak and before is not None
+        if not self.reset_peak and before is not None:
+            # the counter still holds an older peak: it is the cell's only if the cell raised it
+            peak_alloc = peak_alloc if peak_alloc > before.peak_allocated_bytes else None
+            peak_res = peak_res if peak_res > before.peak_reserved_bytes else None
+        nvml_index = nvml_index_for_uuid(nvml, torch_state.device_uuid(torch, dev), dev) if nvml.device_count() else None
+        mem = read_device_memory(nvml, nvml_index) if nvml_index is not None else None
+        util = read_util_since(nvml, nvml_index, self.util_since_us) if nvml_index is not None else None
+        util_ok = isinstance(util, UtilWindow)
+        cc = (props.major, props.minor) if hasattr(props, "major") else None
+        return GpuPart(
+            device=dev,
+            nvml_index=nvml_index,
+            name=str(getattr(props, "name", f"cuda:{dev}")),
+            total_bytes=int(getattr(props, "total_memory", 0)) or (mem.total_bytes if mem else None),
+            peak_allocated_bytes=peak_alloc,
+            peak_reserved_bytes=peak_res,
+            end_allocated_bytes=stats.allocated_bytes,
+            end_reserved_bytes=stats.reserved_bytes,
+            nvml_process_bytes=mem.this_process_bytes if mem and is_available(mem) else None,
+            other_processes_bytes=(mem.other_processes_bytes if mem and is_available(mem)
+                                   and is_available(mem.other_processes_bytes) else None),
+            alloc_retries=stats.alloc_retries - (before.alloc_retries if before else 0),
+            ooms=stats.ooms - (before.ooms if before else 0),
+            util_mean_pct=util.mean_pct if util_ok else None,
+            util_idle_share=util.idle_share if util_ok else None,
+            util_samples=len(util.samples_pct) if util_ok else 0,
+            compute_capability=cc,
+            peak_reset=reset or before is None,
+        ), ""
+
+
+class profile:
+    """``with gpunb.profile() as p:`` measures the block like ``%%gpuprofile`` measures a cell.
+
+    After the block ``p.result`` is the :class:`CellProfile` (``p`` itself displays it, and
+    ``p.to_dict()`` gives plain data). An exception in the block is recorded and then
+    propagates unchanged. Options: ``warmup_steps`` (steps left out of median/p90),
+    ``reset_peak`` (reset torch's global peak-memory counter; False leaves it untouched),
+    ``timeline`` (memory points at most every 50 ms at step ends), ``label``, ``show``
+    (display the report when the block ends, in IPython).
+    """
+
+    def __init__(self, label: str = "", *, warmup_steps: int = 1, reset_peak: bool = True,
+                 timeline: bool = True, show: bool = False, record: bool = True) -> None:
+        if not isinstance(label, str):
+            raise TypeError(f"label must be a string, got {type(label).__name__}")
+        self._session = ProfileSession(label=label, warmup_steps=warmup_steps, reset_peak=reset_peak,
+                                       timeline=timeline)
+        self.show = show
+        self.record = record
+        self.result: CellProfile | None = None
+
+    def __enter__(self) -> "profile":
+        self._session.start()
+        return self
+
+    def __exit__(self, etype: Any, exc: BaseException | None, tb: Any) -> bool:
+        self.result = self._session.stop(exc)
+        if self.record:
+            from gpunb.analysis.profile_history import HISTORY
+
+            HISTORY.add(self.result)
+        if self.show:
+            try:
+                from IPython.display import display
+
+                display(self.result)
+            except ImportError:
+                print(self.result)
+        return False  # never swallow the user's exception
+
+    def to_dict(self) -> dict:
+        return self.result.to_dict() if self.result else {}
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
+        if self.result is None:
+            return {"text/plain": "gpunb.profile: not finished yet (use it as `with gpunb.profile() as p:`)"}
+        return self.result._repr_mimebundle_(include, exclude)
+
+    def __getattr__(self, name: str) -> Any:
+        result = self.__dict__.get("result")
+        if result is not None and not name.startswith("_"):
+            return getattr(result, name)
+        raise AttributeError(name)
+

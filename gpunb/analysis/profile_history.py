@@ -1,0 +1,91 @@
+"""Profiled cells of this kernel, in order, and how two of them compare.
+
+A comparison reads like a lab note: "1.8x faster, 35 % less memory". Speed compares the
+median step time when both runs have steps, else the wall time; memory compares torch's
+peak allocated bytes when both ran on a GPU, else the peak resident memory.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+MAX_ENTRIES = 500  # a day of profiling; each entry is a few KB
+
+
+@dataclass(frozen=True)
+class Comparison:
+    speedup: float | None  # > 1: the later run is faster
+    speed_basis: str  # "median step" | "wall time"
+    memory_ratio: float | None  # later / earlier
+    memory_basis: str  # "peak VRAM" | "peak RSS"
+
+    def words(self) -> str:
+        parts = []
+        if self.speedup is not None:
+            if abs(self.speedup - 1) < 0.03:
+                parts.append("same speed")
+            elif self.speedup > 1:
+                parts.append(f"{self.speedup:.1f}x faster")
+            else:
+                parts.append(f"{1 / self.speedup:.1f}x slower")
+        if self.memory_ratio is not None:
+            change = 1 - self.memory_ratio
+            if abs(change) < 0.03:
+                parts.append("same memory")
+            elif change > 0:
+                parts.append(f"{100 * change:.0f}% less memory")
+            else:
+                parts.append(f"{100 * -change:.0f}% more memory")
+        return ", ".join(parts)
+
+
+def _speed(p: Any) -> tuple[float | None, str]:
+    if p.steps.median_ms:
+        return p.steps.median_ms, "median step"
+    return p.wall_s, "wall time"
+
+
+def _memory(p: Any) -> tuple[float | None, str]:
+    if p.gpu is not None and p.gpu.peak_allocated_bytes:
+        return p.gpu.peak_allocated_bytes, "peak VRAM"
+    return p.peak_rss_bytes, "peak RSS"
+
+
+def compare(earlier: Any, later: Any) -> Comparison:
+    (s0, b0), (s1, b1) = _speed(earlier), _speed(later)
+    if b0 != b1:  # one has steps, the other not: compare wall time
+        s0, s1, b1 = earlier.wall_s, later.wall_s, "wall time"
+    (m0, c0), (m1, c1) = _memory(earlier), _memory(later)
+    speed = s0 / s1 if s0 and s1 else None
+    memory = m1 / m0 if m0 and m1 and c0 == c1 else None
+    return Comparison(speed, b1, memory, c1)
+
+
+class ProfileHistory:
+    def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
+        self._entries: deque = deque(maxlen=max_entries)
+        self._lock = threading.Lock()
+
+    def add(self, profile: Any) -> None:
+        with self._lock:
+            self._entries.append(profile)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def entries(self) -> list:
+        with self._lock:
+            return list(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator:
+        return iter(self.entries())
+
+
+HISTORY = ProfileHistory()  # one per kernel process

@@ -1,0 +1,227 @@
+"""``%%gpuprofile`` (one cell measured), ``%gpuprofile on|off`` (one line after every cell)
+and ``%gpuprofile history`` (profiled cells compared).
+
+The cell body runs in the user's namespace, compiled under the cell's own name, so a
+traceback looks exactly as without gpunb; the error is then marked on the cell's result,
+so the kernel reports the cell as failed (nbclient stops, the OOM doctor sees it).
+"""
+
+from __future__ import annotations
+
+import ast
+import keyword
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from gpunb.analysis.cell_meter import CellMeter
+from gpunb.analysis.profile import ProfileSession
+from gpunb.analysis.profile_history import HISTORY
+from gpunb.views.profile_view import HistoryReport, one_line_text
+
+
+class _OneLineMode:
+    """pre/post_run_cell callbacks, registered once at load; cheap no-ops while off."""
+
+    def __init__(self) -> None:
+        self.meter: CellMeter | None = None
+        self._skip = False
+
+    def pre(self, info: Any = None, *args: Any) -> None:
+        if self.meter is None:
+            return
+        raw = getattr(info, "raw_cell", "") or ""
+        self._skip = raw.lstrip().startswith(("%%gpuprofile", "%gpuprofile"))  # own report / the switch
+        if not self._skip:
+            self.meter.start()
+
+    def post(self, result: Any = None, *args: Any) -> None:
+        if self.meter is None or self._skip:
+            return
+        line = self.meter.stop()
+        if line is not None:
+            print(one_line_text(line))
+
+
+@magics_class
+class ProfileMagics(Magics):
+    def __init__(self, shell: Any, mode: _OneLineMode) -> None:
+        super().__init__(shell)
+        self.mode = mode
+
+    @magic_arguments()
+    @argument("action", nargs="?", choices=("on", "off", "history"),
+              help="line form only: `on`/`off` a one-line summary after every cell "
+                   "(time · peak VRAM · GPU util); `history` the table of profiled cells")
+    @argument("--steps", type=int, default=1, metavar="N",
+              help="warm-up optimizer steps left out of median/p90 (default 1)")
+    @argument("--no-reset", action="store_true",
+              help="leave torch's global peak-memory counter untouched (by default a profiled cell "
+                   "resets it with torch.cuda.reset_peak_memory_stats, which code reading "
+                   "max_memory_allocated() across cells will notice)")
+    @argument("--timeline", dest="timeline", action="store_true", default=True,
+              help="draw the memory timeline (default)")
+    @argument("--no-timeline", dest="timeline", action="store_false",
+              help="no memory timeline (no memory reads at step ends)")
+    @argument("--label", default="", help="a name for this run in the history table")
+    @argument("--clear", action="store_true", help="with `history`: forget the profiled cells")
+    @argument("-o", dest="output", default=None, metavar="NAME",
+              help="bind the result object to NAME in the notebook (CellProfile / history)")
+    @line_cell_magic
+    def gpuprofile(self, line: str, cell: str | None = None) -> Any:
+        """Profile a cell: time, training steps, peak VRAM, where the time went, a verdict.
+
+        ::
+
+          %%gpuprofile [--steps N] [--no-reset] [--no-timeline] [--label TEXT] [-o NAME]
+          <training code>
+
+          %gpuprofile on [--no-reset]   one line after every cell
+          %gpuprofile off
+          %gpuprofile history [--clear] [-o NAME]
+
+        Steps are optimizer.step() calls, timed with CUDA events read at the end of the cell
+        (no per-step synchronize). Data wait is time inside DataLoader iterators; host syncs
+        are .item()/.cpu()/.tolist()/printing of tensors. Without a GPU it reports wall/CPU
+        time, peak RSS and steps and says the GPU parts are absent.
+        API twin: ``with gpunb.profile() as p: ...``.
+        """
+        try:
+            args = parse_argstring(self.gpuprofile, line)
+        except UsageError as exc:
+            self._usage(str(exc))
+            return None
+        if args.output is not None and (not args.output.isidentifier() or keyword.iskeyword(args.output)):
+            self._usage(f"-o needs a Python variable name, got {args.output!r}")
+            return None
+        if args.steps < 0:
+            self._usage(f"--steps must be 0 or more, got {args.steps}")
+            return None
+        if cell is None:
+            return self._line(args)
+        if args.action is not None:
+            self._usage(f"`{args.action}` is for the line magic (%gpuprofile {args.action}), not for a %%gpuprofile cell")
+            return None
+        return self._profile_cell(args, cell)
+
+    # -- line form ------------------------------------------------------------------------
+    def _usage(self, problem: str) -> None:
+        usage = self.gpuprofile.parser.format_usage().replace("::", "").strip()
+        print(f"%gpuprofile: {problem}\nusage: {usage}\nSee %gpuprofile? for every option.")
+
+    def _line(self, args: Any) -> Any:
+        if args.action == "on":
+            self.mode.meter = CellMeter(reset_peak=not args.no_reset)
+            print("gpuprofile: one line after every cell (time · peak VRAM · GPU util); "
+                  "`%gpuprofile off` to stop" + ("" if not args.no_reset else "; torch's peak counter is left alone"))
+            return None
+        if args.action == "off":
+            was_on = self.mode.meter is not None
+            self.mode.meter = None
+            print("gpuprofile: one-line summaries off" if was_on else "gpuprofile: one-line summaries were not on")
+            return None
+        if args.action == "history":
+            if args.clear:
+                HISTORY.clear()
+                print("gpuprofile: history cleared")
+                return None
+            report = HistoryReport(HISTORY.entries())
+            if args.output:
+                self.shell.user_ns[args.output] = report
+            self._display(report)
+            return None
+        state = "on" if self.mode.meter is not None else "off"
+        self._usage(f"say what to do (one-line mode is {state}); to profile a cell, start it with %%gpuprofile")
+        return None
+
+    # -- cell form ------------------------------------------------------------------------
+    def _profile_cell(self, args: Any, cell: str) -> Any:
+        shell = self.shell
+        try:
+            code, last_expr = self._compile(cell)
+        except SyntaxError:
+            shell.showsyntaxerror()
+            self._mark_failed(before_exec=True)
+            return None
+        session = ProfileSession(label=args.label, cell=shell.execution_count, warmup_steps=args.steps,
+                                 reset_peak=not args.no_reset, timeline=args.timeline)
+        session.start()
+        value, error = self._run(code, last_expr)
+        try:
+            profile = session.stop(error)
+        except Exception as exc:  # a gpunb bug must not cost the user their cell's result
+            if session.instruments is not None:
+                session.instruments.remove()
+            print(f"gpunb: the profile could not be built ({type(exc).__name__}: {exc}); "
+                  "the cell itself ran normally. Please report this at the gpunb issue tracker.")
+            profile = None
+        if profile is not None:
+            if not args.timeline:
+                profile.extra["timeline"] = False
+            HISTORY.add(profile)
+            if args.output:
+                shell.user_ns[args.output] = profile
+            self._display(profile)
+        if error is not None:
+            if isinstance(error, SystemExit):
+                raise error
+            # drop this module's frame: the traceback starts in the user's cell, as without gpunb
+            tb = error.__traceback__.tb_next if error.__traceback__ is not None else None
+            shell.showtraceback((type(error), error, tb or error.__traceback__))
+            self._mark_failed(error=error)
+            return None
+        if cell.rstrip().endswith(";"):
+            return None
+        return value
+
+    def _compile(self, cell: str) -> tuple[Any, Any]:
+        shell = self.shell
+        # A leading newline keeps line numbers as the user sees them (line 1 holds %%gpuprofile).
+        source = "\n" + shell.transform_cell(cell)
+        name = shell.compile.cache(source, shell.execution_count, raw_code="\n" + cell)
+        tree = ast.parse(source, filename=name)
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = shell.compile(ast.Expression(tree.body.pop().value), name, "eval")
+        return shell.compile(tree, name, "exec"), last
+
+    def _run(self, code: Any, last_expr: Any) -> tuple[Any, BaseException | None]:
+        # The traceback of an error starts at this frame, as IPython's own run_code frame
+        # does; showtraceback skips that first frame, so the user sees only their code.
+        glob, loc = self.shell.user_global_ns, self.shell.user_ns
+        try:
+            exec(code, glob, loc)
+            return (eval(last_expr, glob, loc) if last_expr is not None else None), None
+        except BaseException as exc:  # noqa: BLE001 (reported, then shown as IPython would)
+            return None, exc
+
+    def _mark_failed(self, error: BaseException | None = None, before_exec: bool = False) -> None:
+        result = getattr(self.shell.displayhook, "exec_result", None)
+        if result is None:
+            return
+        if before_exec:
+            import sys
+
+            result.error_before_exec = sys.exc_info()[1] or result.error_before_exec
+        else:
+            result.error_in_exec = error
+
+    def _display(self, obj: Any) -> None:
+        from IPython.display import display
+
+        display(obj)
+
+
+def register(shell: Any, state: Any) -> None:
+    mode = _OneLineMode()
+    state.add_magics(ProfileMagics(shell, mode))
+    state.on("pre_run_cell", mode.pre)
+    state.on("post_run_cell", mode.post)
+    state.shared["profile_mode"] = mode
+
+    def _off() -> None:
+        mode.meter = None
+
+    state.on_unload(_off)

@@ -1,0 +1,238 @@
+"""Cell profiles as text, HTML and an inline SVG memory timeline; the one-line summary;
+the history table. Pure functions of the records: every dynamic string is escaped."""
+
+from __future__ import annotations
+
+import html
+from typing import Any, Sequence
+
+
+def fmt_bytes(n: Any) -> str:
+    if n is None:
+        return "n/a"
+    n = float(n)
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def fmt_time(s: Any) -> str:
+    if s is None:
+        return "n/a"
+    if s >= 100:
+        return f"{s:.0f} s"
+    if s >= 1:
+        return f"{s:.2f} s"
+    return f"{s * 1000:.1f} ms"
+
+
+def fmt_ms(ms: Any) -> str:
+    return "n/a" if ms is None else fmt_time(ms / 1000.0)
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.0f}%" if whole > 0 else "-"
+
+
+def _rows(p: Any) -> list[tuple[str, str]]:
+    """(heading, text) lines shared by the text and HTML forms."""
+    rows: list[tuple[str, str]] = []
+    t = f"wall {fmt_time(p.wall_s)}"
+    if p.synced_wall_s is not None:
+        t += f" · GPU-synchronized {fmt_time(p.synced_wall_s)}"
+    if p.gpu_time_s is not None:
+        t += f" · GPU clock {fmt_time(p.gpu_time_s)}"
+    t += f" · CPU {fmt_time(p.cpu_s)}"
+    rows.append(("time", t))
+    st = p.steps
+    if st.count:
+        s = f"{st.count} optimizer steps"
+        if p.optimizers > 1:
+            s += f" (first of {p.optimizers} optimizers)"
+        s += f" · first {fmt_ms(st.first_ms)}"
+        if st.median_ms is not None:
+            s += f" · median {fmt_ms(st.median_ms)} · p90 {fmt_ms(st.p90_ms)} (after {st.skipped} warm-up)"
+        if st.steps_per_s:
+            s += f" · {st.steps_per_s:.1f} steps/s"
+        if st.samples_per_s:
+            s += f" · {st.samples_per_s:,.0f} samples/s (batch {st.batch_size})"
+        s += f" · timed by {st.source}"
+    else:
+        s = "no optimizer.step() seen (steps are detected with a global optimizer hook, torch >= 2.0)"
+    rows.append(("steps", s))
+    g = p.gpu
+    if g is not None:
+        m = (f"torch peak {fmt_bytes(g.peak_allocated_bytes)} allocated / {fmt_bytes(g.peak_reserved_bytes)} reserved"
+             if g.peak_allocated_bytes is not None else
+             "torch peak: not above the earlier peak (--no-reset left the global counter)")
+        if g.nvml_process_bytes is not None:
+            m += f" · NVML this process {fmt_bytes(g.nvml_process_bytes)}"
+            rest = g.nvml_process_bytes - g.end_reserved_bytes
+            if rest > 0:
+                m += f" (+{fmt_bytes(rest)} outside torch's cache: CUDA context, cuBLAS/cuDNN/NCCL workspaces, other libraries)"
+        else:
+            m += " · NVML: this process not listed (container PID namespace or no permission)"
+        m += f" · device {fmt_bytes(g.total_bytes)}"
+        if g.other_processes_bytes:
+            m += f", other processes hold {fmt_bytes(g.other_processes_bytes)}"
+        if g.alloc_retries:
+            m += f" · {g.alloc_retries} cudaMalloc retries"
+        rows.append(("GPU memory", m))
+    else:
+        rows.append(("GPU", f"absent: {p.gpu_absent}"))
+    if p.peak_rss_bytes is not None:
+        rows.append(("host memory", f"peak RSS {fmt_bytes(p.peak_rss_bytes)}"
+                     + ("" if p.peak_rss_is_cell else " (lifetime peak of the process; per-cell peak needs Linux)")))
+    sh = p.shares
+    w = [f"data wait {fmt_time(sh.data_wait_s)} ({_pct(sh.data_wait_s, sh.loop_s)}) over {sh.batches} batches"
+         if sh.batches else "no DataLoader batches"]
+    if sh.sync_n:
+        w.append(f"host syncs {sh.sync_n} ({sh.sync_gpu_n} from GPU tensors) {fmt_time(sh.sync_s)} "
+                 f"({_pct(sh.sync_s, sh.loop_s)})")
+    else:
+        w.append("no host syncs")
+    w.append(f"output {fmt_time(sh.output_s)} ({_pct(sh.output_s, sh.loop_s)}) in {sh.output_writes} writes")
+    if g is not None:
+        w.append(f"GPU util {g.util_mean_pct:.0f}% mean over {g.util_samples} NVML samples"
+                 if g.util_mean_pct is not None else "GPU util: no NVML samples")
+    rows.append(("where", " · ".join(w) + f" — of a {fmt_time(sh.loop_s)} loop"))
+    if p.error:
+        rows.append(("stopped", f"the cell raised {p.error} (report covers the part that ran)"))
+    return rows
+
+
+def _title(p: Any) -> str:
+    where = p.gpu.name if p.gpu is not None else "CPU"
+    label = f" · {p.label}" if p.label else ""
+    cell = f" · cell [{p.cell}]" if p.cell is not None else ""
+    return f"gpuprofile{cell}{label} · {where}"
+
+
+def profile_text(p: Any) -> str:
+    lines = [_title(p)]
+    lines += [f"  {h:<11} {t}" for h, t in _rows(p)]
+    v = p.verdict
+    lines.append(f"  {'verdict':<11} {v.kind.upper()}: {v.headline} — {v.reason}" if v.kind != "none"
+                 else f"  {'verdict':<11} {v.headline} ({v.reason})")
+    for i, a in enumerate(p.advice, 1):
+        gain = f" [up to {100 * a.gain:.0f}% of the loop]" if a.gain else ""
+        lines.append(f"  {i}. {a.title}{gain}: {a.reason}" + (f"\n       {a.how}" if a.how else ""))
+    return "\n".join(lines)
+
+
+def timeline_svg(p: Any, width: int = 560, height: int = 90) -> str:
+    """Memory over the cell (allocated, and reserved on a GPU), step ends as ticks."""
+    pts = p.memory_timeline
+    if len(pts) < 2:
+        return ""
+    t_end = max(max(t for t, _, _ in pts), p.wall_s, 1e-9)
+    top = max(max(a for _, a, _ in pts), max((r or 0) for _, _, r in pts), 1)
+    pad = 4
+
+    def xy(t: float, v: float) -> str:
+        return f"{pad + (width - 2 * pad) * t / t_end:.1f},{height - pad - (height - 2 * pad) * v / top:.1f}"
+
+    alloc = " ".join(xy(t, a) for t, a, _ in pts)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             f'role="img" aria-label="memory over the cell">',
+             f'<rect width="{width}" height="{height}" fill="none" stroke="#ccc"/>']
+    marks = p.step_marks_s
+    step = max(1, len(marks) // 200)  # at most ~200 ticks
+    for t in marks[::step]:
+        x = pad + (width - 2 * pad) * t / t_end
+        parts.append(f'<line x1="{x:.1f}" y1="{height - pad}" x2="{x:.1f}" y2="{height - pad - 6}" stroke="#999"/>')
+    if any(r is not None for _, _, r in pts):
+        reserved = " ".join(xy(t, r) for t, _, r in pts if r is not None)
+        parts.append(f'<polyline points="{reserved}" fill="none" stroke="#e69f00" stroke-width="1.5"/>')
+    parts.append(f'<polyline points="{alloc}" fill="none" stroke="#0072b2" stroke-width="1.5"/>')
+    parts.append(f'<text x="{pad + 2}" y="12" font-size="10" fill="#555">{html.escape(fmt_bytes(top))}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def profile_html(p: Any) -> str:
+    e = html.escape
+    rows = "".join(f"<tr><th style='text-align:left;padding-right:1em;vertical-align:top'>{e(h)}</th>"
+                   f"<td style='text-align:left'>{e(t)}</td></tr>" for h, t in _rows(p))
+    v = p.verdict
+    out = [f"<div class='gpunb-profile'><b>{e(_title(p))}</b>",
+           f"<table>{rows}</table>",
+           (f"<p><b>verdict: {e(v.kind)}</b> — {e(v.headline)}: {e(v.reason)}</p>" if v.kind != "none"
+            else f"<p>{e(v.headline)} ({e(v.reason)})</p>")]
+    if p.advice:
+        items = "".join(
+            f"<li><b>{e(a.title)}</b>" + (f" (up to {100 * a.gain:.0f}% of the loop)" if a.gain else "")
+            + f": {e(a.reason)}" + (f"<br><code>{e(a.how)}</code>" if a.how else "") + "</li>" for a in p.advice)
+        out.append(f"<ol>{items}</ol>")
+    svg = timeline_svg(p) if p.extra.get("timeline", True) else ""
+    if svg:
+        label = "allocated (blue) and reserved (orange)" if p.gpu is not None else "resident memory"
+        out.append(f"<div>{svg}<br><small>memory over the cell: {e(label)}; ticks = optimizer steps</small></div>")
+    out.append("</div>")
+    return "".join(out)
+
+
+# -- one line per cell ---------------------------------------------------------------------
+
+def one_line_text(line: Any) -> str:
+    parts = [f"⏱ {fmt_time(line.wall_s)}"]
+    if line.synced_wall_s is not None and line.synced_wall_s - line.wall_s > 0.0005:
+        parts[0] += f" (GPU done at {fmt_time(line.synced_wall_s)})"
+    if line.peak_vram_bytes is not None:
+        parts.append(f"peak VRAM {fmt_bytes(line.peak_vram_bytes)}")
+    elif line.gpu_note:
+        parts.append(line.gpu_note)
+    if line.util_pct is not None:
+        parts.append(f"GPU util {line.util_pct:.0f}%")
+    if line.peak_rss_bytes is not None:
+        parts.append(f"peak RSS {fmt_bytes(line.peak_rss_bytes)}")
+    return "gpuprofile: " + " · ".join(parts)
+
+
+# -- history -----------------------------------------------------------------------------
+
+def history_rows(entries: Sequence[Any]) -> list[list[str]]:
+    from gpunb.analysis.profile_history import compare
+
+    rows = []
+    for i, p in enumerate(entries):
+        versus = compare(entries[i - 1], p).words() if i else ""
+        peak = p.gpu.peak_allocated_bytes if p.gpu is not None else p.peak_rss_bytes
+        rows.append([str(i + 1), f"[{p.cell}]" if p.cell is not None else "api", p.label or "", fmt_time(p.wall_s),
+                     fmt_ms(p.steps.median_ms), str(p.steps.count), fmt_bytes(peak), p.verdict.kind,
+                     f"vs #{i}: {versus}" if versus else ""])
+    return rows
+
+
+HISTORY_HEADER = ["#", "cell", "label", "wall", "median step", "steps", "peak mem", "verdict", "compared"]
+
+
+def history_text(entries: Sequence[Any]) -> str:
+    if not entries:
+        return "gpuprofile history: no profiled cells yet (run a cell with %%gpuprofile)"
+    rows = [HISTORY_HEADER] + history_rows(entries)
+    widths = [max(len(r[c]) for r in rows) for c in range(len(HISTORY_HEADER))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def history_html(entries: Sequence[Any]) -> str:
+    e = html.escape
+    if not entries:
+        return f"<p>{e(history_text(entries))}</p>"
+    head = "".join(f"<th>{e(h)}</th>" for h in HISTORY_HEADER)
+    body = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in history_rows(entries))
+    return f"<table class='gpunb-history'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+class HistoryReport:
+    """What ``%gpuprofile history`` shows (and binds with ``-o``)."""
+
+    def __init__(self, entries: Sequence[Any]) -> None:
+        self.entries = list(entries)
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
+        return {"text/plain": history_text(self.entries), "text/html": history_html(self.entries)}
+
+    def to_dict(self) -> dict:
+        return {"entries": [p.to_dict() for p in self.entries]}
