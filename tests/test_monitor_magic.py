@@ -1,0 +1,246 @@
+"""%gpumonitor and gpunb.monitor() in-process: flags, sharing one sampler, the widget,
+snapshots, stopping on close/unload/reload."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.utils.capture import capture_output
+
+import gpunb
+from gpunb.analysis.sampler import THREAD_NAME
+from gpunb.shells import monitor as monitor_module
+from gpunb.shells.extension import state_of
+from gpunb.shells.monitor import Monitor, stop_all
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def sampler_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == THREAD_NAME]
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_sampler():
+    yield
+    stop_all(monitor_module._STANDALONE)
+    monitor_module._STANDALONE.clear()
+    assert sampler_threads() == []
+
+
+class Shown:
+    """What a cell printed and displayed (display() goes to ``outputs``, not stdout)."""
+
+    def __init__(self, out) -> None:
+        shown = [o.data.get("text/plain", "") for o in out.outputs]
+        self.stdout = out.stdout + "\n".join(shown)
+        self.stderr = out.stderr
+        self.outputs = out.outputs
+
+
+def run(ip, line: str):
+    with capture_output() as out:
+        result = ip.run_cell(line)
+    return result, Shown(out)
+
+
+def test_magic_starts_one_shared_sampler_and_prints_a_text_line(ip, fake_nvml):
+    result, out = run(ip, "%gpumonitor -o mon")
+    assert result.success
+    mon = ip.user_ns["mon"]
+    assert isinstance(mon, Monitor)
+    assert "GPU0 NVIDIA H200: util" in out.stdout and "host: CPU" in out.stdout
+    assert state_of(ip).shared["sampler"] is mon.sampler
+    assert mon.hz == 2 and mon.window_s == 120 and mon.devices is None
+    run(ip, "%gpumonitor --hz 5 --window 30 --device 0 -o mon2")
+    mon2 = ip.user_ns["mon2"]
+    assert mon2.sampler is mon.sampler and len(sampler_threads()) == 1  # shared, not doubled
+    assert mon.hz == 5 and mon2.window_s == 30 and mon2.devices == (0,)
+    result, out = run(ip, "%gpumonitor --stop")
+    assert "stopped 2 monitor(s)" in out.stdout
+    assert sampler_threads() == [] and not mon.running
+
+
+@pytest.mark.parametrize(
+    "line, words",
+    [
+        ("%gpumonitor --bogus", "unrecognized arguments: --bogus"),
+        ("%gpumonitor --hz fast", "invalid float value"),
+        ("%gpumonitor --window 0", "between 1 and 86400"),
+        ("%gpumonitor --hz 0", "above 0"),
+        ("%gpumonitor --device 3", "there is no GPU 3: NVML sees 1 GPU(s), indices 0"),
+    ],
+)
+def test_bad_flags_give_usage_not_a_traceback(ip, fake_nvml, line, words):
+    result, out = run(ip, line)
+    assert isinstance(result.error_in_exec, UsageError)
+    message = str(result.error_in_exec)
+    assert words in message
+    if "arguments" in words or "invalid" in words:
+        assert "%gpumonitor [--hz HZ] [--window SECONDS] [--device N] [--stop] [-o NAME]" in message
+    assert "Traceback" not in out.stdout + out.stderr
+    assert sampler_threads() == []
+
+
+def test_rate_above_the_maximum_is_clamped_and_said(ip, fake_nvml):
+    _, out = run(ip, "%gpumonitor --hz 50 -o mon")
+    assert ip.user_ns["mon"].hz == 10
+    assert "50 Hz is above the 10 Hz maximum" in out.stdout
+
+
+def test_help_is_the_docstring(ip):
+    doc = ip.find_line_magic("gpumonitor").__doc__
+    assert "--window SECONDS" in doc and "sparklines" in doc
+
+
+def test_unload_and_reload_stop_the_thread(ip, fake_nvml):
+    run(ip, "%gpumonitor")
+    assert len(sampler_threads()) == 1
+    ip.run_line_magic("reload_ext", "gpunb")
+    assert sampler_threads() == []
+    assert "sampler" not in state_of(ip).shared
+    run(ip, "%gpumonitor")
+    assert len(sampler_threads()) == 1
+    ip.run_line_magic("unload_ext", "gpunb")
+    assert sampler_threads() == []
+    ip.run_line_magic("load_ext", "gpunb")  # the fixture unloads once more
+
+
+def test_hundred_load_unload_cycles_leave_no_thread(ip, fake_nvml):
+    for i in range(100):
+        ip.run_line_magic("unload_ext", "gpunb")
+        ip.run_line_magic("load_ext", "gpunb")
+        with capture_output():
+            ip.run_line_magic("gpumonitor", "--hz 10")
+        assert len(sampler_threads()) == 1
+    ip.run_line_magic("unload_ext", "gpunb")
+    assert sampler_threads() == []
+    ip.run_line_magic("load_ext", "gpunb")
+
+
+def test_api_samples_are_columns_and_pandas_is_optional(fake_nvml, monkeypatch):
+    mon = gpunb.monitor(hz=10, frontend="text")
+    time.sleep(0.35)
+    cols = mon.samples()
+    assert len(cols["t_s"]) >= 3
+    assert {"gpu0_util_pct", "gpu0_mem_other_mib", "cpu_pct", "ram_used_mib"} <= set(cols)
+    assert all(len(v) == len(cols["t_s"]) for v in cols.values())
+    d = mon.to_dict()
+    assert d["gpus"][0]["name"] == "NVIDIA H200" and d["running"] and d["hz"] == 10
+    monkeypatch.setitem(sys.modules, "pandas", None)
+    with pytest.raises(ImportError, match="pip install pandas"):
+        mon.to_pandas()
+    mon.stop()
+    assert not mon.running and sampler_threads() == []
+    assert len(mon.samples()["t_s"]) >= len(cols["t_s"])  # the data outlives the thread
+
+
+def test_to_pandas_when_installed(fake_nvml):
+    pd = pytest.importorskip("pandas")
+    mon = gpunb.monitor(frontend="text")
+    frame = mon.to_pandas()
+    mon.stop()
+    assert isinstance(frame, pd.DataFrame) and "gpu0_power_w" in frame.columns and len(frame) >= 1
+
+
+def test_bad_api_arguments_say_what_to_do(fake_nvml):
+    with pytest.raises(ValueError, match="hz must be a number"):
+        gpunb.monitor(hz="2")
+    with pytest.raises(ValueError, match="device must be a GPU index"):
+        gpunb.monitor(device="first")
+    with pytest.raises(ValueError, match="frontend"):
+        gpunb.monitor(frontend="tv")
+    stop_all(monitor_module._STANDALONE)
+
+
+@pytest.mark.parametrize("fake_nvml", ["no-driver"], indirect=True)
+def test_no_gpu_monitors_the_host_and_says_so(ip, fake_nvml):
+    _, out = run(ip, "%gpumonitor -o mon")
+    assert "No GPU to show" in out.stdout and "host: CPU" in out.stdout
+    html = ip.user_ns["mon"]._repr_mimebundle_()["text/html"]
+    assert "No GPU to show" in html and "libnvidia-ml.so.1" in html
+    run(ip, "%gpumonitor --stop")
+
+
+def test_widget_updates_from_the_thread_and_leaves_a_snapshot(fake_nvml):
+    mon = gpunb.monitor(hz=10, frontend="widget")
+    with capture_output() as out:
+        mon._ipython_display_()
+    bundle = out.outputs[0].data
+    assert bundle[WIDGET_VIEW]["model_id"] == mon._box.model_id
+    assert "<svg" in bundle["text/html"] and "GPU0" in bundle["text/plain"]  # fallback for saved notebooks
+    first = mon._html.value
+    assert "<svg" in first and "live at 10 Hz" in first
+    time.sleep(0.5)
+    assert mon._html.value != first  # the sampler thread redrew it
+    pause = mon._widgets[3]
+    pause.value = True
+    paused = mon._html.value
+    assert "paused" in paused and pause.description == "Resume"
+    time.sleep(0.3)
+    assert mon._html.value == paused
+    updates = []
+    mon._handles[0].update = lambda data, raw=False: updates.append(data)
+    stop = mon._widgets[4]
+    stop.click()
+    assert not mon.running and sampler_threads() == []
+    assert updates and WIDGET_VIEW not in updates[-1] and "snapshot" in updates[-1]["text/html"]
+    assert mon._box.comm is None  # the widget models are closed
+    mon.stop()  # idempotent
+
+
+def test_closing_the_widget_stops_the_sampler_when_it_was_the_last(fake_nvml):
+    a = gpunb.monitor(frontend="widget")
+    b = gpunb.monitor(frontend="widget")
+    with capture_output():
+        a._ipython_display_()
+        b._ipython_display_()
+    assert len(sampler_threads()) == 1
+    a._box.close()
+    assert not a.running and b.running and len(sampler_threads()) == 1
+    b._box.close()
+    assert sampler_threads() == []
+
+
+def test_rerunning_the_same_cell_replaces_its_monitor(ip, fake_nvml, monkeypatch):
+    monkeypatch.setattr(ip, "parent_header", {"metadata": {"cellId": "cell-1"}}, raising=False)
+    run(ip, "%gpumonitor -o first")
+    run(ip, "%gpumonitor -o second")
+    first, second = ip.user_ns["first"], ip.user_ns["second"]
+    assert not first.running and second.running and len(sampler_threads()) == 1
+    assert state_of(ip).shared["monitors"] == [second]
+    monkeypatch.setattr(ip, "parent_header", {"metadata": {"cellId": "cell-2"}}, raising=False)
+    run(ip, "%gpumonitor -o third")
+    assert second.running and ip.user_ns["third"].running
+    run(ip, "%gpumonitor --stop")
+
+
+def test_fallback_snapshot_is_refreshed_after_cells(fake_nvml):
+    mon = gpunb.monitor(frontend="widget")
+    with capture_output():
+        mon._ipython_display_()
+    sent = []
+    mon._handles[0].update = lambda data, raw=False: sent.append(data)
+    mon.refresh_fallback()  # too soon: nothing sent
+    assert sent == []
+    mon.refresh_fallback(min_age_s=0)
+    assert sent and WIDGET_VIEW in sent[0] and "<svg" in sent[0]["text/html"]
+    mon.stop()
+
+
+def test_extension_load_does_not_import_the_monitor_machinery():
+    import subprocess
+
+    code = (
+        "import sys\n"
+        "from IPython.core.interactiveshell import InteractiveShell\n"
+        "ip = InteractiveShell.instance(); ip.run_line_magic('load_ext', 'gpunb')\n"
+        "print(sorted(m for m in ('torch', 'ipywidgets', 'pynvml', 'gpunb.shells.monitor') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "torch" not in out.stdout and "ipywidgets" not in out.stdout and "gpunb.shells.monitor" not in out.stdout
