@@ -30,11 +30,11 @@ def _match_uuid(token: str, gpus: Sequence[GpuInfo]) -> tuple[str, int] | None |
     for g in gpus:
         if isinstance(g.uuid, str) and g.uuid.startswith(token):
             hits.append((g.uuid, g.index))
-        for mig in g.mig_devices:
-            # MIG-<uuid> and the legacy MIG-GPU-<uuid>/<gi>/<ci> both select a MIG device
-            if mig.uuid.startswith(token) or (token.startswith("MIG-GPU-") and isinstance(g.uuid, str)
-                                              and token[4:].split("/")[0] == g.uuid):
-                hits.append((mig.uuid if not token.startswith("MIG-GPU-") else token, g.index))
+        if token.startswith("MIG-GPU-"):  # legacy form MIG-GPU-<parent uuid>/<gi>/<ci>
+            if token[4:].split("/")[0] == g.uuid:
+                hits.append((token, g.index))
+            continue
+        hits += [(mig.uuid, g.index) for mig in g.mig_devices if mig.uuid.startswith(token)]
     if len(hits) > 1:
         return f"{token!r} matches {len(hits)} devices; give more of the UUID"
     return hits[0] if hits else None

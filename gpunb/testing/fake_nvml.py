@@ -305,3 +305,13 @@ def scenario(name: str, clock: Callable[[], float] | None = None) -> FakePynvml:
         gpu = _h200(trace, extra_processes=[{"pid": 999_001, "used_gpu_memory": 40 * 2**30}])
         return FakePynvml([gpu], clock=clock, process_names={999_001: "python3"})
     raise ValueError(f"unknown fake NVML scenario {name!r}; see gpunb.testing.fake_nvml.scenario")
+
+
+def replay_probe(path: str | Path, on_step: Callable[[str, int | None], None] | None = None):
+    """A ``ProbeResult`` from a recorded CUDA-probe output (one JSON object per line)."""
+    from gpunb.readings.cuda_probe import ProbeResult, _handle
+
+    out = ProbeResult()
+    for line in Path(path).read_text().splitlines():
+        _handle(line, out, on_step)
+    return out
