@@ -1,0 +1,303 @@
+"""%%gpuprofile and gpunb.profile() on real small CPU training loops (torch CPU)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+
+import gpunb  # noqa: E402
+from gpunb.analysis.profile_history import HISTORY, Comparison, compare  # noqa: E402
+
+
+class SlowDataset(Dataset):
+    """Each sample takes 5 ms to 'decode': the loop must be input-bound."""
+
+    def __len__(self) -> int:
+        return 48
+
+    def __getitem__(self, i: int):
+        time.sleep(0.005)
+        return torch.randn(16), torch.randn(1)
+
+
+def _model():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    return model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def _step(model, opt, x, y):
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def test_slow_dataloader_is_input_bound():
+    model, opt = _model()
+    with gpunb.profile() as p:
+        for x, y in DataLoader(SlowDataset(), batch_size=8):
+            _step(model, opt, x, y)
+    r = p.result
+    assert r.steps.count == 6
+    assert r.shares.batches == 6
+    assert r.steps.batch_size == 8
+    assert r.shares.data_wait_s >= 48 * 0.005 * 0.9  # every sleep is inside the DataLoader
+    assert r.verdict.kind == "input-bound"
+    assert r.advice[0].title.startswith("Load batches in worker processes")
+    assert r.steps.samples_per_s and r.steps.samples_per_s < 8 / 0.04 * 1.5  # bounded by the 40 ms per batch
+    assert r.gpu is None and "CPU-only build" in r.gpu_absent
+    assert r.peak_rss_bytes and r.peak_rss_bytes > 10 * 2**20
+
+
+def test_fast_loop_is_compute_bound_on_cpu_with_step_times():
+    model, opt = _model()
+    x, y = torch.randn(512, 16), torch.randn(512, 1)
+    with gpunb.profile(warmup_steps=2) as p:
+        for _ in range(30):
+            _step(model, opt, x, y)
+    r = p.result
+    assert r.steps.count == 30 and r.steps.skipped == 2
+    assert len(r.steps.step_ms) == 30
+    assert r.steps.median_ms > 0 and r.steps.p90_ms >= r.steps.median_ms
+    assert r.steps.source == "host clock"
+    assert r.verdict.kind == "compute-bound"
+    assert abs(sum(r.steps.step_ms) / 1000 - (r.step_marks_s[-1])) < 1e-6
+
+
+def test_item_every_step_is_counted_as_host_reads():
+    model, opt = _model()
+    x, y = torch.randn(64, 16), torch.randn(64, 1)
+    losses = []
+    with gpunb.profile() as p:
+        for _ in range(25):
+            losses.append(_step(model, opt, x, y).item())
+        first = losses[0]
+        _ = f"{_step(model, opt, x, y):.3f}"  # __format__ calls item(): counted once
+    r = p.result
+    assert r.shares.sync_by_method["item"] == 25
+    assert r.shares.sync_by_method["__format__"] == 1
+    assert r.shares.sync_n == 26
+    assert r.shares.sync_gpu_n == 0  # CPU tensors: reads, not GPU syncs, so no sync-bound verdict
+    assert r.verdict.kind != "sync-bound"
+    assert isinstance(first, float)
+
+
+def test_printing_is_timed_as_output(capsys):
+    model, opt = _model()
+    x, y = torch.randn(64, 16), torch.randn(64, 1)
+    with gpunb.profile() as p:
+        for i in range(10):
+            loss = _step(model, opt, x, y)
+            print(f"step {i} loss {loss}")  # prints a tensor: a host read plus output
+    r = p.result
+    assert r.shares.output_writes >= 20  # print() writes the text and the newline
+    assert r.shares.output_chars > 10 * len("step 0 loss tensor(")
+    assert r.shares.sync_by_method.get("__repr__", 0) + r.shares.sync_by_method.get("__format__", 0) == 10
+    assert "step 9 loss" in capsys.readouterr().out  # the user's output is not swallowed
+
+
+def test_hooks_are_removed_after_the_block_even_when_it_raises():
+    from torch.optim import optimizer as optim_module
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    before_next = _BaseDataLoaderIter.__dict__["__next__"]
+    hooks_before = len(optim_module._global_optimizer_post_hooks)
+    stdout_before = sys.stdout
+    model, opt = _model()
+    with pytest.raises(RuntimeError, match="boom"):
+        with gpunb.profile() as p:
+            for i, (x, y) in enumerate(DataLoader(SlowDataset(), batch_size=8)):
+                _step(model, opt, x, y)
+                if i == 2:
+                    raise RuntimeError("boom")
+    assert p.result.steps.count == 3 and p.result.error == "RuntimeError: boom"
+    assert "item" not in torch.Tensor.__dict__ and torch.Tensor.item is torch._C.TensorBase.item
+    assert _BaseDataLoaderIter.__dict__["__next__"] is before_next
+    assert len(optim_module._global_optimizer_post_hooks) == hooks_before
+    assert sys.stdout is stdout_before and "write" not in getattr(sys.stdout, "__dict__", {})
+
+
+@pytest.mark.parametrize("fake_nvml", ["h200"], indirect=True)
+def test_cpu_build_with_a_visible_gpu_is_on_cpu(fake_nvml):
+    model, opt = _model()
+    x, y = torch.randn(64, 16), torch.randn(64, 1)
+    with gpunb.profile() as p:
+        for _ in range(5):
+            _step(model, opt, x, y)
+    r = p.result
+    assert r.gpu_visible == "NVIDIA H200"
+    assert r.verdict.kind == "on-cpu"
+    top = r.advice[0]
+    assert top.severity == 2 and "CPU-only build" in top.reason and "Install a CUDA build" in top.title
+
+
+def test_comparison_words():
+    assert Comparison(1.8, "median step", 0.65, "peak VRAM").words() == "1.8x faster, 35% less memory"
+    assert Comparison(0.5, "median step", 1.2, "peak VRAM").words() == "2.0x slower, 20% more memory"
+    assert Comparison(1.01, "wall time", None, "peak RSS").words() == "same speed"
+
+
+def test_history_compares_two_real_runs():
+    model, opt = _model()
+    small, big = (torch.randn(32, 16), torch.randn(32, 1)), (torch.randn(4096, 16), torch.randn(4096, 1))
+    with gpunb.profile(label="big") as slow:
+        for _ in range(10):
+            _step(model, opt, *big)
+    with gpunb.profile(label="small") as fast:
+        for _ in range(10):
+            _step(model, opt, *small)
+    c = compare(slow.result, fast.result)
+    assert c.speed_basis == "median step" and c.speedup > 1.5
+    assert "faster" in c.words()
+    assert HISTORY.entries()[-2:] == [slow.result, fast.result]
+
+
+def test_api_arguments_are_checked():
+    with pytest.raises(ValueError, match="warmup_steps"):
+        gpunb.profile(warmup_steps=-1)
+    with pytest.raises(TypeError, match="label"):
+        gpunb.profile(label=3)
+
+
+def test_report_html_escapes_and_to_dict():
+    model, opt = _model()
+    with gpunb.profile(label="<script>alert(1)</script>") as p:
+        for _ in range(3):
+            _step(model, opt, torch.randn(8, 16), torch.randn(8, 1))
+    bundle = p._repr_mimebundle_()
+    assert "<script>" not in bundle["text/html"] and "&lt;script&gt;" in bundle["text/html"]
+    assert "<svg" in bundle["text/html"]
+    assert "gpuprofile" in bundle["text/plain"]
+    d = p.to_dict()
+    assert d["steps"]["count"] == 3 and d["verdict"]["kind"] == "compute-bound"
+
+
+def test_import_and_load_do_not_import_torch():
+    code = ("import sys, gpunb\n"
+            "from IPython.core.interactiveshell import InteractiveShell\n"
+            "ip = InteractiveShell.instance(); ip.run_line_magic('load_ext', 'gpunb')\n"
+            "gpunb.profile\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n"
+            "ip.run_cell('%%gpuprofile\\nx = sum(range(1000))')\n"
+            "assert 'torch' not in sys.modules\n"
+            "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "ok" in out.stdout and "torch is not imported" in out.stdout
+
+
+# -- the magics, in-process ---------------------------------------------------------------
+
+SETUP = """
+import time, torch
+from torch.utils.data import DataLoader, Dataset
+class Slow(Dataset):
+    def __len__(self): return 24
+    def __getitem__(self, i):
+        time.sleep(0.005); return torch.randn(16), torch.randn(1)
+model = torch.nn.Linear(16, 1); opt = torch.optim.SGD(model.parameters(), lr=0.01)
+def step(x, y):
+    loss = torch.nn.functional.mse_loss(model(x), y); opt.zero_grad(); loss.backward(); opt.step(); return loss
+"""
+
+
+def test_cell_magic_reports_binds_and_returns_the_value(ip, capsys):
+    ip.run_cell(SETUP)
+    r = ip.run_cell("%%gpuprofile -o _gpunb_test --label slow\n"
+                    "for x, y in DataLoader(Slow(), batch_size=8):\n    step(x, y)\n41 + 1\n")
+    assert r.success and r.result == 42
+    prof = ip.user_ns["_gpunb_test"]
+    assert prof.steps.count == 3 and prof.verdict.kind == "input-bound" and prof.label == "slow"
+    out = capsys.readouterr().out
+    assert "INPUT-BOUND" in out and "3 optimizer steps" in out
+    r = ip.run_cell("%%gpuprofile\n42;\n")
+    assert r.success and r.result is None
+
+
+def test_cell_magic_exception_is_shown_as_without_gpunb(ip, capsys):
+    ip.run_cell(SETUP)
+    r = ip.run_cell("%%gpuprofile -o _gpunb_test\n"
+                    "for i, (x, y) in enumerate(DataLoader(Slow(), batch_size=8)):\n"
+                    "    step(x, y)\n"
+                    "    if i == 1:\n"
+                    "        raise KeyError('stop here')\n")
+    assert not r.success and isinstance(r.error_in_exec, KeyError)
+    assert ip.user_ns["_gpunb_test"].steps.count == 2
+    assert ip.user_ns["_gpunb_test"].error == "KeyError: 'stop here'"
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert "KeyError" in text and "stop here" in text
+    assert "profile_magic" not in text and "instruments" not in text  # no gpunb frame in the traceback
+    assert "line 5" in text  # line numbers as in the notebook cell
+    assert sys.last_value is r.error_in_exec
+
+
+def test_cell_magic_syntax_error(ip, capsys):
+    ip.user_ns.pop("_gpunb_ran", None)
+    r = ip.run_cell("%%gpuprofile\n_gpunb_ran = 1\nfor x in\n")
+    out = capsys.readouterr()
+    assert not r.success and isinstance(r.error_before_exec, SyntaxError)
+    assert "SyntaxError" in out.out + out.err and "_gpunb_ran" not in ip.user_ns
+
+
+@pytest.mark.parametrize("line, message", [
+    ("--bogus", "unrecognized arguments"),
+    ("--steps -2", "--steps must be 0 or more"),
+    ("--steps x", "invalid int value"),
+    ("-o 1abc", "-o needs a Python variable name"),
+    ("", "say what to do"),
+    ("sideways", "invalid choice"),
+])
+def test_bad_flags_print_usage_not_a_traceback(ip, capsys, line, message):
+    r = ip.run_cell(f"%gpuprofile {line}")
+    out = capsys.readouterr()
+    assert message in out.out and "usage:" in out.out
+    assert "Traceback" not in out.out + out.err
+    assert r.success
+
+
+def test_bad_cell_flags_do_not_run_the_cell(ip, capsys):
+    ip.user_ns.pop("_gpunb_ran", None)
+    ip.run_cell("%%gpuprofile --steps -1\n_gpunb_ran = True\n")
+    assert "_gpunb_ran" not in ip.user_ns
+    assert "--steps must be 0 or more" in capsys.readouterr().out
+    ip.run_cell("%%gpuprofile on\n_gpunb_ran = True\n")
+    assert "_gpunb_ran" not in ip.user_ns
+    assert "for the line magic" in capsys.readouterr().out
+
+
+def test_one_line_mode_and_history(ip, capsys):
+    HISTORY.clear()
+    ip.run_cell("%gpuprofile on")
+    ip.run_cell("sum(range(100000))")
+    out = capsys.readouterr().out
+    assert "gpuprofile: ⏱" in out and "peak RSS" in out
+    ip.run_cell("%%gpuprofile\nsum(range(10))\n")
+    out = capsys.readouterr().out
+    assert "gpuprofile: ⏱" not in out  # the full report replaces the one-liner
+    ip.run_cell("%gpuprofile off")
+    ip.run_cell("1 + 1")
+    assert "⏱" not in capsys.readouterr().out
+    ip.run_cell("%%gpuprofile --label second\nsum(range(10))\n")
+    ip.run_cell("%gpuprofile history -o _gpunb_test")
+    out = capsys.readouterr().out
+    assert "median step" in out and "second" in out and "vs #1" in out
+    assert len(ip.user_ns["_gpunb_test"].entries) == 2
+    ip.run_cell("%gpuprofile history --clear")
+    assert len(HISTORY) == 0
+
+
+def test_unload_turns_one_line_mode_off(ip, capsys):
+    ip.run_cell("%gpuprofile on")
+    ip.run_line_magic("unload_ext", "gpunb")
+    ip.run_cell("1 + 1")
+    assert "⏱" not in capsys.readouterr().out
+    ip.run_line_magic("load_ext", "gpunb")
