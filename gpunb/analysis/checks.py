@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from typing import Callable, Mapping
 
@@ -132,6 +133,11 @@ def check(
         if progress is not None:
             progress(CheckReport(_run(inputs, include_probe), time.monotonic() - t0, quick, device, message))
 
+    # JAX/TF answer from their own subprocesses while the CUDA probe runs (seconds each).
+    frameworks: dict = {}
+    asker = threading.Thread(target=lambda: frameworks.update(checks_host.probe_frameworks(quick)),
+                             name="gpunb-check-frameworks", daemon=True)
+    asker.start()
     if not quick and inputs.torch.installed and visible.visible:
         show("starting the CUDA probe (a subprocess, so this kernel gets no CUDA context)", False)
 
@@ -141,7 +147,8 @@ def check(
 
         inputs.probe = run_probe(environ=env, devices=[device] if device is not None else None,
                                  timeout_s=probe_timeout_s, on_step=on_step)
-    if not quick and checks_host.frameworks_installed():
-        show("asking JAX/TensorFlow which devices they see (subprocess)", False)
-    inputs.frameworks = checks_host.probe_frameworks(quick)
+    if asker.is_alive():
+        show("waiting for JAX/TensorFlow to list their devices (subprocess)", False)
+    asker.join()
+    inputs.frameworks = frameworks
     return CheckReport(_run(inputs, True), time.monotonic() - t0, quick, device)

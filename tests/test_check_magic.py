@@ -1,0 +1,86 @@
+"""%gpucheck in an in-process IPython shell, and the `gpunb check` command line."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from IPython.utils.capture import capture_output
+
+from gpunb.analysis.check_report import CheckReport
+
+
+def shown(out):
+    """Everything the user would see: printed text and displayed objects' text."""
+    return out.stdout + out.stderr + "".join(o.data.get("text/plain", "") for o in out.outputs)
+
+
+def test_quick_check_prints_the_report(ip, fake_nvml):
+    with capture_output() as out:
+        ip.run_line_magic("gpucheck", "--quick")
+    text = shown(out)
+    assert text.startswith("gpunb check · ")
+    assert "text/html" in out.outputs[-1].data  # notebooks get the HTML checklist
+    assert "NVIDIA driver sees the GPUs" in text and "NVIDIA H200" in text
+
+
+def test_output_binds_the_report(ip, fake_nvml):
+    with capture_output():
+        ip.run_line_magic("gpucheck", "--quick -o rep")
+    report = ip.user_ns.pop("rep")
+    assert isinstance(report, CheckReport) and report["driver"].status == "ok"
+
+
+def test_json_output_is_machine_readable(ip, fake_nvml):
+    with capture_output() as out:
+        ip.run_line_magic("gpucheck", "--quick --json")
+    data = json.loads(out.stdout)
+    assert data["quick"] is True and data["checks"][0]["id"] == "driver"
+
+
+@pytest.mark.parametrize("line, message", [
+    ("--bogus", "unrecognized arguments: --bogus"),
+    ("--device x", "invalid int value: 'x'"),
+    ("--device 7", "device 7 does not exist"),
+    ("-o 1abc", "-o needs a Python variable name"),
+])
+def test_bad_input_is_a_usage_message_not_a_traceback(ip, fake_nvml, line, message):
+    with capture_output() as out:
+        result = ip.run_cell(f"%gpucheck --quick {line}")
+    text = shown(out)
+    assert not result.success
+    assert "UsageError" in text and message in text
+    assert "Traceback" not in text
+
+
+def test_help_is_the_docstring(ip):
+    doc = ip.find_line_magic("gpucheck").__doc__
+    assert "--quick" in doc and "--device N" in doc and "gpunb.check()" in doc
+
+
+def test_unload_removes_the_magic(ip):
+    ip.run_line_magic("unload_ext", "gpunb")
+    assert ip.find_line_magic("gpucheck") is None
+    ip.run_line_magic("load_ext", "gpunb")  # the fixture unloads again
+    assert ip.find_line_magic("gpucheck") is not None
+
+
+def _cli(*args, scenario="h200"):
+    env = dict(os.environ, GPUNB_FAKE_NVML=scenario)
+    return subprocess.run([sys.executable, "-m", "gpunb", "check", *args], capture_output=True, text=True, env=env)
+
+
+def test_cli_exit_code_follows_failures():
+    healthy_fake_but_cpu_torch = _cli("--quick")  # a GPU without a CUDA torch build: that check fails
+    assert healthy_fake_but_cpu_torch.returncode == 1
+    assert "✗ FAIL torch is a CUDA build" in healthy_fake_but_cpu_torch.stdout
+    no_driver = _cli("--quick", "--json", scenario="no-driver")
+    assert no_driver.returncode == 1
+    assert json.loads(no_driver.stdout)["checks"][0]["status"] == "fail"
+
+
+def test_cli_bad_arguments_exit_2():
+    assert _cli("--bogus").returncode == 2
+    wrong_device = _cli("--device", "3")
+    assert wrong_device.returncode == 2 and "device 3 does not exist" in wrong_device.stderr
