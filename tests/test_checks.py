@@ -27,6 +27,7 @@ def h200_torch(monkeypatch):
         return result
 
     monkeypatch.setattr(checks_module, "read_torch_build", lambda: H200_TORCH)
+    monkeypatch.setattr(checks_module, "read_kernel_torch_state", lambda: None)  # this CPU torch is not it
     monkeypatch.setattr(checks_module, "run_probe", fake_run_probe)
     return steps
 

@@ -135,9 +135,11 @@ def check(
 
     # JAX/TF answer from their own subprocesses while the CUDA probe runs (seconds each).
     frameworks: dict = {}
-    asker = threading.Thread(target=lambda: frameworks.update(checks_host.probe_frameworks(quick)),
-                             name="gpunb-check-frameworks", daemon=True)
-    asker.start()
+    asker = None
+    if checks_host.frameworks_installed():
+        asker = threading.Thread(target=lambda: frameworks.update(checks_host.probe_frameworks(quick)),
+                                 name="gpunb-check-frameworks", daemon=True)
+        asker.start()
     if not quick and inputs.torch.installed and visible.visible:
         show("starting the CUDA probe (a subprocess, so this kernel gets no CUDA context)", False)
 
@@ -147,8 +149,9 @@ def check(
 
         inputs.probe = run_probe(environ=env, devices=[device] if device is not None else None,
                                  timeout_s=probe_timeout_s, on_step=on_step)
-    if asker.is_alive():
-        show("waiting for JAX/TensorFlow to list their devices (subprocess)", False)
-    asker.join()
+    if asker is not None:
+        if asker.is_alive() and not quick:
+            show("waiting for JAX/TensorFlow to list their devices (subprocess)", False)
+        asker.join()
     inputs.frameworks = frameworks
     return CheckReport(_run(inputs, True), time.monotonic() - t0, quick, device)

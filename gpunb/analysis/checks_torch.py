@@ -172,8 +172,8 @@ def check_cudnn_nccl(inputs: CheckInputs) -> CheckResult:
     if not inputs.torch.installed or not inputs.torch.cuda:
         return CheckResult("cudnn_nccl", title, "skip", "needs a CUDA build of torch")
     k, facts = inputs.kernel_torch, _facts(inputs)
-    cudnn = k.cudnn_version if k is not None else (facts or {}).get("cudnn_version")
-    nccl = k.nccl_version if k is not None else (facts or {}).get("nccl_version")
+    cudnn = (k.cudnn_version if k is not None else None) or (facts or {}).get("cudnn_version")
+    nccl = (k.nccl_version if k is not None else None) or (facts or {}).get("nccl_version")
     if k is None and (facts is None or not facts.get("cuda_available")):
         return CheckResult("cudnn_nccl", title, "skip", NEEDS_PROBE)
     missing = [name for name, v in (("cuDNN", cudnn), ("NCCL", nccl)) if not v]
