@@ -1,0 +1,306 @@
+"""Name the live tensors by what keeps them alive in a notebook.
+
+The walk starts at the user namespace (``shell.user_ns``; IPython's own names skipped)
+and follows modules (``named_parameters``, ``named_buffers``, ``.grad``), optimizers
+(``optimizer.state[p]`` named after the parameter: ``opt.state[model.fc.weight].exp_avg``),
+dicts, lists, tuples and object attributes, to a bounded depth. Then it looks at the
+places that keep tensors alive without a name: the output history (``Out[3]``), the last
+exception's frames, and any other tracebacks given. Each storage is counted once (views
+share storage), under the first name found for it.
+
+Works for tensors on any device (CPU too, which is how it is tested in CI); pass
+``devices={"cuda"}`` to keep only GPU tensors.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+ROLES = ("parameter", "gradient", "optimizer state", "other")
+GROUP_TITLES = {
+    "parameter": "parameters & buffers",
+    "gradient": "gradients",
+    "optimizer state": "optimizer state",
+    "other": "activations / other",
+}
+
+# Names IPython (and the kernel) put in the user namespace.
+_IPYTHON_NAMES = frozenset({"In", "Out", "get_ipython", "exit", "quit", "open"})
+
+NAMESPACE = "namespace"
+OUTPUT_HISTORY = "output history"
+EXCEPTION = "failed cell"
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    name: str  # the reference path: "model.fc.weight.grad", "Out[3]", "train() local x"
+    nbytes: int  # of the storage (counted once)
+    shape: tuple[int, ...]
+    dtype: str
+    device: str
+    role: str  # one of ROLES
+    source: str  # NAMESPACE | OUTPUT_HISTORY | EXCEPTION | caller's label
+
+    @property
+    def leftover(self) -> bool:
+        return self.source != NAMESPACE
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "nbytes": self.nbytes,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "device": self.device,
+            "role": self.role,
+            "source": self.source,
+        }
+
+
+@dataclass(frozen=True)
+class Census:
+    entries: tuple[TensorEntry, ...]  # largest first
+    truncated: bool = False  # the walk hit its node bound
+    names_skipped: tuple[str, ...] = field(default_factory=tuple)
+
+    def total_bytes(self, *, role: str | None = None, source: str | None = None, device: str | None = None) -> int:
+        return sum(
+            e.nbytes for e in self.entries
+            if (role is None or e.role == role) and (source is None or e.source == source)
+            and (device is None or e.device == device)
+        )
+
+    def by_role(self) -> dict[str, int]:
+        return {r: self.total_bytes(role=r) for r in ROLES}
+
+    @property
+    def leftovers(self) -> tuple[TensorEntry, ...]:
+        return tuple(e for e in self.entries if e.leftover)
+
+    def find(self, name: str) -> TensorEntry | None:
+        return next((e for e in self.entries if e.name == name), None)
+
+    def to_dict(self) -> dict:
+        return {
+            "entries": [e.to_dict() for e in self.entries],
+            "by_role": self.by_role(),
+            "leftover_bytes": sum(e.nbytes for e in self.leftovers),
+            "truncated": self.truncated,
+        }
+
+
+def _skip_name(name: str) -> bool:
+    if name in _IPYTHON_NAMES or name.startswith("_"):
+        return True  # _, __, _5, _i3, _oh, _dh, __builtins__ ...
+    return False
+
+
+class _Walker:
+    def __init__(self, torch: Any, devices: set[str] | None, max_depth: int, max_nodes: int) -> None:
+        self.torch = torch
+        self.Tensor = torch.Tensor
+        self.Module = torch.nn.Module
+        self.Parameter = torch.nn.Parameter
+        self.Optimizer = torch.optim.Optimizer
+        self.devices = devices
+        self.max_depth = max_depth
+        self.max_nodes = max_nodes
+        self.nodes = 0
+        self.truncated = False
+        self.seen_objects: set[int] = set()
+        self.seen_storages: set[tuple[str, int]] = set()
+        self.entries: list[TensorEntry] = []
+        self.param_names: dict[int, str] = {}  # id(param) -> first name
+        self.optimizers: list[tuple[str, Any, str]] = []
+
+    # -- tensors -----------------------------------------------------------------
+    def add_tensor(self, t: Any, name: str, role: str, source: str) -> None:
+        try:
+            device = str(t.device)
+            if device == "meta":
+                return
+            if self.devices is not None and t.device.type not in self.devices:
+                return
+            storage = t.untyped_storage()
+            key = (device, storage.data_ptr())
+            nbytes = int(storage.nbytes())
+        except Exception:  # sparse, nested, fake or otherwise unusual tensors
+            return
+        if key in self.seen_storages or (key[1] == 0 and nbytes == 0):
+            return
+        self.seen_storages.add(key)
+        self.entries.append(TensorEntry(name, nbytes, tuple(t.shape), str(t.dtype).replace("torch.", ""),
+                                        device, role, source))
+
+    # -- generic walk --------------------------------------------------------------
+    def visit(self, obj: Any, name: str, depth: int, source: str, role: str = "other") -> None:
+        if self.nodes >= self.max_nodes:
+            self.truncated = True
+            return
+        self.nodes += 1
+        if obj is None or isinstance(obj, (str, bytes, int, float, bool, complex, type, types.ModuleType,
+                                             types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
+            return
+        if isinstance(obj, self.Tensor):
+            if id(obj) in self.seen_objects:
+                return
+            self.seen_objects.add(id(obj))
+            is_param = isinstance(obj, self.Parameter)
+            self.add_tensor(obj, name, "parameter" if is_param else role, source)
+            if is_param:
+                self.param_names.setdefault(id(obj), name)
+            grad = getattr(obj, "grad", None) if obj.requires_grad or is_param else None
+            if grad is not None:
+                self.add_tensor(grad, name + ".grad", "gradient", source)
+            return
+        if id(obj) in self.seen_objects:
+            return
+        self.seen_objects.add(id(obj))
+        if isinstance(obj, self.Module):
+            self.visit_module(obj, name, source)
+            return
+        if isinstance(obj, self.Optimizer):
+            self.optimizers.append((name, obj, source))
+            return
+        if depth >= self.max_depth:
+            return
+        if isinstance(obj, dict):
+            for i, (k, v) in enumerate(list(obj.items())):
+                if i >= 10_000:
+                    self.truncated = True
+                    break
+                self.visit(v, f"{name}[{k!r}]", depth + 1, source, role)
+        elif isinstance(obj, (list, tuple)):
+            for i, v in enumerate(obj):
+                if i >= 10_000:
+                    self.truncated = True
+                    break
+                self.visit(v, f"{name}[{i}]", depth + 1, source, role)
+        elif isinstance(obj, (set, frozenset)):
+            for i, v in enumerate(obj):
+                self.visit(v, f"{name}{{item {i}}}", depth + 1, source, role)
+        else:
+            attrs = getattr(obj, "__dict__", None)
+            if isinstance(attrs, dict):
+                for k, v in list(attrs.items()):
+                    if isinstance(k, str):
+                        self.visit(v, f"{name}.{k}", depth + 1, source, role)
+            for slot in getattr(type(obj), "__slots__", ()) or ():
+                if isinstance(slot, str) and hasattr(obj, slot):
+                    self.visit(getattr(obj, slot, None), f"{name}.{slot}", depth + 1, source, role)
+
+    def visit_module(self, module: Any, name: str, source: str) -> None:
+        try:
+            params = list(module.named_parameters(remove_duplicate=True))
+            buffers = list(module.named_buffers(remove_duplicate=True))
+        except Exception:
+            return
+        for pname, p in params:
+            full = f"{name}.{pname}"
+            self.param_names.setdefault(id(p), full)
+            self.seen_objects.add(id(p))
+            self.add_tensor(p, full, "parameter", source)
+            if p.grad is not None:
+                self.add_tensor(p.grad, full + ".grad", "gradient", source)
+        for bname, b in buffers:
+            self.seen_objects.add(id(b))
+            self.add_tensor(b, f"{name}.{bname}", "parameter", source)
+
+    def finish_optimizers(self) -> None:
+        for name, opt, source in self.optimizers:
+            try:
+                groups = opt.param_groups
+                state = opt.state
+            except Exception:
+                continue
+            index = 0
+            for group in groups:
+                for p in group.get("params", ()):
+                    pname = self.param_names.get(id(p), f"param{index}")
+                    index += 1
+                    if id(p) not in self.seen_objects:  # parameters only the optimizer holds
+                        self.seen_objects.add(id(p))
+                        self.add_tensor(p, f"{name}.param_groups[{pname}]", "parameter", source)
+                        if p.grad is not None:
+                            self.add_tensor(p.grad, f"{name}.param_groups[{pname}].grad", "gradient", source)
+                    for key, value in (state.get(p) or {}).items():
+                        if isinstance(value, self.Tensor):
+                            self.add_tensor(value, f"{name}.state[{pname}].{key}", "optimizer state", source)
+        self.optimizers.clear()
+
+
+def _frames(tb: Any) -> Iterable[tuple[str, dict]]:
+    while tb is not None:
+        frame = tb.tb_frame
+        code = frame.f_code
+        if code.co_name != "<module>" and "IPython" not in code.co_filename:  # module-level = the namespace
+            try:
+                yield code.co_name, dict(frame.f_locals)
+            except Exception:
+                pass
+        tb = tb.tb_next
+
+
+def exception_holders(exc: BaseException | None) -> list[tuple[str, dict]]:
+    """``(function, locals)`` for every frame an exception (and its chain) keeps alive."""
+    out: list[tuple[str, dict]] = []
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        out.extend(_frames(e.__traceback__))
+        todo.extend([e.__cause__, e.__context__])
+    return out
+
+
+def take_census(
+    namespace: dict | None,
+    *,
+    torch: Any = None,
+    devices: set[str] | None = None,
+    output_history: dict | None = None,
+    exceptions: Iterable[tuple[str, BaseException | None]] = (),
+    max_depth: int = 4,
+    max_nodes: int = 200_000,
+) -> Census:
+    """Name every tensor reachable from ``namespace``, then the unnamed holders.
+
+    ``exceptions``: ``(label, exc)`` pairs whose frames are searched after the namespace
+    (e.g. ``("failed cell", exc)``, ``("sys.last_value", ...)``); their tensors are
+    reported with ``source=label``.
+    """
+    torch = torch if torch is not None else sys.modules.get("torch")
+    if torch is None:
+        return Census(())
+    w = _Walker(torch, devices, max_depth, max_nodes)
+    skipped = []
+    ns = namespace or {}
+    # Modules first, so optimizer state and gradients get the model's names.
+    items = [(k, v) for k, v in list(ns.items()) if isinstance(k, str)]
+    for key, value in items:
+        if _skip_name(key):
+            skipped.append(key)
+            continue
+        if isinstance(value, w.Module):
+            w.visit(value, key, 0, NAMESPACE)
+    for key, value in items:
+        if not _skip_name(key) and not isinstance(value, w.Module):
+            w.visit(value, key, 0, NAMESPACE)
+    w.finish_optimizers()
+    for n, value in sorted((output_history or {}).items(), key=lambda kv: kv[0] if isinstance(kv[0], int) else 0):
+        w.visit(value, f"Out[{n}]", 0, OUTPUT_HISTORY)
+    w.finish_optimizers()
+    for label, exc in exceptions:
+        for fn, local_vars in exception_holders(exc):
+            for var, value in local_vars.items():
+                w.visit(value, f"{fn}() local {var}", 1, label)
+        w.finish_optimizers()
+    entries = sorted(w.entries, key=lambda e: -e.nbytes)
+    return Census(tuple(entries), w.truncated, tuple(skipped))

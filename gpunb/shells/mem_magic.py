@@ -1,0 +1,100 @@
+"""``%gpumem``: where GPU memory goes; free variables; release a failed cell; keep tracebacks."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from gpunb.shells.oom_hook import KEEP_KEY
+
+
+def _parse(magic: Any, line: str) -> Any:
+    try:
+        return parse_argstring(magic, line)
+    except UsageError as exc:
+        usage = " ".join(magic.parser.format_usage().replace("::", "").split())
+        raise UsageError(f"{exc}\n{usage}\n(see `%{magic.__name__}?` for help)") from None
+
+
+@magics_class
+class MemMagics(Magics):
+    def __init__(self, shell: Any, state: Any) -> None:
+        super().__init__(shell)
+        self.state = state
+
+    @magic_arguments()
+    @argument("--free", nargs="+", metavar="NAME", default=None,
+              help="Delete these variables (everywhere, like %%xdel), collect garbage, empty torch's cache, "
+                   "and report what came back.")
+    @argument("--release", action="store_true",
+              help="Release what the last error pins (its frames' locals, sys.last_*, the %%debug traceback, "
+                   "output history holding CUDA tensors), then report what came back.")
+    @argument("--keep-traceback", nargs="?", const="on", choices=["on", "off"], default=None,
+              help="After an OOM, keep the failed cell's frames for %%debug instead of freeing them "
+                   "(on/off; default off, or env GPUNB_KEEP_TRACEBACK=1).")
+    @argument("--all-devices", action="store_true", help="List tensors on every device, CPU included.")
+    @argument("--top", type=int, default=20, metavar="N", help="Show the N largest tensors (default 20).")
+    @argument("-o", "--output", metavar="NAME", default=None, help="Bind the MemoryReport to NAME.")
+    @line_magic
+    def gpumem(self, line: str = "") -> None:
+        """Show where GPU memory goes: per GPU, NVML used vs this kernel vs torch allocated/reserved
+        vs CUDA context; the live tensors by notebook variable (model.fc.weight, its .grad,
+        opt.state[model.fc.weight].exp_avg), largest first; leftovers only the output history
+        or an old error keeps alive.
+
+        Python: ``gpunb.memory(free=[...], top=20)``. The OOM doctor runs by itself after a CUDA
+        out-of-memory error and frees what the failed cell pinned.
+
+        Examples::
+
+            %gpumem
+            %gpumem --free big_batch old_model
+            %gpumem --release
+            %gpumem --keep-traceback on     # keep frames after an OOM, for %debug
+            %gpumem --top 50 -o mem
+        """
+        args = _parse(self.gpumem, line)
+        if args.output is not None and not args.output.isidentifier():
+            raise UsageError(f"-o needs a Python variable name, not {args.output!r}")
+        if args.top < 1:
+            raise UsageError(f"--top needs a positive number, not {args.top}")
+        if args.keep_traceback is not None:
+            self.state.shared[KEEP_KEY] = args.keep_traceback == "on"
+            if self.state.shared[KEEP_KEY]:
+                print("gpunb: after an OOM the failed cell's frames are kept for %debug (memory stays pinned "
+                      "until %gpumem --release).")
+            else:
+                print("gpunb: after an OOM the failed cell's frames are released (memory comes back; "
+                      "%debug has no frames for that error).")
+            if not (args.free or args.release):
+                return
+        if args.release:
+            from gpunb.analysis.release import release_failure
+            from gpunb.readings.torch_memory import cuda_initialized, imported_torch
+            from gpunb.views.memory_view import release_lines
+
+            torch = imported_torch()
+            cuda = cuda_initialized(torch)
+            last = getattr(sys, "last_value", None)
+            report = release_failure(self.shell, last, torch=torch,
+                                     device=torch.cuda.current_device() if cuda else None,
+                                     devices={"cuda"} if cuda else None)
+            print("\n".join(["gpunb: released " + ("the last error" if last is not None else "(no error pinned)")]
+                            + release_lines(report)))
+        from gpunb.analysis.memory_report import memory
+
+        report = memory(free=args.free or (), top=args.top, all_devices=args.all_devices, shell=self.shell)
+        if args.output:
+            self.shell.user_ns[args.output] = report
+        from IPython.display import display
+
+        display(report)
+
+
+def register(shell: Any, state: Any) -> None:
+    state.add_magics(MemMagics(shell, state))
+    state.shared.setdefault(KEEP_KEY, None)  # None: the default comes from GPUNB_KEEP_TRACEBACK
