@@ -16,6 +16,9 @@ _LAZY = {
     "check": "gpunb.analysis.checks:check",
     "monitor": "gpunb.shells.monitor:monitor",
     "profile": "gpunb.analysis.profile:profile",
+    "memory": "gpunb.analysis.memory_report:memory",
+    "diagnose_oom": "gpunb.analysis.oom:diagnose_oom",
+    "fit_batch_size": "gpunb.analysis.batch_fit:fit_batch_size",
 }
 
 __all__ = ["__version__", "load_ipython_extension", "unload_ipython_extension", *_LAZY]

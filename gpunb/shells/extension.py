@@ -15,6 +15,9 @@ FEATURES: tuple[str, ...] = (
     "gpunb.shells.check_magic",
     "gpunb.shells.monitor_magic",
     "gpunb.shells.profile_magic",
+    "gpunb.shells.oom_hook",
+    "gpunb.shells.mem_magic",
+    "gpunb.shells.fit_magic",
 )
 
 _STATE_ATTR = "_gpunb_extension_state"

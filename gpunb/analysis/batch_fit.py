@@ -1,0 +1,398 @@
+"""Find the largest batch that fits: probe, fit a line, predict, verify.
+
+Peak memory of a training step is close to a line in the batch size: a fixed part
+(weights, gradients, optimizer state, workspaces) plus activations per sample
+(research/perf-reliability-anchors.md §4.2). So:
+
+1. run the user's step at two small batch sizes (``start`` and ``8 * start``), each trial
+   running ``steps`` steps and measuring the last one (``reset_peak_memory_stats`` then
+   ``max_memory_allocated`` / ``max_memory_reserved``; NVML adds memory outside torch);
+2. fit two lines through the two largest successful trials: one on peak *reserved*
+   memory (what the allocator really took from the GPU: conservative) and one on peak
+   *allocated* memory (tensors only: optimistic), and solve both for the capacity
+   (free + torch's cache, or the ``set_per_process_memory_fraction`` cap);
+3. run the conservative prediction (it almost always fits: a real data point at a large
+   batch, so the next fit extrapolates only a little), then bisect between the largest
+   batch that ran and the optimistic bound until they are within ``tolerance`` (5 %).
+
+An OOM in a trial is caught (the error's frames are cleared, ``gc.collect()``,
+``empty_cache()``), recorded as an upper bound and the search continues. Only CUDA
+out-of-memory errors are caught: any other error in the step is the user's and is raised.
+The search policy is a pure function of the trials (:func:`next_trial`), tested on
+synthetic readings; the measuring runs only on a CUDA device.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from gpunb.analysis.oom_message import find_oom
+
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class Trial:
+    index: int
+    batch: int
+    ok: bool
+    purpose: str  # "probe", "prediction", "refine", "smaller start"
+    peak_allocated_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    non_torch_bytes: int | None = None  # NVML process memory outside torch's reserve
+    seconds: float = 0.0
+    error: str = ""
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in ("index", "batch", "ok", "purpose", "peak_allocated_bytes",
+                                              "peak_reserved_bytes", "non_torch_bytes", "seconds", "error")}
+
+
+@dataclass(frozen=True)
+class Line:
+    """peak(b) = intercept + slope * b (bytes)."""
+
+    intercept: float
+    slope: float
+
+    def at(self, batch: float) -> float:
+        return self.intercept + self.slope * batch
+
+    def largest_batch(self, capacity: float) -> float:
+        if self.slope <= 0:
+            return math.inf
+        return (capacity - self.intercept) / self.slope
+
+    def to_dict(self) -> dict:
+        return {"intercept_bytes": self.intercept, "slope_bytes_per_sample": self.slope}
+
+
+def fit_line(points: list[tuple[int, float]]) -> Line | None:
+    """Least-squares line through ``(batch, bytes)``; ``None`` with fewer than two batches."""
+    pts = sorted(set(points))
+    if len({b for b, _ in pts}) < 2:
+        return None
+    n = len(pts)
+    mb = sum(b for b, _ in pts) / n
+    my = sum(y for _, y in pts) / n
+    sxx = sum((b - mb) ** 2 for b, _ in pts)
+    slope = sum((b - mb) * (y - my) for b, y in pts) / sxx
+    return Line(my - slope * mb, slope)
+
+
+def _reserved_total(t: Trial, base_non_torch: int | None) -> float:
+    extra = 0
+    if t.non_torch_bytes is not None and base_non_torch is not None:
+        extra = max(0, t.non_torch_bytes - base_non_torch)  # workspaces outside torch that grew
+    return float((t.peak_reserved_bytes or t.peak_allocated_bytes or 0) + extra)
+
+
+def lines_from(trials: list[Trial]) -> tuple[Line | None, Line | None]:
+    """(conservative, optimistic) lines through the two largest successful trials."""
+    ok = sorted((t for t in trials if t.ok and t.peak_allocated_bytes is not None), key=lambda t: t.batch)
+    if len({t.batch for t in ok}) < 2:
+        return None, None
+    base = next((t.non_torch_bytes for t in ok if t.non_torch_bytes is not None), None)
+    top: list[Trial] = []
+    for t in reversed(ok):  # two largest distinct batches
+        if all(t.batch != u.batch for u in top):
+            top.append(t)
+        if len(top) == 2:
+            break
+    cons = fit_line([(t.batch, _reserved_total(t, base)) for t in top])
+    opt = fit_line([(t.batch, float(t.peak_allocated_bytes)) for t in top])
+    return cons, opt
+
+
+def next_trial(trials: list[Trial], *, capacity: int, start: int, max_batch: int | None,
+               tolerance: float = 0.05, max_trials: int = 6) -> tuple[int, str] | None:
+    """The next batch size to try and why, or ``None`` when the search is done."""
+    if len(trials) >= max_trials:
+        return None
+    if not trials:
+        return start, "probe"
+    ok = sorted((t.batch for t in trials if t.ok))
+    fails = sorted(t.batch for t in trials if not t.ok)
+    hi = fails[0] if fails else None
+    if not ok:
+        if hi is None or hi <= 1:
+            return None  # even batch 1 does not fit
+        return max(1, hi // 2), "smaller start"
+    lo = ok[-1]
+    upper = math.inf
+    if max_batch is not None:
+        upper = max_batch
+    if hi is not None:
+        upper = min(upper, hi - 1)
+    if lo >= upper:
+        return None
+    if len(set(ok)) == 1:
+        b = lo * 8 if hi is None else int(math.sqrt(lo * hi))
+        b = int(min(b, upper))
+        return (b, "probe") if b > lo else None
+    cons, opt = lines_from(trials)
+    pred_cons = cons.largest_batch(capacity) if cons else math.inf
+    pred_opt = opt.largest_batch(capacity) if opt else math.inf
+    estimate = min(upper, max(pred_cons, pred_opt))
+    if math.isinf(estimate):  # memory does not grow with the batch: keep growing, bounded by max_trials
+        return lo * 4, "probe"
+    estimate = math.floor(estimate)
+    if estimate <= lo or estimate <= lo * (1 + tolerance):
+        return None  # the largest batch that ran is within tolerance of the best estimate
+    if pred_cons > lo * (1 + tolerance) and not any(t.purpose == "prediction" for t in trials):
+        return int(min(math.floor(pred_cons), estimate)), "prediction"
+    last = trials[-1]
+    if not last.ok and last.batch == hi and lo < hi * (1 - 2 * tolerance):
+        # The prediction just failed: the line was nearly right, so step back by the tolerance
+        # rather than bisecting down toward the small probes.
+        return max(lo + 1, math.floor(hi * (1 - tolerance))), "back off"
+    return lo + max(1, (estimate - lo) // 2), "refine"
+
+
+@dataclass
+class BatchFit:
+    """What :func:`fit_batch_size` found. ``ok`` False: ``problem`` says why and what to do."""
+
+    ok: bool
+    problem: str = ""
+    max_batch: int | None = None  # largest batch that ran (verified)
+    recommended: int | None = None  # max_batch less the safety margin
+    predicted: int | None = None  # first prediction, from the two probes (conservative line)
+    predicted_optimistic: int | None = None
+    capacity_bytes: int | None = None
+    margin: float = 0.05
+    trials: tuple[Trial, ...] = ()
+    line_reserved: Line | None = None
+    line_allocated: Line | None = None
+    device: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def trial_count(self) -> int:
+        return len(self.trials)
+
+    def to_dict(self) -> dict:
+        return {
+            "ok": self.ok, "problem": self.problem, "max_batch": self.max_batch, "recommended": self.recommended,
+            "predicted": self.predicted, "predicted_optimistic": self.predicted_optimistic,
+            "capacity_bytes": self.capacity_bytes, "margin": self.margin,
+            "trials": [t.to_dict() for t in self.trials], "trial_count": self.trial_count,
+            "line_reserved": self.line_reserved.to_dict() if self.line_reserved else None,
+            "line_allocated": self.line_allocated.to_dict() if self.line_allocated else None,
+            "device": self.device, "notes": list(self.notes),
+        }
+
+    def figure(self) -> Any:
+        """The memory curve as a matplotlib Figure (imports matplotlib only now)."""
+        from gpunb.views.memory_view import fit_figure
+
+        return fit_figure(self)
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
+        from gpunb.views.memory_view import fit_html, fit_png, fit_text
+
+        bundle = {"text/plain": fit_text(self), "text/html": fit_html(self)}
+        png = fit_png(self) if self.ok and self.trials else None
+        if png:
+            bundle["image/png"] = png
+        return bundle
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        from gpunb.views.memory_view import fit_text
+
+        p.text(fit_text(self))
+
+
+def search(run: Callable[[int, str, int], Trial], *, capacity: int, start: int, max_batch: int | None,
+           margin: float, tolerance: float = 0.05, max_trials: int = 6,
+           progress: Callable[[str], None] | None = None) -> BatchFit:
+    """Drive :func:`next_trial` with a ``run(batch, purpose, index) -> Trial`` measurer."""
+    trials: list[Trial] = []
+    predicted = predicted_opt = None
+    while True:
+        step = next_trial(trials, capacity=capacity, start=start, max_batch=max_batch,
+                          tolerance=tolerance, max_trials=max_trials)
+        if step is None:
+            break
+        batch, purpose = step
+        if progress:
+            progress(f"trial {len(trials) + 1}: batch {batch} ({purpose})…")
+        trial = run(batch, purpose, len(trials) + 1)
+        trials.append(trial)
+        if progress:
+            progress(f"trial {trial.index}: batch {batch} " + (
+                f"ran, peak {trial.peak_allocated_bytes / GiB:.2f} GiB allocated, "
+                f"{(trial.peak_reserved_bytes or 0) / GiB:.2f} GiB reserved" if trial.ok else "out of memory"))
+        if predicted is None:
+            cons, opt = lines_from(trials)
+            if cons is not None:
+                pc, po = cons.largest_batch(capacity), opt.largest_batch(capacity) if opt else math.inf
+                predicted = None if math.isinf(pc) else max(0, math.floor(pc))
+                predicted_opt = None if math.isinf(po) else max(0, math.floor(po))
+    ok = [t for t in trials if t.ok]
+    cons, opt = lines_from(trials)
+    result = BatchFit(ok=bool(ok), margin=margin, trials=tuple(trials), capacity_bytes=capacity,
+                      predicted=predicted, predicted_optimistic=predicted_opt, line_reserved=cons, line_allocated=opt)
+    if not ok:
+        result.problem = ("even the smallest batch tried ran out of memory "
+                          f"(batch {min(t.batch for t in trials)}); free memory first (%gpumem) or shrink the model."
+                          if trials else "no trial ran.")
+        return result
+    best = max(t.batch for t in ok)
+    result.max_batch = best
+    result.recommended = max(1, math.floor(best * (1 - margin)))
+    if max_batch is not None and best >= max_batch:
+        result.notes.append(f"stopped at max_batch={max_batch}: larger batches were not tried")
+    if cons is not None and cons.slope <= 0:
+        result.notes.append("peak memory did not grow with the batch size: does step_fn use its batch-size argument?")
+    return result
+
+
+# -- measuring on a CUDA device --------------------------------------------------------------
+
+def _free_after_oom(exc: BaseException, torch: Any) -> None:
+    for e in (exc, exc.__cause__, exc.__context__):
+        if e is not None and e.__traceback__ is not None:
+            traceback.clear_frames(e.__traceback__)
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def _nvml_process_bytes(torch: Any, device: int) -> Callable[[], int | None]:
+    from gpunb.analysis.oom import nvml_index_for, process_memory
+    from gpunb.readings.nvml import default_session
+
+    nvml = default_session()
+    if not nvml.start().ok:
+        return lambda: None
+    index = nvml_index_for(torch, device, nvml)
+    return lambda: process_memory(nvml, index)[0]
+
+
+def fit_batch_size(
+    step_fn: Callable[[int], Any],
+    *,
+    start: int = 2,
+    max_batch: int | None = None,
+    margin: float = 0.05,
+    device: Any = None,
+    steps: int = 2,
+    tolerance: float = 0.05,
+    max_trials: int = 6,
+    progress: Callable[[str], None] | bool | None = True,
+) -> BatchFit:
+    """The largest batch size ``step_fn(batch_size)`` runs with on this GPU (``%gpufit``).
+
+    ``step_fn`` runs one full training step (forward, backward, optimizer step) at the
+    given batch size. Each trial runs it ``steps`` times and measures the last (the first
+    step creates optimizer state). ``recommended`` keeps ``margin`` (5 %) below the
+    largest batch that ran, for fragmentation over a long run and varying inputs.
+    Note: this resets torch's peak-memory counters of the device.
+    """
+    if not callable(step_fn):
+        return BatchFit(False, f"step_fn must be a function taking the batch size, got {type(step_fn).__name__}. "
+                               "Define `def step(batch_size): ...` (one training step) and pass `step`.")
+    for name, value, low in (("start", start, 1), ("steps", steps, 1), ("max_trials", max_trials, 2)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            return BatchFit(False, f"{name} must be a whole number ≥ {low}, got {value!r}.")
+    if max_batch is not None and (not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < start):
+        return BatchFit(False, f"max_batch must be a whole number ≥ start ({start}), got {max_batch!r}.")
+    if not isinstance(margin, (int, float)) or not 0 <= margin < 0.9:
+        return BatchFit(False, f"margin must be a fraction between 0 and 0.9 (0.05 = 5 %), got {margin!r}.")
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return BatchFit(False, "torch is not imported: %gpufit runs your PyTorch training step. "
+                               "`import torch`, define the step, then run it again.")
+    if not torch.cuda.is_available():
+        return BatchFit(False, "fitting a batch size needs a CUDA GPU, and torch sees none here "
+                               f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}). "
+                               "Run %gpucheck to see why; on a CPU-only machine there is nothing to fit.")
+    try:
+        dev = torch.device(device if device is not None else "cuda")
+    except Exception as exc:
+        return BatchFit(False, f"device {device!r} is not a torch device ({exc}); use e.g. 'cuda:0'.")
+    if dev.type != "cuda":
+        return BatchFit(False, f"device must be a CUDA device, got {dev}.")
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    if index >= torch.cuda.device_count():
+        return BatchFit(False, f"cuda:{index} does not exist: torch sees {torch.cuda.device_count()} GPU(s).")
+
+    from gpunb.readings.torch_memory import per_process_limit_bytes
+
+    gc.collect()
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(index)
+    reserved0 = torch.cuda.memory_reserved(index)
+    capacity = free + reserved0
+    limit = per_process_limit_bytes(torch, index, total)
+    notes = []
+    if limit is not None:
+        capacity = min(capacity, limit)
+        notes.append(f"capped by set_per_process_memory_fraction at {limit / GiB:.2f} GiB")
+    nvml_bytes = _nvml_process_bytes(torch, index)
+    say = progress if callable(progress) else (_default_progress() if progress else None)
+
+    def run(batch: int, purpose: str, n: int) -> Trial:
+        gc.collect()
+        torch.cuda.empty_cache()
+        t0 = time.perf_counter()
+        try:
+            with torch.cuda.device(index):
+                for _ in range(steps - 1):
+                    step_fn(batch)
+                torch.cuda.synchronize(index)
+                torch.cuda.reset_peak_memory_stats(index)
+                step_fn(batch)
+                torch.cuda.synchronize(index)
+        except Exception as exc:  # only OOMs are ours to catch
+            if find_oom(exc) is None:
+                raise
+            message = str(find_oom(exc)).split(". ")[0][:200]
+            _free_after_oom(exc, torch)
+            del exc
+            return Trial(n, batch, False, purpose, seconds=time.perf_counter() - t0, error=message)
+        peak_a = int(torch.cuda.max_memory_allocated(index))
+        peak_r = int(torch.cuda.max_memory_reserved(index))
+        proc = nvml_bytes()
+        non_torch = None if proc is None else max(0, proc - int(torch.cuda.memory_reserved(index)))
+        return Trial(n, batch, True, purpose, peak_a, peak_r, non_torch, time.perf_counter() - t0)
+
+    result = search(run, capacity=capacity, start=start, max_batch=max_batch, margin=float(margin),
+                    tolerance=tolerance, max_trials=max_trials, progress=say)
+    result.device = str(torch.device("cuda", index))
+    result.notes[:0] = notes
+    gc.collect()
+    torch.cuda.empty_cache()
+    if say is not None and hasattr(say, "done"):
+        say.done()
+    return result
+
+
+class _default_progress:  # noqa: N801  a callable with a done() step
+    """One updating line in a notebook (display_id), plain prints elsewhere."""
+
+    def __init__(self) -> None:
+        self.handle = None
+        try:
+            from IPython import get_ipython
+            from IPython.display import display
+
+            if get_ipython() is not None:
+                self.handle = display({"text/plain": "gpunb: fitting the batch size…"}, raw=True, display_id=True)
+        except Exception:
+            self.handle = None
+
+    def __call__(self, text: str) -> None:
+        if self.handle is not None:
+            self.handle.update({"text/plain": "gpunb %gpufit: " + text}, raw=True)
+        else:
+            print("gpunb %gpufit: " + text, flush=True)
+
+    def done(self) -> None:
+        pass

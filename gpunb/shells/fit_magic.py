@@ -1,0 +1,78 @@
+"""``%gpufit STEP``: the largest batch size a training step runs with, found in a few trials."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+
+def _parse(magic: Any, line: str) -> Any:
+    try:
+        return parse_argstring(magic, line)
+    except UsageError as exc:
+        usage = " ".join(magic.parser.format_usage().replace("::", "").split())
+        raise UsageError(f"{exc}\n{usage}\n(see `%{magic.__name__}?` for help)") from None
+
+
+@magics_class
+class FitMagics(Magics):
+    @magic_arguments()
+    @argument("step", metavar="STEP",
+              help="Name of a function step(batch_size) that runs one training step (forward, backward, "
+                   "optimizer step) at that batch size.")
+    @argument("--start", type=int, default=2, metavar="N", help="First probe batch size (default 2).")
+    @argument("--max-batch", type=int, default=None, metavar="N", help="Never try more than N.")
+    @argument("--margin", type=float, default=0.05, metavar="F",
+              help="Safety margin for the recommended size, as a fraction (default 0.05 = 5 %%).")
+    @argument("--device", default=None, metavar="DEV", help="CUDA device, e.g. cuda:1 (default: current).")
+    @argument("--steps", type=int, default=2, metavar="N",
+              help="Steps per trial; the last one is measured (default 2: the first creates optimizer state).")
+    @argument("--max-trials", type=int, default=6, metavar="N", help="Give up after N trials (default 6).")
+    @argument("-o", "--output", metavar="NAME", default=None, help="Bind the BatchFit result to NAME.")
+    @line_magic
+    def gpufit(self, line: str = "") -> None:
+        """Find the largest batch size that fits on the GPU for a training step, without crashing.
+
+        Runs STEP at two small batch sizes, fits peak memory as a line in the batch size,
+        predicts the largest batch that fits, verifies it by running it (an out-of-memory
+        error there is caught and freed) and refines until within 5 %. Shows progress while
+        it runs, then the trials, the prediction and the memory curve. Resets torch's
+        peak-memory counters.
+
+        Python: ``gpunb.fit_batch_size(step, start=2, max_batch=None, margin=0.05)``.
+
+        Example::
+
+            def step(bs):
+                x = torch.randn(bs, 3, 224, 224, device="cuda")
+                loss = model(x).logsumexp(1).mean()
+                loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+
+            %gpufit step --max-batch 4096 -o fit
+        """
+        args = _parse(self.gpufit, line)
+        if args.output is not None and not args.output.isidentifier():
+            raise UsageError(f"-o needs a Python variable name, not {args.output!r}")
+        try:
+            step = eval(args.step, self.shell.user_ns)  # noqa: S307  the user's own expression
+        except Exception as exc:
+            raise UsageError(f"STEP {args.step!r} is not defined in the notebook ({type(exc).__name__}: {exc}). "
+                             "Define `def step(batch_size): ...` first.") from None
+        if not callable(step):
+            raise UsageError(f"STEP {args.step!r} is a {type(step).__name__}, not a function of the batch size.")
+        from gpunb.analysis.batch_fit import fit_batch_size
+
+        result = fit_batch_size(step, start=args.start, max_batch=args.max_batch, margin=args.margin,
+                                device=args.device, steps=args.steps, max_trials=args.max_trials)
+        if args.output:
+            self.shell.user_ns[args.output] = result
+        from IPython.display import display
+
+        display(result)
+
+
+def register(shell: Any, state: Any) -> None:
+    state.add_magics(FitMagics(shell))

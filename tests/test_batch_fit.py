@@ -1,0 +1,136 @@
+"""%gpufit's search on synthetic probe readings (the policy is pure), and its CPU behaviour."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from gpunb.analysis.batch_fit import BatchFit, Line, Trial, fit_line, lines_from, next_trial, search
+
+GiB = 2**30
+MiB = 2**20
+
+
+def simulated_gpu(fixed, per_sample, capacity, frag_true, frag_measured, block=2 * MiB):
+    """A step whose activations grow linearly; the allocator needs ``frag_true`` extra to run
+    and reports ``frag_measured`` extra as reserved (rounded to 2 MiB blocks)."""
+
+    def run(batch, purpose, n):
+        if fixed + per_sample * batch * (1 + frag_true) > capacity:
+            return Trial(n, batch, False, purpose, error="CUDA out of memory")
+        alloc = fixed + per_sample * batch
+        reserved = fixed + math.ceil(per_sample * batch * (1 + frag_measured) / block) * block
+        return Trial(n, batch, True, purpose, int(alloc), int(reserved), 512 * MiB)
+
+    true_max = math.floor((capacity - fixed) / (per_sample * (1 + frag_true)))
+    return run, true_max
+
+
+def test_line_fit_recovers_slope_and_intercept():
+    line = fit_line([(2, 10 * GiB + 2 * 3 * MiB), (16, 10 * GiB + 16 * 3 * MiB)])
+    assert line.slope == pytest.approx(3 * MiB) and line.intercept == pytest.approx(10 * GiB)
+    assert line.largest_batch(10 * GiB + 300 * MiB) == pytest.approx(100)
+    assert fit_line([(4, 1.0)]) is None
+    assert Line(5.0, 0.0).largest_batch(10) == math.inf
+
+
+def test_first_moves_are_two_small_probes_then_the_conservative_prediction():
+    run, true_max = simulated_gpu(20 * GiB, 40 * MiB, 120 * GiB, 0.01, 0.04)
+    trials = []
+    for _ in range(3):
+        b, why = next_trial(trials, capacity=120 * GiB, start=2, max_batch=None)
+        trials.append(run(b, why, len(trials) + 1))
+    assert [(t.batch, t.purpose) for t in trials[:2]] == [(2, "probe"), (16, "probe")]
+    assert trials[2].purpose == "prediction" and trials[2].ok
+    assert 0.9 * true_max <= trials[2].batch <= true_max
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_within_5_percent_of_the_true_maximum_in_few_trials(seed):
+    rng = random.Random(seed)
+    counts = []
+    for _ in range(60):
+        fixed = rng.uniform(0.5, 60) * GiB
+        per_sample = rng.uniform(0.2, 400) * MiB
+        capacity = rng.uniform(fixed + 5 * GiB, 140 * GiB)
+        ft = rng.uniform(0, 0.06)
+        run, true_max = simulated_gpu(fixed, per_sample, capacity, ft, ft + rng.uniform(0, 0.04))
+        fit = search(run, capacity=int(capacity), start=2, max_batch=None, margin=0.05)
+        assert fit.ok and fit.max_batch <= true_max  # it only reports what ran
+        assert fit.max_batch >= 0.95 * true_max, (fit.max_batch, true_max, fit.trials)
+        assert fit.recommended == math.floor(fit.max_batch * 0.95)
+        counts.append(fit.trial_count)
+    assert max(counts) <= 6 and sum(c <= 4 for c in counts) >= 0.8 * len(counts)
+
+
+def test_a_start_that_does_not_fit_is_halved_and_nothing_fitting_is_reported():
+    run, true_max = simulated_gpu(10 * GiB, 1 * GiB, 20 * GiB, 0.0, 0.02)
+    fit = search(run, capacity=20 * GiB, start=64, max_batch=None, margin=0.05)
+    assert fit.trials[0].batch == 64 and not fit.trials[0].ok and fit.trials[1].purpose == "smaller start"
+    assert fit.ok and true_max - 1 <= fit.max_batch <= true_max  # 10 here: one sample is 10 %
+    run, _ = simulated_gpu(30 * GiB, 1 * GiB, 20 * GiB, 0.0, 0.0)
+    fit = search(run, capacity=20 * GiB, start=4, max_batch=None, margin=0.05)
+    assert not fit.ok and "even the smallest batch" in fit.problem
+    assert [t.batch for t in fit.trials] == [4, 2, 1]
+
+
+def test_max_batch_caps_the_search():
+    run, _ = simulated_gpu(1 * GiB, 1 * MiB, 100 * GiB, 0.0, 0.0)
+    fit = search(run, capacity=100 * GiB, start=2, max_batch=512, margin=0.05)
+    assert fit.max_batch == 512 and any("max_batch=512" in n for n in fit.notes)
+
+
+def test_memory_that_does_not_grow_is_flagged():
+    def run(batch, purpose, n):
+        return Trial(n, batch, True, purpose, GiB, GiB, 0)
+
+    fit = search(run, capacity=10 * GiB, start=2, max_batch=None, margin=0.05, max_trials=4)
+    assert fit.trial_count == 4 and any("does step_fn use" in n for n in fit.notes)
+
+
+def test_nvml_memory_outside_torch_that_grows_counts_against_capacity():
+    a = Trial(1, 2, True, "probe", 10 * GiB, 10 * GiB, 500 * MiB)
+    b = Trial(2, 16, True, "probe", 11 * GiB, 11 * GiB, 500 * MiB + 14 * 64 * MiB)
+    cons, opt = lines_from([a, b])
+    assert cons.slope == pytest.approx((GiB + 14 * 64 * MiB) / 14)
+    assert opt.slope == pytest.approx(GiB / 14)
+
+
+def test_cpu_only_torch_says_it_needs_a_cuda_gpu():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    from gpunb.analysis.batch_fit import fit_batch_size
+
+    fit = fit_batch_size(lambda bs: None, progress=False)
+    assert not fit.ok and "needs a CUDA GPU" in fit.problem
+    assert "needs a CUDA GPU" in fit._repr_mimebundle_()["text/plain"]
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"start": 0}, "start must be"), ({"margin": 2}, "margin must be"), ({"max_batch": 1, "start": 8}, "max_batch"),
+    ({"steps": "2"}, "steps must be"),
+])
+def test_bad_arguments_are_explained(kwargs, words):
+    from gpunb.analysis.batch_fit import fit_batch_size
+
+    fit = fit_batch_size(lambda bs: None, progress=False, **kwargs)
+    assert not fit.ok and words in fit.problem
+    assert not fit_batch_size(42, progress=False).ok
+
+
+def test_result_renders_text_html_and_a_png_curve():
+    run, _ = simulated_gpu(20 * GiB, 40 * MiB, 120 * GiB, 0.01, 0.03)
+    fit = search(run, capacity=120 * GiB, start=2, max_batch=None, margin=0.05)
+    fit.device = "cuda:0"
+    bundle = fit._repr_mimebundle_()
+    assert f"largest batch that ran: {fit.max_batch}" in bundle["text/plain"]
+    assert "<table" in bundle["text/html"]
+    import base64
+
+    assert base64.b64decode(bundle["image/png"])[:8] == b"\x89PNG\r\n\x1a\n"
+    d = fit.to_dict()
+    assert d["trial_count"] == len(d["trials"]) and d["max_batch"] == fit.max_batch
+    assert isinstance(BatchFit(False, "x").to_dict(), dict)

@@ -1,0 +1,104 @@
+"""%gpumem and %gpufit flags in an in-process IPython shell; the API twins; cheap import."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from IPython.core.error import UsageError
+
+torch = pytest.importorskip("torch")
+
+
+def test_gpumem_names_tensors_and_binds_result(ip, capsys):
+    ip.run_cell("import torch\nnet = torch.nn.Linear(128, 64)\nbatch = {'x': torch.zeros(256, 128)}")
+    ip.run_line_magic("gpumem", "--top 5 -o mem")
+    out = capsys.readouterr().out
+    assert "batch['x']" in out and "net.weight" in out
+    mem = ip.user_ns["mem"]
+    d = mem.to_dict()
+    names = [e["name"] for e in d["census"]["entries"]]
+    assert names[0] == "batch['x']" and d["census"]["by_role"]["parameter"] == (128 * 64 + 64) * 4
+    html = mem._repr_mimebundle_()["text/html"]
+    assert "batch[&#x27;x&#x27;]" in html
+
+
+def test_gpumem_free_deletes_and_reports(ip, capsys):
+    ip.run_cell("import torch\nbig = torch.zeros(1024, 1024)\nsmall = torch.zeros(4)")
+    ip.run_line_magic("gpumem", "--free big nosuchvar")
+    out = capsys.readouterr().out
+    assert "big" not in ip.user_ns and "small" in ip.user_ns
+    assert "freed big: 4.0 MiB of tensors" in out and "not defined: nosuchvar" in out
+
+
+def test_gpumem_bad_flags_show_usage(ip):
+    with pytest.raises(UsageError, match=r"usage: %gpumem|%gpumem \["):
+        ip.run_line_magic("gpumem", "--bogus")
+    with pytest.raises(UsageError, match="variable name"):
+        ip.run_line_magic("gpumem", "-o 1x")
+    with pytest.raises(UsageError):
+        ip.run_line_magic("gpumem", "--keep-traceback maybe")
+    with pytest.raises(UsageError, match="positive"):
+        ip.run_line_magic("gpumem", "--top 0")
+
+
+def test_help_is_the_docstring(ip):
+    for name in ("gpumem", "gpufit"):
+        fn = ip.find_line_magic(name)
+        assert fn is not None and "Example" in fn.__doc__ and "--" in fn.parser.format_help()
+
+
+def test_gpufit_on_cpu_says_plainly_it_needs_cuda(ip, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    ip.run_cell("def step(bs):\n    pass")
+    ip.run_line_magic("gpufit", "step -o fit")
+    out = capsys.readouterr().out
+    assert "needs a CUDA GPU" in out and "Traceback" not in out
+    assert ip.user_ns["fit"].ok is False
+
+
+def test_gpufit_argument_errors(ip):
+    with pytest.raises(UsageError, match="not defined"):
+        ip.run_line_magic("gpufit", "no_such_step")
+    ip.user_ns["notfn"] = 3
+    with pytest.raises(UsageError, match="not a function"):
+        ip.run_line_magic("gpufit", "notfn")
+    with pytest.raises(UsageError):
+        ip.run_line_magic("gpufit", "")
+    with pytest.raises(UsageError):
+        ip.run_line_magic("gpufit", "step --start many")
+
+
+def test_memory_api_twin(ip):
+    import gpunb
+
+    ip.run_cell("import torch\nw = torch.ones(10)")
+    report = gpunb.memory(shell=ip)
+    assert report.census.find("w").nbytes == 40
+    with pytest.raises(ValueError, match="top"):
+        gpunb.memory(top=0, shell=ip)
+
+
+def test_public_names():
+    import gpunb
+
+    for name in ("memory", "diagnose_oom", "fit_batch_size"):
+        assert name in gpunb.__all__ and callable(getattr(gpunb, name))
+
+
+def test_loading_the_extension_imports_no_torch_or_matplotlib():
+    code = (
+        "import sys\n"
+        "from IPython.core.interactiveshell import InteractiveShell\n"
+        "ip = InteractiveShell.instance()\n"
+        "ip.run_line_magic('load_ext', 'gpunb')\n"
+        "ip.run_cell('x = 1')\n"
+        "ip.run_cell('raise RuntimeError(\"CUDA out of memory. Tried to allocate 2.00 GiB\")')\n"
+        "bad = [m for m in ('torch', 'matplotlib') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+        "print('clean')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "clean" in out.stdout, out.stdout + out.stderr
