@@ -220,7 +220,8 @@ def _per_device(check_id: str, title: str, inputs: CheckInputs, step: str, judge
 
 
 def _judge_smoke(g, r, inputs):
-    part = (f"forward+backward+AdamW step ok: first step {num(r['first_step_ms'], 'ms')} (includes CUDA start), "
+    context = f"CUDA context {num(r['context_ms'], 'ms')}, " if "context_ms" in r else ""
+    part = (f"forward+backward+AdamW step ok: {context}first step {num(r['first_step_ms'], 'ms')} (kernel loading), "
             f"then {num(r['step_ms_median'], 'ms', 2)}/step")
     if not r.get("params_on_gpu"):
         return "fail", part, "Model parameters did not land on the GPU.", "Check `.to('cuda')` support.", ""

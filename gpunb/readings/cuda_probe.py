@@ -30,6 +30,7 @@ class ProbeResult:
     errors: dict = field(default_factory=dict)  # (step, device) -> message
     error: str | None = None
     duration_s: float = 0.0
+    timeline: list = field(default_factory=list)  # (event, step, device, seconds since the child started)
 
     def result(self, step: str, device: int | None) -> dict | None:
         return self.results.get((step, device))
@@ -93,6 +94,9 @@ def _handle(line: str, out: ProbeResult, on_step: Callable[[str, int | None], No
         return False  # a library printed to stdout; not ours
     event = msg.pop("event", None)
     step, device = msg.pop("step", None), msg.pop("device", None)
+    elapsed = msg.pop("elapsed_s", None)
+    if elapsed is not None:
+        out.timeline.append((event, step, device, elapsed))
     if event == "step" and on_step is not None:
         on_step(step, device)
     elif event == "facts":

@@ -20,7 +20,11 @@ import sys
 import time
 
 
+_START = time.perf_counter()
+
+
 def emit(**obj) -> None:
+    obj["elapsed_s"] = round(time.perf_counter() - _START, 3)
     sys.stdout.write(json.dumps(obj) + "\n")
     sys.stdout.flush()
 
@@ -88,6 +92,10 @@ def smoke(torch, dev) -> dict:
     """One small success: a model and a batch on the GPU, forward, backward, optimizer step."""
     torch.manual_seed(0)
     t0 = time.perf_counter()
+    torch.empty(1, device=dev)  # creates the CUDA context on this device
+    torch.cuda.synchronize(dev)
+    context_ms = (time.perf_counter() - t0) * 1e3
+    t0 = time.perf_counter()
     model = torch.nn.Sequential(
         torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)
     ).to(dev)
@@ -108,6 +116,7 @@ def smoke(torch, dev) -> dict:
     steps = timed(torch, step, iters=20)
     loss = float(step())
     return {
+        "context_ms": context_ms,
         "first_step_ms": first_ms,
         "step_ms_median": statistics.median(steps),
         "loss_finite": loss == loss and abs(loss) != float("inf"),
