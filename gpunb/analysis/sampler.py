@@ -426,9 +426,17 @@ class Sampler:
             if delay < 0:  # fell behind (a suspended laptop, a busy host): no burst of ticks
                 deadline, delay = time.monotonic(), 0.0
             if stop.wait(delay):
-                return
+                break
+        # Count the whole life of the thread, waits included (CPU per second of running).
+        self.thread_cpu_s = cpu_before + time.thread_time() - cpu0
+        self.thread_wall_s = wall_before + time.monotonic() - wall0
 
     # -- reading the buffers --------------------------------------------------------
+    def now_s(self) -> float | None:
+        """The current time on the series' axis (``t_s``), to mark events beside the
+        readings; None before the first tick."""
+        return None if self._origin is None else self._clock() - self._origin
+
     @property
     def ticks(self) -> int:
         return self._store.appended
