@@ -301,3 +301,21 @@ def test_unload_turns_one_line_mode_off(ip, capsys):
     ip.run_cell("1 + 1")
     assert "⏱" not in capsys.readouterr().out
     ip.run_line_magic("load_ext", "gpunb")
+
+
+def test_adam_internal_item_calls_are_not_counted_as_user_syncs():
+    model, _ = _model()
+    opt = torch.optim.AdamW(model.parameters(), foreach=True)  # calls .item() per parameter inside step()
+    x, y = torch.randn(8, 16), torch.randn(8, 1)
+    with gpunb.profile() as p:
+        for _ in range(4):
+            _step(model, opt, x, y)
+        user = torch.tensor(1.0).item()
+    assert p.result.shares.sync_by_method == {"item": 1} and user == 1.0
+    assert p.result.steps.count == 4
+
+
+def test_magic_help_is_the_docstring(ip, capsys):
+    ip.run_cell("%gpuprofile?")
+    out = capsys.readouterr().out
+    assert "--no-reset" in out and "warm-up" in out and "gpunb.profile()" in out

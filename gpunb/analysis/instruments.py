@@ -103,6 +103,7 @@ class Instruments:
     def install(self, cuda: bool) -> None:
         """Hook in. ``cuda``: CUDA was initialised when the cell started (start event recorded)."""
         torch = self.torch
+        self.installed = True
         if torch is not None:
             if cuda:
                 self.start_event = torch.cuda.Event(enable_timing=True)
@@ -111,7 +112,6 @@ class Instruments:
             self._wrap_dataloader(torch)
             self._wrap_tensor_syncs(torch)
         self._wrap_output()
-        self.installed = True
         self.sample_memory(force=True)
 
     def remove(self) -> None:
@@ -136,6 +136,7 @@ class Instruments:
 
     def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         t = self.clock()
+        self._after_step()
         key = id(optimizer)
         if self._primary is None:
             self._primary = key
@@ -220,16 +221,46 @@ class Instruments:
     # -- host syncs -------------------------------------------------------------------------
     def _wrap_tensor_syncs(self, torch: Any) -> None:
         tensor = torch.Tensor
+        self._tensor = tensor
+        self._wrapped: dict[str, Callable] = {}
+        self._own: dict[str, Any] = {}
         for name in SYNC_METHODS:
-            own = tensor.__dict__.get(name)
             original = getattr(tensor, name, None)
             if original is None:
                 continue
-            setattr(tensor, name, self._sync_wrapper(name, original))
-            if own is None:
-                self._undo.append(lambda name=name: delattr(tensor, name))
-            else:
-                self._undo.append(lambda name=name, own=own: setattr(tensor, name, own))
+            self._own[name] = tensor.__dict__.get(name)
+            self._wrapped[name] = self._sync_wrapper(name, original)
+            setattr(tensor, name, self._wrapped[name])
+        self._undo.append(self._unwrap_tensor_syncs)
+        # Adam/AdamW (foreach) call .item() on a CPU step counter for every parameter
+        # inside optimizer.step(): hand them the plain method there (2 attribute writes per
+        # step instead of hundreds of wrapped calls).
+        try:
+            module = importlib.import_module("torch.optim.optimizer")
+            handle = module.register_optimizer_step_pre_hook(self._before_step)
+        except (ImportError, AttributeError):
+            return
+        self._undo.append(handle.remove)
+
+    def _restore(self, name: str) -> None:
+        own = self._own.get(name)
+        if own is not None:
+            setattr(self._tensor, name, own)
+        elif name in self._tensor.__dict__:
+            delattr(self._tensor, name)
+
+    def _unwrap_tensor_syncs(self) -> None:
+        for name in self._wrapped:
+            self._restore(name)
+
+    def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.installed and "item" in self._wrapped:
+            self._restore("item")
+
+    def _after_step(self) -> None:
+        wrapped = getattr(self, "_wrapped", None)
+        if self.installed and wrapped and "item" in wrapped:
+            setattr(self._tensor, "item", wrapped["item"])
 
     def _sync_wrapper(self, name: str, original: Callable) -> Callable:
         recorder = self
