@@ -72,10 +72,18 @@ def nvml_index_for_uuid(nvml: NvmlSession, uuid: str | None, fallback: int) -> i
     """NVML's index of the GPU torch calls ``fallback``; matched by UUID when torch gives one,
     since NVML (PCI order) and CUDA (fastest first, CUDA_VISIBLE_DEVICES) may number differently."""
     if uuid:
+        want = _norm_uuid(uuid)
         for i in range(nvml.device_count()):
-            if nvml.device_query(i, "nvmlDeviceGetUUID") == uuid:
+            got = nvml.device_query(i, "nvmlDeviceGetUUID")
+            if is_available(got) and _norm_uuid(str(got)) == want:
                 return i
     return fallback
+
+
+def _norm_uuid(uuid: str) -> str:
+    """torch prints the bare UUID, NVML prefixes "GPU-"; compare without it."""
+    uuid = uuid.strip().lower()
+    return uuid[4:] if uuid.startswith("gpu-") else uuid
 
 
 def read_device_memory(nvml: NvmlSession, index: int, pid: int | None = None) -> DeviceMemory | Unavailable:
