@@ -319,3 +319,27 @@ def test_magic_help_is_the_docstring(ip, capsys):
     ip.run_cell("%gpuprofile?")
     out = capsys.readouterr().out
     assert "--no-reset" in out and "warm-up" in out and "gpunb.profile()" in out
+
+
+def test_in_a_real_kernel_the_failed_cell_fails_and_output_is_kept():
+    """Through ipykernel: the cell's stream output, the report, the error output without
+    gpunb frames, and an error status (nbclient stops) as without gpunb."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in (
+        "%load_ext gpunb",
+        "%%gpuprofile\nprint('before the error')\nraise ValueError('from the user')",
+        "print('must not run')",
+    )]
+    client = nbclient.NotebookClient(nb, timeout=120, kernel_name="python3")
+    with pytest.raises(nbclient.exceptions.CellExecutionError, match="from the user"):
+        client.execute()
+    outputs = nb.cells[1].outputs
+    kinds = [o.output_type for o in outputs]
+    assert kinds == ["stream", "display_data", "error"]
+    assert outputs[0].text == "before the error\n"
+    assert "the cell raised ValueError: from the user" in outputs[1].data["text/plain"]
+    tb = "".join(outputs[2].traceback)
+    assert "gpunb" not in tb and "line 3" in tb
+    assert nb.cells[2].outputs == []
