@@ -36,7 +36,7 @@ def test_line_fit_recovers_slope_and_intercept():
     assert Line(5.0, 0.0).largest_batch(10) == math.inf
 
 
-def test_first_moves_are_two_small_probes_then_the_conservative_prediction():
+def test_first_moves_are_two_small_probes_then_a_prediction_just_under_the_line():
     run, true_max = simulated_gpu(20 * GiB, 40 * MiB, 120 * GiB, 0.01, 0.04)
     trials = []
     for _ in range(3):

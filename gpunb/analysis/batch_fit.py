@@ -7,13 +7,14 @@ Peak memory of a training step is close to a line in the batch size: a fixed par
 1. run the user's step at two small batch sizes (``start`` and ``8 * start``), each trial
    running ``steps`` steps and measuring the last one (``reset_peak_memory_stats`` then
    ``max_memory_allocated`` / ``max_memory_reserved``; NVML adds memory outside torch);
-2. fit two lines through the two largest successful trials: one on peak *reserved*
-   memory (what the allocator really took from the GPU: conservative) and one on peak
-   *allocated* memory (tensors only: optimistic), and solve both for the capacity
-   (free + torch's cache, or the ``set_per_process_memory_fraction`` cap);
-3. run the conservative prediction (it almost always fits: a real data point at a large
-   batch, so the next fit extrapolates only a little), then bisect between the largest
-   batch that ran and the optimistic bound until they are within ``tolerance`` (5 %).
+2. fit a line through the two largest successful trials on peak *allocated* memory (exact
+   to 512 B even at tiny batches) and solve it for the capacity (free + torch's cache, or
+   the ``set_per_process_memory_fraction`` cap). A line on peak *reserved* memory (what
+   the allocator took from the GPU, in 2/20 MiB segment steps) is fitted and reported too;
+3. run just under that prediction (``1 - tolerance/2``); if it runs, the answer is within
+   tolerance of the line. If it fails, the allocator's overhead near the limit was larger:
+   step back by the tolerance, then bisect between the largest batch that ran and the
+   estimate until they are within ``tolerance`` (5 %).
 
 An OOM in a trial is caught (the error's frames are cleared, ``gc.collect()``,
 ``empty_cache()``), recorded as an upper bound and the search continues. Only CUDA
@@ -137,21 +138,26 @@ def next_trial(trials: list[Trial], *, capacity: int, start: int, max_batch: int
         b = int(min(b, upper))
         return (b, "probe") if b > lo else None
     cons, opt = lines_from(trials)
-    pred_cons = cons.largest_batch(capacity) if cons else math.inf
+    # The allocated-bytes line is exact to 512 B even at tiny batches; the reserved line moves
+    # in 2/20 MiB segment steps there, so the estimate comes from the allocated line, and the
+    # allocator's overhead near the limit is found by running, not by guessing.
     pred_opt = opt.largest_batch(capacity) if opt else math.inf
-    estimate = min(upper, max(pred_cons, pred_opt))
+    estimate = min(upper, pred_opt)
     if math.isinf(estimate):  # memory does not grow with the batch: keep growing, bounded by max_trials
         return lo * 4, "probe"
     estimate = math.floor(estimate)
-    if estimate <= lo or estimate <= lo * (1 + tolerance):
+    if estimate <= lo * (1 + tolerance):
         return None  # the largest batch that ran is within tolerance of the best estimate
-    if pred_cons > lo * (1 + tolerance) and not any(t.purpose == "prediction" for t in trials):
-        return int(min(math.floor(pred_cons), estimate)), "prediction"
+    if not any(t.purpose == "prediction" for t in trials):
+        # just under the estimate: if it runs, the answer is within tolerance/2 of the line
+        target = estimate if estimate == upper else math.floor(estimate * (1 - tolerance / 2))
+        return max(lo + 1, target), "prediction"
     last = trials[-1]
     if not last.ok and last.batch == hi and lo < hi * (1 - 2 * tolerance):
         # The prediction just failed: the line was nearly right, so step back by the tolerance
         # rather than bisecting down toward the small probes.
-        return max(lo + 1, math.floor(hi * (1 - tolerance))), "back off"
+        # (just low enough that, if it runs, the bracket [it, hi) is within tolerance)
+        return max(lo + 1, math.ceil((hi - 1) / (1 + tolerance))), "back off"
     return lo + max(1, (estimate - lo) // 2), "refine"
 
 
@@ -163,8 +169,8 @@ class BatchFit:
     problem: str = ""
     max_batch: int | None = None  # largest batch that ran (verified)
     recommended: int | None = None  # max_batch less the safety margin
-    predicted: int | None = None  # first prediction, from the two probes (conservative line)
-    predicted_optimistic: int | None = None
+    predicted: int | None = None  # first prediction, from the two probes (allocated-bytes line)
+    predicted_reserved: int | None = None  # the same from the reserved-bytes line (coarser, lower)
     capacity_bytes: int | None = None
     margin: float = 0.05
     trials: tuple[Trial, ...] = ()
@@ -180,7 +186,7 @@ class BatchFit:
     def to_dict(self) -> dict:
         return {
             "ok": self.ok, "problem": self.problem, "max_batch": self.max_batch, "recommended": self.recommended,
-            "predicted": self.predicted, "predicted_optimistic": self.predicted_optimistic,
+            "predicted": self.predicted, "predicted_reserved": self.predicted_reserved,
             "capacity_bytes": self.capacity_bytes, "margin": self.margin,
             "trials": [t.to_dict() for t in self.trials], "trial_count": self.trial_count,
             "line_reserved": self.line_reserved.to_dict() if self.line_reserved else None,
@@ -214,7 +220,7 @@ def search(run: Callable[[int, str, int], Trial], *, capacity: int, start: int, 
            progress: Callable[[str], None] | None = None) -> BatchFit:
     """Drive :func:`next_trial` with a ``run(batch, purpose, index) -> Trial`` measurer."""
     trials: list[Trial] = []
-    predicted = predicted_opt = None
+    predicted = predicted_reserved = None
     while True:
         step = next_trial(trials, capacity=capacity, start=start, max_batch=max_batch,
                           tolerance=tolerance, max_trials=max_trials)
@@ -233,12 +239,12 @@ def search(run: Callable[[int, str, int], Trial], *, capacity: int, start: int, 
             cons, opt = lines_from(trials)
             if cons is not None:
                 pc, po = cons.largest_batch(capacity), opt.largest_batch(capacity) if opt else math.inf
-                predicted = None if math.isinf(pc) else max(0, math.floor(pc))
-                predicted_opt = None if math.isinf(po) else max(0, math.floor(po))
+                predicted = None if math.isinf(po) else max(0, math.floor(po))
+                predicted_reserved = None if math.isinf(pc) else max(0, math.floor(pc))
     ok = [t for t in trials if t.ok]
     cons, opt = lines_from(trials)
     result = BatchFit(ok=bool(ok), margin=margin, trials=tuple(trials), capacity_bytes=capacity,
-                      predicted=predicted, predicted_optimistic=predicted_opt, line_reserved=cons, line_allocated=opt)
+                      predicted=predicted, predicted_reserved=predicted_reserved, line_reserved=cons, line_allocated=opt)
     if not ok:
         result.problem = ("even the smallest batch tried ran out of memory "
                           f"(batch {min(t.batch for t in trials)}); free memory first (%gpumem) or shrink the model."

@@ -240,8 +240,8 @@ def fit_text(f: Any) -> str:
     lines = [f"gpunb %gpufit on {f.device}: largest batch that ran: {f.max_batch}; "
              f"recommended (−{f.margin * 100:.0f} % margin): {f.recommended}"]
     if f.predicted is not None:
-        lines.append(f"  predicted from the first two probes: {f.predicted} (conservative)"
-                     + (f" … {f.predicted_optimistic} (optimistic)" if f.predicted_optimistic is not None else ""))
+        lines.append(f"  predicted from the first two probes: {f.predicted}"
+                     + (f" (reserved-bytes line: {f.predicted_reserved})" if f.predicted_reserved is not None else ""))
     lines.append(f"  capacity: {size(f.capacity_bytes)}; {f.trial_count} trials:")
     for t in f.trials:
         if t.ok:
