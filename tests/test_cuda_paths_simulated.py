@@ -1,0 +1,118 @@
+"""The CUDA code paths of %gpufit and the OOM hook, run on CPU against a simulated allocator.
+
+The numbers are the simulation's (a step that needs fixed + per_sample * batch bytes); what
+is tested is that the code that talks to ``torch.cuda`` calls it correctly and turns its
+readings into the right result: real numbers come from tests/gpu/test_oom_gpu.py on the H200.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from gpunb.testing.fake_nvml import load_trace  # noqa: E402
+
+GiB = 2**30
+MiB = 2**20
+TRACE = load_trace()
+
+
+class SimulatedAllocator:
+    def __init__(self, total, fixed, per_sample, overhead=0.03):
+        self.total, self.fixed, self.per_sample, self.overhead = total, fixed, per_sample, overhead
+        self.allocated = fixed
+        self.peak = fixed
+        self.calls = []
+
+    def step(self, batch):
+        self.calls.append(batch)
+        need = self.fixed + self.per_sample * batch
+        if need * (1 + self.overhead) > self.total:
+            raise torch.OutOfMemoryError(
+                f"CUDA out of memory. Tried to allocate {self.per_sample * batch / GiB:.2f} GiB. GPU 0 has a total "
+                f"capacity of {self.total / GiB:.2f} GiB of which 1.00 GiB is free.")
+        self.peak = max(self.peak, need)
+
+    def install(self, monkeypatch):
+        cuda = torch.cuda
+        sim = self
+        monkeypatch.setattr(cuda, "is_available", lambda: True)
+        monkeypatch.setattr(cuda, "is_initialized", lambda: True)
+        monkeypatch.setattr(cuda, "device_count", lambda: 1)
+        monkeypatch.setattr(cuda, "current_device", lambda: 0)
+        monkeypatch.setattr(cuda, "device", lambda index: contextlib.nullcontext())
+        monkeypatch.setattr(cuda, "synchronize", lambda device=None: None)
+        monkeypatch.setattr(cuda, "empty_cache", lambda: None)
+        monkeypatch.setattr(cuda, "mem_get_info", lambda device=None: (sim.total - sim.fixed, sim.total))
+        monkeypatch.setattr(cuda, "memory_reserved", lambda device=None: sim.fixed)
+        monkeypatch.setattr(cuda, "memory_allocated", lambda device=None: sim.allocated)
+        monkeypatch.setattr(cuda, "reset_peak_memory_stats", lambda device=None: setattr(sim, "peak", sim.allocated))
+        monkeypatch.setattr(cuda, "max_memory_allocated", lambda device=None: sim.peak)
+        monkeypatch.setattr(cuda, "max_memory_reserved", lambda device=None: int(sim.peak * 1.02))
+        monkeypatch.setattr(cuda, "get_per_process_memory_fraction", lambda device=None: 1.0)
+        stats = dict(TRACE["memory_stats_after_train"])
+        monkeypatch.setattr(cuda, "memory_stats", lambda device=None: stats)
+        props = types.SimpleNamespace(uuid=TRACE["facts"]["uuid"].removeprefix("GPU-"))
+        monkeypatch.setattr(cuda, "get_device_properties", lambda device=None: props)
+        monkeypatch.setattr(cuda, "get_device_name", lambda device=None: "NVIDIA H200 (simulated)")
+
+
+def test_fit_batch_size_drives_torch_cuda_and_finds_the_limit(monkeypatch, fake_nvml):
+    from gpunb.analysis.batch_fit import fit_batch_size
+
+    sim = SimulatedAllocator(total=140 * GiB, fixed=12 * GiB, per_sample=37 * MiB)
+    sim.install(monkeypatch)
+    said = []
+    fit = fit_batch_size(sim.step, steps=2, progress=said.append)
+    true_max = int((140 * GiB / 1.03 - 12 * GiB) / (37 * MiB))
+    assert fit.ok and fit.device == "cuda:0"
+    assert 0.95 * true_max <= fit.max_batch <= true_max
+    assert fit.trial_count <= 4 and fit.trials[0].batch == 2 and fit.trials[1].batch == 16
+    assert all(sim.calls.count(t.batch) >= 2 for t in fit.trials if t.ok)  # steps=2 per trial
+    assert any("ran, peak" in s for s in said) and any("trial 1" in s for s in said)
+    # a non-OOM error in the user's step is the user's: it propagates unchanged
+    with pytest.raises(ZeroDivisionError):
+        fit_batch_size(lambda bs: 1 / 0, progress=False)
+
+
+def test_fit_respects_the_per_process_memory_fraction(monkeypatch, fake_nvml):
+    from gpunb.analysis.batch_fit import fit_batch_size
+
+    sim = SimulatedAllocator(total=140 * GiB, fixed=2 * GiB, per_sample=10 * MiB)
+    sim.install(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device=None: 0.25)
+    fit = fit_batch_size(sim.step, progress=False)
+    assert fit.capacity_bytes == int(0.25 * 140 * GiB)
+    assert any("set_per_process_memory_fraction" in n for n in fit.notes)
+
+
+def test_bad_device_is_explained(monkeypatch, fake_nvml):
+    from gpunb.analysis.batch_fit import fit_batch_size
+
+    SimulatedAllocator(140 * GiB, GiB, MiB).install(monkeypatch)
+    assert "does not exist" in fit_batch_size(lambda b: None, device="cuda:3", progress=False).problem
+    assert "CUDA device" in fit_batch_size(lambda b: None, device="cpu", progress=False).problem
+    assert "not a torch device" in fit_batch_size(lambda b: None, device="gpu:x", progress=False).problem
+
+
+def test_oom_hook_reads_allocator_and_nvml_on_the_cuda_path(monkeypatch, fake_nvml, ip, capsys):
+    sim = SimulatedAllocator(140 * GiB, 6 * GiB, MiB)
+    sim.install(monkeypatch)
+    ip.user_ns["_gpunb_test"] = {"msg": TRACE["oom_message"]}
+    ip.run_cell("import torch\ndef f():\n    raise torch.OutOfMemoryError(_gpunb_test['msg'])\nf()")
+    out = capsys.readouterr().out
+    assert "gpunb OOM doctor" in out and "could not diagnose" not in out
+    d = ip._gpunb_extension_state.shared["last_oom"]
+    assert d.torch_memory is not None and d.torch_memory.reserved_bytes == TRACE[
+        "memory_stats_after_train"]["reserved_bytes.all.current"]
+    assert d.release.before.torch_allocated_bytes == 6 * GiB
+    # NVML was asked about the GPU matched by UUID (the recorded H200); our PID is not in its trace
+    assert fake_nvml.calls.get("nvmlDeviceGetComputeRunningProcesses", 0) >= 1
+    report = __import__("gpunb").memory(shell=ip)
+    assert report.gpus and report.gpus[0].name == "NVIDIA H200 (simulated)"
+    assert report.gpus[0].total_bytes == TRACE["facts"]["memory_total"]
+    assert "this kernel" in report._repr_mimebundle_()["text/plain"]
