@@ -57,6 +57,8 @@ def test_traceback_shown_then_diagnosis_then_memory_released(shell, capsys):
     d = shell._gpunb_extension_state.shared["last_oom"]
     assert d.release is not None and not d.release.kept_traceback
     assert d.census.find("train_step() local acts").nbytes == 4096 * 64 * 4
+    smaller = next(f for f in d.fixes if f.title == "Use a smaller batch")
+    assert "train_step() bs was 4096" in smaller.how  # the batch size, read from the failed frame
 
 
 def test_keep_traceback_keeps_frames_for_debug_until_release(shell, capsys):

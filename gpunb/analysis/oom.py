@@ -119,6 +119,7 @@ def diagnose(
     other_processes: tuple[OtherProcess, ...] = (),
     this_process_bytes: int | None = None,
     allocator_conf: str | None = None,
+    batch_size: tuple[str, int] | None = None,
 ) -> OomDiagnosis:
     """Diagnose from readings (all optional except the exception or its message).
 
@@ -200,7 +201,7 @@ def diagnose(
 
     fixes = _fixes(causes, needed=needed, requested=requested, free=free, unalloc=unalloc, params=params, grads=grads,
                    opt_state=opt_state, allocated=allocated, leftover_entries=leftover_entries, census=census,
-                   others=others, expandable_on=expandable_on)
+                   others=others, expandable_on=expandable_on, batch_size=batch_size)
     notes = []
     if frames_bytes:
         notes.append(f"the failed cell's frames hold {gib(frames_bytes)} of tensors until released")
@@ -212,7 +213,7 @@ def diagnose(
 def _fixes(causes: list[Cause], *, needed: int | None, requested: int | None, free: int | None,
            unalloc: int | None, params: int, grads: int, opt_state: int, allocated: int | None,
            leftover_entries: list, census: Census | None, others: list[OtherProcess],
-           expandable_on: bool) -> list[Advice]:
+           expandable_on: bool, batch_size: tuple[str, int] | None = None) -> list[Advice]:
     codes = {c.code for c in causes}
     out: list[Advice] = []
     gain = lambda b: _frac(b, needed)  # noqa: E731  fraction of what the failing code needed
@@ -257,10 +258,16 @@ def _fixes(causes: list[Cause], *, needed: int | None, requested: int | None, fr
             act_need = working + requested
             fit = max(0.0, 1.0 - short / act_need) if act_need else None
             reason = (f"activations/temporaries need ≈{gib(act_need)} and {gib(short)} was missing; "
-                      f"about {fit * 100:.0f} % of the current batch fits" if fit is not None else "")
-            out.append(Advice("Use a smaller batch", reason,
-                              "batch_size = int(batch_size * %.2f)   # or find it exactly: %%gpufit step_fn"
-                              % max(0.05, (fit or 0.5) * 0.9),
+                      f"at most ≈{fit * 100:.0f} % of the current batch fits (the rest of the step allocates more)"
+                      if fit is not None else "")
+            factor = max(0.05, (fit or 0.5) * 0.9)  # 10 % under the estimate: the fit is approximate
+            how = "batch_size = int(batch_size * %.2f)   # or find it exactly: %%gpufit step_fn" % factor
+            if batch_size is not None:
+                where, value = batch_size
+                how = (f"batch_size = {max(1, int(value * factor))}   # {where} was {value}; "
+                       "or find it exactly: %gpufit step_fn")
+                reason += f" (≈{max(1, int(value * (fit or 0.5)))} of {value})"
+            out.append(Advice("Use a smaller batch", reason, how,
                               _frac(short, needed) if short else 0.5 * (gain(working) or 0),
                               severity=2 if WORKING_SET == causes[-1].code and len(causes) == 1 else 1))
             out.append(Advice("Keep the effective batch with gradient accumulation",
@@ -394,12 +401,35 @@ def gather_readings(
         census = take_census(namespace, torch=torch, devices=devices, output_history=output_history,
                              exceptions=exceptions)
         census = relabel_earlier(census, before_ids, namespace)
+    hint = batch_size_hint(exc, namespace)
     nvml = nvml if nvml is not None else default_session()
     mine = None
     others: tuple[OtherProcess, ...] = ()
     if torch is not None and cuda_initialized(torch):
         mine, others = process_memory(nvml, nvml_index_for(torch, device, nvml))
-    return diagnose(exc, torch_memory=torch_mem, census=census, other_processes=others, this_process_bytes=mine)
+    return diagnose(exc, torch_memory=torch_mem, census=census, other_processes=others, this_process_bytes=mine,
+                    batch_size=hint)
+
+
+BATCH_NAMES = ("batch_size", "bs", "batch", "micro_batch_size", "per_device_train_batch_size")
+
+
+def batch_size_hint(exc: BaseException, namespace: dict | None = None) -> tuple[str, int] | None:
+    """The batch size the failing code used, if a frame (or the notebook) names it plainly."""
+    from gpunb.analysis.tensor_census import exception_holders
+
+    def pick(values: dict) -> tuple[str, int] | None:
+        for name in BATCH_NAMES:
+            v = values.get(name)
+            if isinstance(v, int) and not isinstance(v, bool) and v > 1:
+                return name, v
+        return None
+
+    for fn, local_vars in exception_holders(exc):
+        found = pick(local_vars)
+        if found:
+            return f"{fn}() {found[0]}", found[1]
+    return pick(namespace or {})
 
 
 def diagnose_oom(exc: BaseException | None = None, *, namespace: dict | None = None, nvml: Any = None) -> OomDiagnosis:
