@@ -343,3 +343,19 @@ def test_in_a_real_kernel_the_failed_cell_fails_and_output_is_kept():
     tb = "".join(outputs[2].traceback)
     assert "gpunb" not in tb and "line 3" in tb
     assert nb.cells[2].outputs == []
+
+
+def test_nested_profiles_restore_each_other(capsys):
+    model, opt = _model()
+    x, y = torch.randn(8, 16), torch.randn(8, 1)
+    with gpunb.profile(record=False) as outer:
+        with gpunb.profile(record=False) as inner:
+            _step(model, opt, x, y)
+            print("inner")
+        _step(model, opt, x, y)
+        print("outer")
+        torch.tensor(2.0).item()
+    assert inner.result.steps.count == 1 and outer.result.steps.count == 2
+    assert outer.result.shares.output_writes == 4 and inner.result.shares.output_writes == 2
+    assert outer.result.shares.sync_by_method == {"item": 1}
+    assert "item" not in torch.Tensor.__dict__ and "write" not in getattr(sys.stdout, "__dict__", {})

@@ -44,6 +44,15 @@ def batch_length(batch: Any) -> int | None:
     return None
 
 
+def _restore_write(stream: Any, timed: Callable, previous: Callable | None) -> None:
+    if stream.__dict__.get("write") is not timed:
+        return  # someone replaced it after us: leave theirs
+    if previous is None:
+        del stream.write
+    else:
+        stream.write = previous
+
+
 class _TimedStream:
     """Stand-in for a stream whose ``write`` cannot be replaced (C-level ``TextIOWrapper``)."""
 
@@ -298,6 +307,7 @@ class Instruments:
                 continue
             original = stream.write
             timed = self._timed_write(original)
+            previous = getattr(stream, "__dict__", {}).get("write")  # an outer profile's timer
             try:
                 stream.write = timed  # ipykernel's OutStream and pytest's capture allow this
             except (AttributeError, TypeError):
@@ -306,8 +316,8 @@ class Instruments:
                 self._undo.append(lambda attr=attr, stream=stream, proxy=proxy:
                                   getattr(sys, attr) is proxy and setattr(sys, attr, stream))
             else:
-                self._undo.append(lambda stream=stream, timed=timed:
-                                  stream.__dict__.get("write") is timed and delattr(stream, "write"))
+                self._undo.append(lambda stream=stream, timed=timed, previous=previous:
+                                  _restore_write(stream, timed, previous))
 
     def _timed_write(self, original: Callable[[str], int]) -> Callable[[str], int]:
         recorder = self

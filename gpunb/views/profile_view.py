@@ -67,7 +67,7 @@ def _rows(p: Any) -> list[tuple[str, str]]:
              if g.peak_allocated_bytes is not None else
              "torch peak: not above the earlier peak (--no-reset left the global counter)")
         if g.nvml_process_bytes is not None:
-            m += f" · NVML this process {fmt_bytes(g.nvml_process_bytes)}"
+            m += f" · NVML this process {fmt_bytes(g.nvml_process_bytes)} at cell end"
             rest = g.nvml_process_bytes - g.end_reserved_bytes
             if rest > 0:
                 m += f" (+{fmt_bytes(rest)} outside torch's cache: CUDA context, cuBLAS/cuDNN/NCCL workspaces, other libraries)"
