@@ -94,7 +94,7 @@ def judge(p: Any) -> tuple[Any, list[Advice]]:
                                  severity=2))
         else:
             advice.append(Advice("Move the model and each batch to the GPU",
-                                 f"the optimizer's {p.param_count:,} parameters are on the CPU while {p.gpu_visible} is idle",
+                                 f"the optimizer's {p.param_count:,} parameters are on the CPU although NVML sees an {p.gpu_visible}",
                                  "model.to('cuda') before creating the optimizer; x, y = x.to('cuda'), y.to('cuda')",
                                  severity=2))
     if gpu is not None and (at_ceiling or retries):

@@ -92,7 +92,8 @@ def _rows(p: Any) -> list[tuple[str, str]]:
                  f"({_pct(sh.sync_s, sh.loop_s)})")
     else:
         w.append("no host syncs")
-    w.append(f"output {fmt_time(sh.output_s)} ({_pct(sh.output_s, sh.loop_s)}) in {sh.output_writes} writes")
+    w.append(f"output {fmt_time(sh.output_s)} ({_pct(sh.output_s, sh.loop_s)}) in {sh.output_writes} writes"
+             if sh.output_writes else "no output")
     if g is not None:
         w.append(f"GPU util {g.util_mean_pct:.0f}% mean over {g.util_samples} NVML samples"
                  if g.util_mean_pct is not None else "GPU util: no NVML samples")

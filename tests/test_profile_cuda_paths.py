@@ -1,0 +1,146 @@
+"""The CUDA branches of the profiler, exercised on a CPU machine.
+
+``torch.cuda`` is replaced by a stand-in whose events are stamped with the host clock and
+whose allocator counters come from the recorded H200 trace; everything else is the real
+torch training on the CPU. This checks the plumbing (event read-back in batches, step 0
+from the cell's start event, peak reset, NVML reconciliation); the real GPU numbers are
+checked in tests/gpu/test_profile_gpu.py.
+"""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import gpunb  # noqa: E402
+from gpunb.readings import torch_state  # noqa: E402
+from gpunb.readings import nvml as nvml_module  # noqa: E402
+from gpunb.readings.nvml import NvmlSession  # noqa: E402
+from gpunb.testing import load_trace, scenario  # noqa: E402
+
+
+class HostClockEvent:
+    made = 0
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        assert enable_timing
+        HostClockEvent.made += 1
+        self.t = None
+
+    def record(self) -> None:
+        self.t = time.perf_counter()
+
+    def query(self) -> bool:
+        return self.t is not None
+
+    def synchronize(self) -> None:
+        assert self.t is not None
+
+    def elapsed_time(self, other: "HostClockEvent") -> float:
+        return (other.t - self.t) * 1000.0
+
+
+class FakeCuda:
+    def __init__(self) -> None:
+        self.stats = dict(load_trace()["memory_stats_after_train"])
+        self.resets = 0
+        self.Event = HostClockEvent
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def current_device(self) -> int:
+        return 0
+
+    def memory_stats(self, device: int = 0) -> dict:
+        return self.stats
+
+    def reset_peak_memory_stats(self, device: int = 0) -> None:
+        self.resets += 1
+
+    def get_device_properties(self, device: int) -> SimpleNamespace:
+        return SimpleNamespace(name="NVIDIA H200", total_memory=150754820096, major=9, minor=0,
+                               uuid="6fa48cea-f20c-eafe-9125-0427b9f214a8")
+
+    def synchronize(self) -> None:
+        pass
+
+    def max_memory_allocated(self, device: int = 0) -> int:
+        return self.stats["allocated_bytes.all.peak"]
+
+
+class TorchWithFakeCuda:
+    def __init__(self, cuda: FakeCuda) -> None:
+        self.cuda = cuda
+        self.version = SimpleNamespace(cuda="13.0")
+
+    def __getattr__(self, name: str):
+        return getattr(torch, name)
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    # NVML replays the recorded H200 at 16 s: training, PID 412 holds ~9 GiB, util 98-100 %
+    nvml_module.set_default_session(NvmlSession(scenario("h200", clock=lambda: 16.0)))
+    cuda = FakeCuda()
+    proxy = TorchWithFakeCuda(cuda)
+    monkeypatch.setattr(torch_state, "imported_torch", lambda: proxy)
+    # the recorded H200 trace lists PID 412 as the training process: be that process
+    monkeypatch.setattr("gpunb.readings.gpu_activity.os.getpid", lambda: 412)
+    yield cuda
+    nvml_module.set_default_session(None)
+
+
+def test_steps_from_events_read_back_in_batches(fake_cuda):
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(4, 8)
+    HostClockEvent.made = 0
+    with gpunb.profile(record=False) as p:
+        time.sleep(0.02)  # setup before the first step belongs to step 0
+        for _ in range(600):  # more than one read-back batch (256)
+            model(x).sum().backward()
+            opt.step()
+    r = p.result
+    assert r.steps.count == 600 and r.steps.source == "CUDA events"
+    assert HostClockEvent.made == 600 + 2  # one per step, plus the cell's start and end
+    assert len(r.steps.step_ms) == 600
+    assert r.steps.first_ms >= 20
+    host = [(b - a) * 1000 for a, b in zip(r.step_marks_s, r.step_marks_s[1:])]
+    for got, want in zip(r.steps.step_ms[1:], host):
+        assert abs(got - want) < 0.05  # the stand-in events are stamped right after the host mark
+    assert fake_cuda.resets == 1
+    g = r.gpu
+    assert g.name == "NVIDIA H200" and g.compute_capability == (9, 0)
+    assert g.peak_allocated_bytes == 8931427840 and g.peak_reserved_bytes == 9216983040
+    assert g.nvml_index == 0 and g.nvml_process_bytes == 9487515648  # matched by UUID and PID
+    assert g.other_processes_bytes == 0 and g.util_mean_pct > 95
+    text = str(r)
+    assert "NVML this process 8.84 GiB at cell end" in text and "outside torch's cache" in text
+    assert r.synced_wall_s is not None and r.gpu_time_s is not None
+    assert r.memory_timeline and r.memory_timeline[0][2] == 9216983040  # (t, allocated, reserved)
+
+
+def test_no_reset_keeps_the_counter_and_reports_no_cell_peak(fake_cuda):
+    with gpunb.profile(record=False, reset_peak=False) as p:
+        pass
+    assert fake_cuda.resets == 0
+    assert p.result.gpu.peak_allocated_bytes is None  # not above the earlier peak
+    assert "not above the earlier peak" in str(p.result)
+
+
+def test_fp32_params_on_h200_get_bf16_advice(fake_cuda):
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with gpunb.profile(record=False) as p:
+        for _ in range(5):
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+    # parameters are really on the CPU here, and NVML sees an H200 with a CUDA build: on-cpu
+    assert p.result.verdict.kind == "on-cpu"
+    assert p.result.advice[0].title == "Move the model and each batch to the GPU"
+    assert any("bf16" in a.title for a in p.result.advice)
