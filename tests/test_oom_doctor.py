@@ -159,3 +159,20 @@ def test_html_escapes_user_controlled_names():
     d = diagnose(message=REAL, census=census)
     html = d._repr_mimebundle_()["text/html"]
     assert "<img src=x" not in html and "&lt;img src=x" in html
+
+
+def test_in_a_container_our_own_process_is_recognised_by_its_memory():
+    # NVML reports host PIDs inside containers: torch then lists us as "Process N"
+    text = ("CUDA out of memory. Tried to allocate 8.00 GiB. GPU 0 has a total capacity of 139.80 GiB of which "
+            "2.00 GiB is free. Process 3652628 has 120.60 GiB memory in use. Process 77 has 17.00 GiB memory in use. "
+            "Of the allocated memory 119.00 GiB is allocated by PyTorch, and 1.00 GiB is reserved by PyTorch but "
+            "unallocated.")
+    d = diagnose(message=text)
+    assert [p.pid for p in d.other_processes] == [77]
+    assert d.this_process_bytes == size_to_bytes("120.60", "GiB")
+    assert d.primary_cause == OTHER_PROCESSES  # the 17 GiB of PID 77 is real
+    nvml = NvmlSession(scenario("busy", clock=lambda: 200.0))
+    now = nvml.lib.gpus[0].sample_at(200.0)  # the recorded reading at that time: torch reserve and NVML
+    assert now["torch_reserved"] and now["processes"]
+    mine, others = process_memory(nvml, 0, pid=-1, torch_reserved=now["torch_reserved"])
+    assert [p.pid for p in others] == [999_001] and mine == now["processes"][0]["used_gpu_memory"]

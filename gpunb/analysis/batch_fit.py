@@ -278,7 +278,7 @@ def _nvml_process_bytes(torch: Any, device: int) -> Callable[[], int | None]:
     if not nvml.start().ok:
         return lambda: None
     index = nvml_index_for(torch, device, nvml)
-    return lambda: process_memory(nvml, index)[0]
+    return lambda: process_memory(nvml, index, torch_reserved=int(torch.cuda.memory_reserved(device)))[0]
 
 
 def fit_batch_size(

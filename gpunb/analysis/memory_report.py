@@ -100,7 +100,8 @@ def _gpu_rows(torch: Any, nvml: Any) -> tuple[tuple[GpuMemoryRow, ...], list[str
         for i in range(torch.cuda.device_count()):
             t = read_device(torch, i)
             nidx = nvml_index_for(torch, i, nvml) if status.ok else None
-            mine, others = process_memory(nvml, nidx) if status.ok else (None, ())
+            mine, others = (process_memory(nvml, nidx, torch_reserved=t.reserved_bytes if t else None)
+                            if status.ok else (None, ()))
             used = total = None
             if nidx is not None:
                 s = read_sample(nvml, nidx)

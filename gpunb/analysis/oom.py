@@ -149,6 +149,11 @@ def diagnose(
     others = list(other_processes)
     if not others and m.other_processes:
         others = [OtherProcess(pid, used) for pid, used in m.other_processes]
+        if m.process_bytes is None and allocated is not None:  # PIDs seen from a container: find ourselves
+            me = own_process(others, allocated + (unalloc or 0))
+            if me is not None:
+                others.remove(me)
+                process = me.used_bytes
     other_bytes = sum(p.used_bytes or 0 for p in others)
 
     by_role = census.by_role() if census else {}
@@ -325,8 +330,14 @@ def nvml_index_for(torch: Any, device: int, nvml: Any) -> int | None:
     return None
 
 
-def process_memory(nvml: Any, index: int | None, pid: int | None = None) -> tuple[int | None, tuple[OtherProcess, ...]]:
-    """(this process's bytes, other processes) on NVML GPU ``index``."""
+def process_memory(nvml: Any, index: int | None, pid: int | None = None,
+                   torch_reserved: int | None = None) -> tuple[int | None, tuple[OtherProcess, ...]]:
+    """(this process's bytes, other processes) on NVML GPU ``index``.
+
+    Inside a container NVML may report host PIDs, so ``os.getpid()`` matches none. Then, if
+    ``torch_reserved`` is given, the process holding at least that much and at most
+    ``CONTEXT_SLACK`` more (CUDA context and libraries) is taken to be this one.
+    """
     from gpunb.readings.gpu import read_processes
     from gpunb.readings.nvml import is_available
 
@@ -344,7 +355,21 @@ def process_memory(nvml: Any, index: int | None, pid: int | None = None) -> tupl
             mine = used
         else:
             others.append(OtherProcess(p.pid, used, p.name))
+    if mine is None and torch_reserved is not None:
+        me = own_process(others, torch_reserved)
+        if me is not None:
+            others.remove(me)
+            mine = me.used_bytes
     return mine, tuple(others)
+
+
+CONTEXT_SLACK = 4 * GiB  # a CUDA context with cuDNN/cuBLAS/NCCL loaded stays well under this
+
+
+def own_process(processes: list, torch_reserved: int) -> Any:
+    """The process whose memory is torch's reserve plus a context's worth, if exactly one fits."""
+    fits = [p for p in processes if p.used_bytes is not None and 0 <= p.used_bytes - torch_reserved <= CONTEXT_SLACK]
+    return fits[0] if len(fits) == 1 else None
 
 
 def relabel_earlier(census: Census, before_ids: dict[str, int] | None, namespace: dict | None) -> Census:
@@ -406,7 +431,8 @@ def gather_readings(
     mine = None
     others: tuple[OtherProcess, ...] = ()
     if torch is not None and cuda_initialized(torch):
-        mine, others = process_memory(nvml, nvml_index_for(torch, device, nvml))
+        mine, others = process_memory(nvml, nvml_index_for(torch, device, nvml),
+                                      torch_reserved=torch_mem.reserved_bytes if torch_mem else None)
     return diagnose(exc, torch_memory=torch_mem, census=census, other_processes=others, this_process_bytes=mine,
                     batch_size=hint)
 

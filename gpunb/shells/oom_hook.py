@@ -86,7 +86,8 @@ def handle_oom(shell: Any, exc: BaseException, *, before_ids: dict[str, int] | N
         nvml = default_session()
         if nvml.start().ok:
             index = nvml_index_for(torch, device, nvml)
-            nvml_bytes = lambda: process_memory(nvml, index)[0]  # noqa: E731
+            nvml_bytes = lambda: process_memory(  # noqa: E731
+                nvml, index, torch_reserved=int(torch.cuda.memory_reserved(device)))[0]
     pinned = diagnosis.census.total_bytes(source=EXCEPTION) if diagnosis.census is not None else None
     diagnosis.release = release_failure(shell, exc, torch=torch, device=device, keep_traceback=keep,
                                         devices=devices, nvml_process_bytes=nvml_bytes, pinned_bytes=pinned)
