@@ -156,7 +156,7 @@ def test_monitor_renders_and_keeps_drawing_while_a_cell_runs(lab):
             browser.close()
 
     assert len(svgs_before) == 7  # memory, util, power, temperature, SM clock; host CPU, RAM
-    assert "<polyline" in "".join(svgs_before) and "<polygon" in "".join(svgs_before)
+    assert all("<path" in svg for svg in svgs_after)  # every chart has drawn points
     assert "NVIDIA H200" in caption and "live at 4 Hz" in caption
     # Redrawn from the sampler thread while the sleep cell still runs.
     assert "[*]" in still_running, "the sleep cell finished before the second look; the test proves nothing"

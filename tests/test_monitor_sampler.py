@@ -96,11 +96,35 @@ def test_another_process_memory_counts_as_other_not_this_kernel():
     assert cols["gpu0_mem_other_mib"][0] == pytest.approx(cols["gpu0_mem_used_mib"][0]) and cols["gpu0_mem_other_mib"][0] > 9000
 
 
-def test_process_list_is_read_rarely():
+def test_between_process_lists_memory_changes_count_as_this_kernels():
+    # The recorded training process is "us"; the process list is read every 5 s only.
     sampler, clock, fake = make(process_refresh_s=5.0)
+    fake.gpus[0].extra_processes.append({"pid": 999_001, "used_gpu_memory": 40 * 2**30})
+    run_ticks(sampler, clock, 104, dt=0.25)  # through model build, training and the OOM spike
+    cols = sampler.samples()
+    rows = zip(cols["t_s"], cols["gpu0_mem_used_mib"], cols["gpu0_mem_own_mib"], cols["gpu0_mem_other_mib"])
+    for _, used, own, other in rows:
+        assert other == pytest.approx(40 * 1024, abs=16)  # the other user's 40 GiB, always
+        assert own == pytest.approx(used - 40 * 1024, abs=16)
+    assert max(cols["gpu0_mem_own_mib"]) > 120_000  # the OOM spike is ours, not "other"
+
+
+def test_process_list_is_read_rarely():
+    clock = Clock()
+    steady = [s for s in TRACE["samples"] if s["phase"] == "idle-end"]  # memory does not move
+    fake = FakePynvml([FakeGpu(facts=dict(TRACE["facts"]), samples=steady)], clock=clock)
+    sampler = Sampler(NvmlSession(fake), clock=clock, process_refresh_s=5.0)
     run_ticks(sampler, clock, 40, dt=0.5)  # 20 s at 2 Hz
     assert fake.calls["nvmlDeviceGetComputeRunningProcesses"] == 4
     assert fake.calls["nvmlDeviceGetUtilizationRates"] == 40
+
+
+def test_a_memory_jump_brings_the_process_list_forward():
+    sampler, clock, fake = make(process_refresh_s=5.0)
+    clock.t = 5.0  # just before the recorded process creates its context (~6 s)
+    run_ticks(sampler, clock, 6, dt=0.5)
+    assert fake.calls["nvmlDeviceGetComputeRunningProcesses"] == 2  # at 5.0 s and at the jump
+    assert sampler.samples()["gpu0_mem_own_mib"][-1] > 2000
 
 
 def test_buffers_are_bounded_and_keep_the_newest_rows_in_order():

@@ -5,13 +5,15 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 
+import pytest
+
 from gpunb.analysis.sampler import Sampler
 from gpunb.readings.nvml import NvmlSession
 from gpunb.testing import load_trace, scenario
 from gpunb.views.sparkline import (
-    WIDTH,
+    MAX_POINTS,
+    SparkPanel,
     clock_event_badge,
-    memory_svg,
     monitor_html,
     monitor_text,
     sparkline_svg,
@@ -34,6 +36,18 @@ def window_of(name: str, seconds: float = 30.0, until: float = 20.0, gpu_name: s
     return sampler.window(seconds)
 
 
+def runs_of(root) -> list[list[tuple[float, float]]]:
+    """The path's runs of points ("M" starts one), as (x, y) pairs."""
+    runs = []
+    for path in root.iter(SVG + "path"):
+        for token in path.get("d").split():
+            x, y = (float(v) for v in token[1:].split(","))
+            if token[0] == "M":
+                runs.append([])
+            runs[-1].append((x, y))
+    return runs
+
+
 def test_sparkline_is_valid_svg_with_title_latest_label_and_gap():
     t = [float(i) for i in range(10)]
     values = [10, 20, 30, None, None, 50, 60, 70, 80, 90]
@@ -41,33 +55,33 @@ def test_sparkline_is_valid_svg_with_title_latest_label_and_gap():
     root = ET.fromstring(svg)
     assert root.tag == SVG + "svg"
     title = root.find(SVG + "title").text
-    assert "latest 90 %" in title and "min 10" in title and "max 90" in title and "2 of 10 readings missing" in title
+    assert "latest 90 %" in title and "min 10" in title and "max 90" in title and "2 of 10 points have no reading" in title
     texts = [el.text for el in root.iter(SVG + "text")]
     assert texts == ["utilization", "90 %"]
-    lines = root.findall(SVG + "polyline")
-    assert [len(line.get("points").split()) for line in lines] == [3, 5]  # the gap splits the line
-    # y scale: 90 % of y_max sits near the top of the plot, 10 % near the bottom
-    ys = [float(p.split(",")[1]) for p in lines[1].get("points").split()]
-    assert ys[-1] < ys[0]
+    runs = runs_of(root)
+    assert [len(r) for r in runs] == [3, 5]  # the gap splits the line
+    ys = [y for _, y in runs[1]]
+    assert ys == sorted(ys, reverse=True)  # rising values are drawn higher (smaller y)
+    assert ys[-1] == pytest.approx(45 - 0.9 * 30)  # 90 % of a 30 px plot above the 45 px base
 
 
 def test_sparkline_without_readings_says_na():
     svg = sparkline_svg([0.0, 1.0], [None, None], label="power", unit="W", span_s=10)
     root = ET.fromstring(svg)
     assert [el.text for el in root.iter(SVG + "text")] == ["power", "n/a"]
-    assert root.findall(SVG + "polyline") == []
+    assert list(root.iter(SVG + "path")) == []
     assert "no reading" in root.find(SVG + "title").text
 
 
-def test_long_series_are_reduced_to_about_one_point_per_pixel_keeping_peaks():
+def test_long_series_are_merged_to_max_points_keeping_peaks():
     n = 5000
     t = [i * 0.01 for i in range(n)]
     values = [1.0] * n
     values[2345] = 99.0
     svg = sparkline_svg(t, values, label="x", unit="", span_s=50, y_max=100)
-    points = ET.fromstring(svg).find(SVG + "polyline").get("points").split()
-    assert len(points) <= WIDTH
-    assert min(float(p.split(",")[1]) for p in points) < 20  # the 99 peak survived
+    points = [p for run in runs_of(ET.fromstring(svg)) for p in run]
+    assert len(points) <= MAX_POINTS + 1
+    assert min(y for _, y in points) < 20  # the 99 peak survived
 
 
 def test_labels_and_gpu_names_are_escaped():
@@ -82,14 +96,35 @@ def test_labels_and_gpu_names_are_escaped():
 
 def test_memory_chart_splits_this_kernel_other_processes_free():
     w = window_of("busy", until=20.0)  # training (our recorded pid) + another user's 40 GiB
-    g = w.gpus[0]
-    svg = memory_svg(g, w.t_s, w.seconds)
-    root = ET.fromstring(svg)
-    fills = [p.get("fill") for p in root.findall(SVG + "polygon")]
-    assert set(fills) == {"#2f7ed8", "#e4572e"}  # own and other areas
-    title = root.find(SVG + "title").text
+    root = ET.fromstring(monitor_html(w))
+    memory = next(root.iter(SVG + "svg"))
+    strokes = [p.get("stroke") for p in memory.iter(SVG + "path")]
+    assert strokes == ["#2f7ed8", "#e4572e"]  # this kernel's bars, other processes' bars
+    title = memory.find(SVG + "title").text
     assert "this kernel 9.3" in title and "other processes 40.0" in title and "free" in title
-    assert "/ 140.4 GiB" in svg
+    assert [el.text for el in memory.iter(SVG + "text")][1].endswith("/ 140.4 GiB")
+
+
+def test_incremental_drawing_equals_drawing_at_once():
+    t = [0.0]
+    clock = lambda: t[0]  # noqa: E731
+    sampler = Sampler(NvmlSession(scenario("h200", clock=clock)), clock=clock, hz=10, own_pids=[load_trace()["pid"]])
+    for _ in range(300):
+        sampler.tick()
+        t[0] += 0.1
+    def panel():
+        return SparkPanel(window_s=20, hz=10, gpus=sampler.gpu_series(), ram_total_mib=1000.0, cpu_count=2)
+    live = panel()
+    first, rows = sampler.rows_since(0)
+    for i in range(len(rows["t_s"])):  # one row at a time, as the sampler thread sees them
+        live.feed(first + i, {k: v[i : i + 1] for k, v in rows.items()})
+        if i % 37 == 0:
+            live.html(sampler.gpu_series(), nvml=sampler.status, gpu_count=1)
+    once = panel()
+    once.feed(first, rows)
+    draw = lambda p: p.html(sampler.gpu_series(), nvml=sampler.status, gpu_count=1, caption_text="x")  # noqa: E731
+    assert draw(live) == draw(once)
+    assert live.k == 2 and len(live.tracks["gpu0_util_pct"].items) <= 101
 
 
 def test_throttle_badge_names_reasons_in_words():

@@ -32,6 +32,8 @@ HZ_MIN = 0.5
 HZ_MAX = 10.0
 # The process list costs tens of µs (more with many processes): refresh it rarely.
 PROCESS_REFRESH_S = 5.0
+# ...but sooner when used memory jumps by more than this (someone allocated or freed).
+MEMORY_JUMP_MIB = 256.0
 # A day at the default rate; with one GPU that is ~6 MB (see ``bytes_per_tick``).
 HISTORY_TICKS = 24 * 3600 * int(HZ_DEFAULT)
 THREAD_NAME = "gpunb-sampler"
@@ -157,6 +159,7 @@ class GpuSeries:
     power_limit_w: float | None
     lost: bool
     columns: dict[str, list]
+    max_sm_clock_mhz: float | None = None
 
 
 @dataclass(frozen=True)
@@ -238,7 +241,9 @@ class Sampler:
         self.notes: deque[str] = deque(maxlen=100)
         self._faults = _FaultBook()
         self._listener_errors: set[str] = set()
-        self._own_mib: dict[int, float | None] = {}
+        self._own_mib: dict[int, float | None] = {}  # from the last process list
+        self._other_mib: dict[int, float] = {}  # other processes at that moment
+        self._used_at_list: dict[int, float] = {}  # used memory at that moment
         self._last_process_t: float | None = None
         self._host_thread: int | None = None
         self.thread_cpu_s = 0.0  # CPU time the sampler thread(s) used, all runs together
@@ -298,23 +303,33 @@ class Sampler:
             self._origin = now
             self.started_unix = self._wall_clock()
         row: dict[str, Any] = {"t_s": now - self._origin}
-        if self.gpus and (self._last_process_t is None or now - self._last_process_t >= self.process_refresh_s):
+        used = {info.index: self._read_gpu(info.index, row) for info in self.gpus}
+        if self.gpus and self._process_list_due(now, used):
             self._last_process_t = now
-            self._refresh_processes()
-        for info in self.gpus:
-            self._read_gpu(info.index, row)
+            self._refresh_processes(used)
+        for index, mib in used.items():
+            row[gpu_column(index, "mem_own_mib")] = self._own_share(index, mib)
         self._read_host_row(row)
         return row
 
-    def _read_gpu(self, index: int, row: dict[str, Any]) -> None:
+    def _process_list_due(self, now: float, used: dict[int, float | None]) -> bool:
+        """Every ``process_refresh_s``, and sooner (at most once a second) when memory
+        moved by more than MEMORY_JUMP_MIB: then who holds it is worth knowing now."""
+        last = self._last_process_t
+        if last is None or now - last >= self.process_refresh_s:
+            return True
+        if now - last < min(1.0, self.process_refresh_s):
+            return False
+        return any(
+            mib is not None and abs(mib - self._used_at_list.get(index, mib)) > MEMORY_JUMP_MIB
+            for index, mib in used.items()
+        )
+
+    def _read_gpu(self, index: int, row: dict[str, Any]) -> float | None:
         s = read_sample(self.nvml, index, self._clock)
         col = lambda name: gpu_column(index, name)  # noqa: E731
         used = _mib(s.memory_used_bytes)
-        own = self._own_mib.get(index)
-        if own is not None and used is not None:
-            own = min(own, used)  # the process list is older than this reading
         row[col("mem_used_mib")] = used
-        row[col("mem_own_mib")] = own if used is not None else None
         row[col("mem_free_mib")] = _mib(s.memory_free_bytes)
         row[col("util_pct")] = _num(s.util_gpu_pct)
         row[col("mem_util_pct")] = _num(s.util_memory_pct)
@@ -323,6 +338,19 @@ class Sampler:
         row[col("sm_clock_mhz")] = _num(s.sm_clock_mhz)
         row[col("clock_events")] = _num(s.clock_event_reasons)
         self._book_faults(index, s)
+        return used
+
+    def _own_share(self, index: int, used: float | None) -> float | None:
+        """This kernel's share of ``used``. Between process lists, other processes'
+        memory is held at its last value and small changes count as this kernel's (the
+        one training in this notebook) if it held GPU memory at the last look; big
+        changes bring the next list forward (``_process_list_due``)."""
+        own = self._own_mib.get(index)
+        if own is None or used is None:
+            return None
+        if own == 0:
+            return 0.0
+        return max(0.0, min(used, used - self._other_mib.get(index, 0.0)))
 
     def _book_faults(self, index: int, s: Any) -> None:
         missing: dict[tuple[int, str], str] = {}
@@ -346,7 +374,7 @@ class Sampler:
             del book[key]
         book.update(missing)
 
-    def _refresh_processes(self) -> None:
+    def _refresh_processes(self, used: dict[int, float | None]) -> None:
         for info in self.gpus:
             procs = read_processes(self.nvml, info.index)
             if not is_available(procs):
@@ -355,7 +383,12 @@ class Sampler:
             own = [p.used_bytes for p in procs if p.pid in self.own_pids]
             known = [b for b in own if isinstance(b, int)]
             # MIG and some drivers do not give per-process memory: unknown, not zero.
-            self._own_mib[info.index] = (sum(known) / MIB) if len(known) == len(own) else None
+            own_mib = (sum(known) / MIB) if len(known) == len(own) else None
+            self._own_mib[info.index] = own_mib
+            now_used = used.get(info.index)
+            if now_used is not None:
+                self._used_at_list[info.index] = now_used
+                self._other_mib[info.index] = max(0.0, now_used - (own_mib or 0.0))
 
     def _read_host_row(self, row: dict[str, Any]) -> None:
         try:
@@ -477,8 +510,7 @@ class Sampler:
             rows[gpu_column(info.index, "mem_other_mib")] = _other(used, own)
         return rows
 
-    def window(self, seconds: float, devices: Iterable[int] | None = None) -> Window:
-        rows = self._rows(seconds)
+    def _gpu_series(self, rows: dict[str, list], devices: Iterable[int] | None) -> tuple[GpuSeries, ...]:
         wanted = None if devices is None else set(devices)
         gpus = []
         for info in self.gpus:
@@ -486,17 +518,38 @@ class Sampler:
                 continue
             prefix = gpu_column(info.index, "")
             cols = {name[len(prefix):]: values for name, values in rows.items() if name.startswith(prefix)}
-            cols["mem_other_mib"] = _other(cols["mem_used_mib"], cols["mem_own_mib"])
-            total = _mib(info.memory_total_bytes)
+            if cols:
+                cols["mem_other_mib"] = _other(cols["mem_used_mib"], cols["mem_own_mib"])
             name = info.name if is_available(info.name) else f"GPU {info.index}"
-            lost = info.lost or any(k == (info.index, "lost") for k in self._faults.active)
-            gpus.append(GpuSeries(info.index, str(name), total, _num(info.power_limit_w), lost, cols))
+            lost = info.lost or (info.index, "lost") in self._faults.active
+            gpus.append(GpuSeries(
+                info.index, str(name), _mib(info.memory_total_bytes), _num(info.power_limit_w), lost, cols,
+                _num(info.max_sm_clock_mhz),
+            ))
+        return tuple(gpus)
+
+    def rows_since(self, index: int) -> tuple[int, dict[str, list]]:
+        """Rows from global row number ``index`` on (as many as are still buffered), for
+        views that draw incrementally: returns the number of the first row given and the
+        columns (as ``samples()``, without derived columns)."""
+        with self._data_lock:
+            oldest = self._store.appended - len(self._store)
+            first = max(index, oldest)
+            return first, self._store.tail(self._store.appended - first)
+
+    def gpu_series(self, devices: Iterable[int] | None = None) -> tuple[GpuSeries, ...]:
+        """The shown GPUs' facts (name, total memory, power limit, lost) without readings."""
+        return self._gpu_series({}, devices)
+
+    def window(self, seconds: float, devices: Iterable[int] | None = None) -> Window:
+        """The last ``seconds`` of readings of the shown GPUs and the host."""
+        rows = self._rows(seconds)
         host = {name: rows[name] for name, _ in HOST_COLUMNS}
         return Window(
             t_s=rows["t_s"],
             seconds=seconds,
             hz=self.hz,
-            gpus=tuple(gpus),
+            gpus=self._gpu_series(rows, devices),
             host=host,
             ram_total_mib=self.ram_total_mib,
             cpu_count=self.cpu_count,

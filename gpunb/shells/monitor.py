@@ -19,7 +19,7 @@ import time
 from typing import Any, Iterable
 
 from gpunb.analysis.sampler import HISTORY_TICKS, HZ_DEFAULT, Sampler, Window, clamp_hz, gpu_column
-from gpunb.views.sparkline import monitor_html, monitor_text
+from gpunb.views.sparkline import SparkPanel, caption, monitor_html, monitor_text, panel_notes
 
 # Used when the extension is not loaded (``import gpunb; gpunb.monitor()``, plain Python).
 _STANDALONE: dict[str, Any] = {}
@@ -27,6 +27,8 @@ _STANDALONE: dict[str, Any] = {}
 # re-renders the widget view in the frontend, so not on every cell).
 FALLBACK_REFRESH_S = 30.0
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+# Redraw at most this often; faster sampling still records every reading.
+MIN_DRAW_INTERVAL_S = 0.2
 
 
 def _current_shell() -> Any:
@@ -146,6 +148,8 @@ class Monitor:
         self._html: Any = None
         self._box: Any = None
         self._fallback_at = 0.0
+        self._drawn_at = 0.0
+        self._panel: SparkPanel | None = None
 
     # -- data -------------------------------------------------------------------
     @property
@@ -257,7 +261,7 @@ class Monitor:
     def _build_widget(self) -> None:
         import ipywidgets as w
 
-        self._html = w.HTML(value=self.html())
+        self._html = w.HTML(value=self._live_html())
         pause = w.ToggleButton(
             value=False,
             description="Pause",
@@ -291,11 +295,33 @@ class Monitor:
             button.icon = "play" if self._paused else "pause"
             self._draw()
 
+    def _live_html(self) -> str:
+        """The panel drawn incrementally: only rows new since the last frame are
+        formatted (this runs on the sampler thread, which holds the GIL meanwhile)."""
+        sampler = self.sampler
+        panel = self._panel
+        if panel is None or panel.hz != sampler.hz:  # first frame, or the rate changed
+            panel = self._panel = SparkPanel(
+                window_s=self.window_s, hz=sampler.hz, gpus=sampler.gpu_series(self.devices),
+                ram_total_mib=sampler.ram_total_mib, cpu_count=sampler.cpu_count,
+            )
+            panel.next_index = max(0, sampler.ticks - int(self.window_s * sampler.hz) - 2 * panel.k)
+        first, rows = sampler.rows_since(panel.next_index)
+        panel.feed(first, rows)
+        return panel.html(
+            sampler.gpu_series(self.devices),
+            nvml=sampler.status,
+            gpu_count=len(sampler.gpus),
+            notes=panel_notes(tuple(sampler.notes), self.messages),
+            caption_text=caption(self._state(), hz=sampler.hz, seconds=self.window_s,
+                                 started_unix=sampler.started_unix, t_last=panel.t_last),
+        )
+
     def _draw(self) -> None:
         """Set the widget's value; callers hold ``self._lock`` (one writer at a time)."""
         if self._html is None:
             return
-        markup = self.html()
+        markup = self._live_html()
         with self._html.hold_sync():
             self._html.value = markup
 
@@ -304,6 +330,10 @@ class Monitor:
         with self._lock:
             if self._stopped or self._paused or self._html is None:
                 return
+            now = time.monotonic()
+            if now - self._drawn_at < MIN_DRAW_INTERVAL_S * 0.9:  # (0.9: a 5 Hz tick may come early)
+                return
+            self._drawn_at = now
             self._draw()
 
     def refresh_fallback(self, min_age_s: float = FALLBACK_REFRESH_S) -> None:
