@@ -176,3 +176,18 @@ def test_in_a_container_our_own_process_is_recognised_by_its_memory():
     assert now["torch_reserved"] and now["processes"]
     mine, others = process_memory(nvml, 0, pid=-1, torch_reserved=now["torch_reserved"])
     assert [p.pid for p in others] == [999_001] and mine == now["processes"][0]["used_gpu_memory"]
+
+
+def test_a_per_process_cap_is_the_limit_not_the_device():
+    text = ("CUDA out of memory. Tried to allocate 6.00 GiB. GPU 0 has a total capacity of 139.80 GiB of which "
+            "119.20 GiB is free. Including non-PyTorch memory, this process has 20.52 GiB memory in use. 24.00 GiB "
+            "allowed; Of the allocated memory 10.00 GiB is allocated by PyTorch, and 10.00 GiB is reserved by "
+            "PyTorch but unallocated.")
+    m = parse_oom_message(text)
+    assert m.allowed_bytes == 24 * GiB and m.free_bytes == size_to_bytes("119.20", "GiB")
+    d = diagnose(message=text, allocator_conf="")
+    assert d.primary_cause == FRAGMENTATION
+    assert d.fixes[0].title == "Turn on expandable segments"
+    assert "with 4.00 GiB free" in d.causes[-1].summary  # what was left under the cap, not the device's 119
+    big = diagnose(message=text.replace("Tried to allocate 6.00 GiB", "Tried to allocate 30.00 GiB"))
+    assert big.primary_cause == TOO_LARGE_FOR_GPU and "allowed budget" in big.causes[0].summary

@@ -145,6 +145,9 @@ def diagnose(
         torch_memory.allocated_bytes if torch_memory else None)
     process = m.process_bytes if m.process_bytes is not None else this_process_bytes
     allowed = m.allowed_bytes
+    if allowed is not None and allocated is not None:  # under set_per_process_memory_fraction
+        headroom = max(0, allowed - allocated - (unalloc or 0))
+        free = headroom if free is None else min(free, headroom)
 
     others = list(other_processes)
     if not others and m.other_processes:
