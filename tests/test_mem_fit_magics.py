@@ -11,6 +11,12 @@ from IPython.core.error import UsageError
 torch = pytest.importorskip("torch")
 
 
+@pytest.fixture
+def ip(ip):
+    ip.reset(new_session=False)  # the shell is a process-wide singleton: start from an empty namespace
+    return ip
+
+
 def test_gpumem_names_tensors_and_binds_result(ip, capsys):
     ip.run_cell("import torch\nnet = torch.nn.Linear(128, 64)\nbatch = {'x': torch.zeros(256, 128)}")
     ip.run_line_magic("gpumem", "--top 5 -o mem")

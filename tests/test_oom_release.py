@@ -33,6 +33,7 @@ train_step(4096)
 
 @pytest.fixture
 def shell(ip):
+    ip.reset(new_session=False)  # the shell is a process-wide singleton: start from an empty namespace
     ip.user_ns["_gpunb_test"] = {"msg": MSG}
     state = ip._gpunb_extension_state
     state.shared["oom_keep_traceback"] = None

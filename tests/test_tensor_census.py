@@ -8,6 +8,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+
+@pytest.fixture
+def ip(ip):
+    ip.reset(new_session=False)  # the shell is a process-wide singleton: start from an empty namespace
+    return ip
+
 from gpunb.analysis.tensor_census import EXCEPTION, NAMESPACE, OUTPUT_HISTORY, take_census  # noqa: E402
 
 
@@ -89,3 +95,11 @@ def test_without_torch_the_census_is_empty(monkeypatch):
 def test_node_bound_marks_truncation():
     c = take_census({"many": [torch.ones(1) for _ in range(50)]}, torch=torch, max_nodes=10)
     assert c.truncated and len(c.entries) < 50
+
+
+def test_the_shortest_reference_names_a_tensor_and_the_shell_is_not_walked(ip):
+    ip.run_cell("import torch\nholder = {'inner': {'deep': None}}\nx = torch.ones(7)\n"
+                "holder['inner']['deep'] = x\nshell = get_ipython()")
+    c = take_census(ip.user_ns, torch=torch)
+    assert c.find("x") is not None  # not holder['inner']['deep'], which the walk meets first
+    assert not any(e.name.startswith("shell") for e in c.entries)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import sys
 import types
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -29,6 +30,8 @@ GROUP_TITLES = {
 
 # Names IPython (and the kernel) put in the user namespace.
 _IPYTHON_NAMES = frozenset({"In", "Out", "get_ipython", "exit", "quit", "open"})
+
+_SHELL_MODULES = ("IPython.", "ipykernel.", "jupyter_client.", "zmq.", "traitlets.")
 
 NAMESPACE = "namespace"
 OUTPUT_HISTORY = "output history"
@@ -116,6 +119,7 @@ class _Walker:
         self.entries: list[TensorEntry] = []
         self.param_names: dict[int, str] = {}  # id(param) -> first name
         self.optimizers: list[tuple[str, Any, str]] = []
+        self.queue: deque = deque()
 
     # -- tensors -----------------------------------------------------------------
     def add_tensor(self, t: Any, name: str, role: str, source: str) -> None:
@@ -138,6 +142,14 @@ class _Walker:
 
     # -- generic walk --------------------------------------------------------------
     def visit(self, obj: Any, name: str, depth: int, source: str, role: str = "other") -> None:
+        """Queue ``obj``; :meth:`drain` walks breadth-first, so the shortest name wins."""
+        self.queue.append((obj, name, depth, source, role))
+
+    def drain(self) -> None:
+        while self.queue:
+            self._process(*self.queue.popleft())
+
+    def _process(self, obj: Any, name: str, depth: int, source: str, role: str = "other") -> None:
         if self.nodes >= self.max_nodes:
             self.truncated = True
             return
@@ -160,6 +172,8 @@ class _Walker:
         if id(obj) in self.seen_objects:
             return
         self.seen_objects.add(id(obj))
+        if type(obj).__module__.startswith(_SHELL_MODULES):
+            return  # the IPython shell, kernel, displayhook...: they lead back to the namespace
         if isinstance(obj, self.Module):
             self.visit_module(obj, name, source)
             return
@@ -290,17 +304,21 @@ def take_census(
             continue
         if isinstance(value, w.Module):
             w.visit(value, key, 0, NAMESPACE)
+    w.drain()
     for key, value in items:
         if not _skip_name(key) and not isinstance(value, w.Module):
             w.visit(value, key, 0, NAMESPACE)
+    w.drain()
     w.finish_optimizers()
     for n, value in sorted((output_history or {}).items(), key=lambda kv: kv[0] if isinstance(kv[0], int) else 0):
         w.visit(value, f"Out[{n}]", 0, OUTPUT_HISTORY)
+    w.drain()
     w.finish_optimizers()
     for label, exc in exceptions:
         for fn, local_vars in exception_holders(exc):
             for var, value in local_vars.items():
                 w.visit(value, f"{fn}() local {var}", 1, label)
+        w.drain()
         w.finish_optimizers()
     entries = sorted(w.entries, key=lambda e: -e.nbytes)
     return Census(tuple(entries), w.truncated, tuple(skipped))
