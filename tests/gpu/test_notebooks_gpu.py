@@ -1,0 +1,31 @@
+"""The tutorial notebooks, executed on a real GPU (the same notebooks CI runs on the CPU).
+
+The executed notebooks are saved into $GPUNB_RESULTS so their outputs can be read.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nbformat = pytest.importorskip("nbformat")
+pytest.importorskip("nbclient")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+from tests.test_notebooks import NOTEBOOKS, errors, execute  # noqa: E402
+
+RESULTS = Path(os.environ.get("GPUNB_RESULTS") or tempfile.mkdtemp(prefix="gpunb-results-"))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_runs_on_the_gpu(path):
+    nb = execute(path, timeout=900)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, RESULTS / f"executed-{path.name}")
+    assert errors(nb) == []
+    text = "".join(str(o.get("text", "")) for cell in nb.cells for o in cell.get("outputs", []))
+    assert "training on cuda" in text or path.name != "01-setup-checklist.ipynb"
