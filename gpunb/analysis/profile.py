@@ -176,10 +176,13 @@ class ProfileSession:
         self.rss_reset = reset_peak_rss()
         self.before_alloc = None
         if cuda:
-            dev = torch_state.current_device(torch)
-            self.before_alloc = torch_state.read_allocator(torch, dev)
-            if self.reset_peak:
-                torch.cuda.reset_peak_memory_stats(dev)
+            try:
+                dev = torch_state.current_device(torch)
+                self.before_alloc = torch_state.read_allocator(torch, dev)
+                if self.reset_peak:
+                    torch.cuda.reset_peak_memory_stats(dev)
+            except Exception:  # a sticky CUDA error from an earlier cell: measure the host side only
+                self.cuda_at_start = cuda = False
         self.util_since_us = now_us()
         self.instruments = Instruments(torch, memory_every_s=0.05 if self.timeline else None)
         self.usage0 = read_process_usage()

@@ -147,7 +147,14 @@ class ProfileMagics(Magics):
             return None
         session = ProfileSession(label=args.label, cell=shell.execution_count, warmup_steps=args.steps,
                                  reset_peak=not args.no_reset, timeline=args.timeline)
-        session.start()
+        try:
+            session.start()
+        except Exception as exc:  # never keep the user's cell from running
+            print(f"gpunb: could not start profiling ({type(exc).__name__}: {exc}); running the cell unprofiled.")
+            if session.instruments is not None:
+                session.instruments.remove()
+            value, error = self._run(code, last_expr)
+            return self._finish(value, error, cell)
         value, error = self._run(code, last_expr)
         try:
             profile = session.stop(error)
@@ -164,12 +171,15 @@ class ProfileMagics(Magics):
             if args.output:
                 shell.user_ns[args.output] = profile
             self._display(profile)
+        return self._finish(value, error, cell)
+
+    def _finish(self, value: Any, error: BaseException | None, cell: str) -> Any:
         if error is not None:
             if isinstance(error, SystemExit):
                 raise error
             # drop this module's frame: the traceback starts in the user's cell, as without gpunb
             tb = error.__traceback__.tb_next if error.__traceback__ is not None else None
-            shell.showtraceback((type(error), error, tb or error.__traceback__))
+            self.shell.showtraceback((type(error), error, tb or error.__traceback__))
             self._mark_failed(error=error)
             return None
         if cell.rstrip().endswith(";"):
