@@ -204,7 +204,7 @@ class ProfileSession:
             try:
                 end_event = torch.cuda.Event(enable_timing=True)
                 end_event.record()
-                end_event.synchronize()
+                torch.cuda.synchronize()  # every stream, not only the current one
                 synced = time.perf_counter() - self.t0
                 ins.finish_steps()
                 if ins.start_event is not None:

@@ -23,7 +23,7 @@ MEMORY_CEILING = 0.95  # peak reserved / device total
 
 
 def _pct(x: float) -> str:
-    return f"{100 * x:.0f} %"
+    return f"{100 * x:.0f}%"
 
 
 def sync_gain(p: Any) -> float:
@@ -144,12 +144,12 @@ def judge(p: Any) -> tuple[Any, list[Advice]]:
                               f"the loop spent its time computing ({where}); data wait {_pct(data)}, output {_pct(output)}")
         elif gpu.util_mean_pct is not None and gpu.util_mean_pct < 50:
             verdict = Verdict("host-bound", "the GPU waits for Python",
-                              f"GPU busy only {gpu.util_mean_pct:.0f} % of the time with no data or sync wait: "
+                              f"GPU busy only {gpu.util_mean_pct:.0f}% of the time with no data or sync wait: "
                               "small kernels launched one by one from Python")
             advice.append(Advice("Give the GPU bigger pieces of work",
                                  verdict.reason, "a larger batch; model = torch.compile(model)", gain=None))
         else:
-            util = f"GPU busy {gpu.util_mean_pct:.0f} % of the time" if gpu.util_mean_pct is not None else \
+            util = f"GPU busy {gpu.util_mean_pct:.0f}% of the time" if gpu.util_mean_pct is not None else \
                 "no data, sync or output wait"
             verdict = Verdict("compute-bound", "the GPU is the limit", util)
             if total and peak_res and peak_res / total < 0.5:
