@@ -54,6 +54,7 @@ def test_magic_starts_one_shared_sampler_and_prints_a_text_line(ip, fake_nvml):
     mon = ip.user_ns["mon"]
     assert isinstance(mon, Monitor)
     assert "GPU0 NVIDIA H200: util" in out.stdout and "host: CPU" in out.stdout
+    assert "sampling goes on in the background" in out.stdout  # no widget frontend in-process
     assert state_of(ip).shared["sampler"] is mon.sampler
     assert mon.hz == 2 and mon.window_s == 120 and mon.devices is None
     run(ip, "%gpumonitor --hz 5 --window 30 --device 0 -o mon2")

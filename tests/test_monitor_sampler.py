@@ -278,3 +278,19 @@ def test_thread_rate_follows_hz():
     t = sampler.samples()["t_s"]
     gaps = [b - a for a, b in zip(t, t[1:])]
     assert math.isclose(sorted(gaps)[len(gaps) // 2], 0.1, abs_tol=0.03)
+
+
+def test_the_thread_never_prints_even_when_things_fail(capfd):
+    sampler, _, _ = make("gpu-lost", hz=HZ_MAX)
+    sampler._clock = time.monotonic
+
+    def broken(_s):
+        raise RuntimeError("widget gone")
+
+    sampler.add_listener(broken)
+    sampler.start()
+    time.sleep(0.4)
+    sampler.stop()
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""
+    assert sampler.ticks >= 3 and any("widget gone" in n for n in sampler.notes)

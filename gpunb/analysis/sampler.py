@@ -407,6 +407,8 @@ class Sampler:
 
     def _note_once(self, text: str) -> None:
         if text not in self._listener_errors:
+            if len(self._listener_errors) > 200:  # bounded, like everything the thread keeps
+                self._listener_errors.clear()
             self._listener_errors.add(text)
             self.note(text)
 

@@ -242,7 +242,14 @@ class Monitor:
         from IPython.display import display
 
         if self._stopped or not self._use_widget:
-            display(self._static_bundle() if self._use_widget else {"text/plain": self.text()}, raw=True)
+            if self._use_widget:
+                display(self._static_bundle(), raw=True)
+                return
+            hint = "" if self._stopped else (
+                "\n(no widget frontend here: sampling goes on in the background; `%gpumonitor` prints "
+                "the latest line again, `.samples()` gives the data, `%gpumonitor --stop` ends it)"
+            )
+            display({"text/plain": self.text() + hint}, raw=True)
             return
         if self._box is None:
             self._build_widget()
