@@ -149,9 +149,12 @@ def test_sampler_shows_memory_ramp_and_utilization_of_a_training_loop():
     (out / "monitor_gpu.html").write_text(monitor_html(sampler.window(t[-1] + 1), state="stopped"))
     print(json.dumps(summary, indent=1))
 
-    # The memory ramp: model + optimizer state appear, then each larger batch needs more.
-    assert phase_used[0] - idle_used > 1024, summary
-    assert all(b > a for a, b in zip(phase_used, phase_used[1:])), summary
+    # The memory ramp: model + optimizer state (~4 GiB) appear, then larger batches need
+    # more (PyTorch's cache never gives memory back by itself, so "used" never drops;
+    # a small step may be served from cached blocks, the largest cannot: ~3 GiB more).
+    assert phase_used[0] - idle_used > 3 * 1024, summary
+    assert all(b >= a - 1 for a, b in zip(phase_used, phase_used[1:])), summary
+    assert phase_used[-1] - phase_used[0] > 1024, summary
     # NVML's per-process figure for this kernel covers what PyTorch reserved (+ context).
     assert summary["own_mib_last"] >= reserved_mib, summary
     # A matmul-heavy loop keeps the GPU busy.
