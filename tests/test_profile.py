@@ -359,3 +359,12 @@ def test_nested_profiles_restore_each_other(capsys):
     assert outer.result.shares.output_writes == 4 and inner.result.shares.output_writes == 2
     assert outer.result.shares.sync_by_method == {"item": 1}
     assert "item" not in torch.Tensor.__dict__ and "write" not in getattr(sys.stdout, "__dict__", {})
+
+
+def test_torch_warnings_still_point_at_the_users_line():
+    loss = (torch.randn(3, requires_grad=True) * 2).sum()
+    with pytest.warns(UserWarning, match="requires_grad=True to a scalar") as record:
+        with gpunb.profile(record=False) as p:
+            value = float(loss)  # torch warns from C++ at the calling Python line
+    assert record[0].filename == __file__ and isinstance(value, float)
+    assert p.result.shares.sync_by_method == {"__float__": 1}

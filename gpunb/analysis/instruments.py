@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import sys
 import time
+import warnings
 from collections import deque
 from typing import Any, Callable
 
@@ -42,6 +43,20 @@ def batch_length(batch: Any) -> int | None:
         else:
             return None
     return None
+
+
+def _call_warning_at_caller(original: Callable, tensor: Any, args: tuple, kwargs: dict) -> Any:
+    """Call ``original`` and re-issue its warnings at the user's line, not this module's
+    (torch attributes C++ warnings to the innermost Python frame, which is our wrapper)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = original(tensor, *args, **kwargs)
+    caller = sys._getframe(2)  # 0: here, 1: the wrapper, 2: the user's code
+    registry = caller.f_globals.setdefault("__warningregistry__", {})
+    for w in caught:
+        warnings.warn_explicit(w.message, w.category, caller.f_code.co_filename, caller.f_lineno,
+                               module=caller.f_globals.get("__name__"), registry=registry)
+    return result
 
 
 def _restore_write(stream: Any, timed: Callable, previous: Callable | None) -> None:
@@ -273,6 +288,8 @@ class Instruments:
 
     def _sync_wrapper(self, name: str, original: Callable) -> Callable:
         recorder = self
+        # float(t)/int(t) warn about requires_grad from C++, at the calling Python frame
+        reattribute = name in ("__float__", "__int__")
 
         def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
             __tracebackhide__ = True  # noqa: F841
@@ -284,6 +301,8 @@ class Instruments:
             recorder._in_sync = True
             t0 = recorder.clock()
             try:
+                if reattribute and self.requires_grad:
+                    return _call_warning_at_caller(original, self, args, kwargs)
                 return original(self, *args, **kwargs)
             finally:
                 dt = recorder.clock() - t0
