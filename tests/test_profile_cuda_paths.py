@@ -123,6 +123,10 @@ def test_steps_from_events_read_back_in_batches(fake_cuda):
     recorded = {q["used_gpu_memory"] for s in load_trace()["samples"] for q in s["processes"] if q["pid"] == 412}
     assert g.nvml_index == 0 and g.nvml_process_bytes in recorded  # matched by UUID and PID
     assert g.other_processes_bytes == 0 and g.util_mean_pct > 95
+    recorded_used = {s["memory_used"] for s in load_trace()["samples"]}
+    reserved = load_trace()["facts"]["memory_reserved"]  # NVML v1 "used" includes the driver's reservation
+    assert g.nvml_device_peak_bytes - reserved in recorded_used
+    assert "NVML device peak" in str(r)
     text = str(r)
     assert f"NVML this process {fmt_bytes(g.nvml_process_bytes)} at cell end" in text
     assert "outside torch's cache" in text

@@ -16,7 +16,8 @@ GIB = 2**30
 def _gpu(**kw) -> GpuPart:
     base = dict(device=0, nvml_index=0, name="NVIDIA H200", total_bytes=int(139.8 * GIB),
                 peak_allocated_bytes=8 * GIB, peak_reserved_bytes=9 * GIB, end_allocated_bytes=6 * GIB,
-                end_reserved_bytes=9 * GIB, nvml_process_bytes=int(9.6 * GIB), other_processes_bytes=0,
+                end_reserved_bytes=9 * GIB, nvml_process_bytes=int(9.6 * GIB), nvml_device_peak_bytes=10 * GIB,
+                other_processes_bytes=0,
                 alloc_retries=0, ooms=0, util_mean_pct=97.0, util_idle_share=0.0, util_samples=30,
                 compute_capability=(9, 0), peak_reset=True)
     base.update(kw)

@@ -120,6 +120,8 @@ class Instruments:
         # memory timeline: (t, bytes allocated, bytes reserved) on GPU, (t, rss, None) on CPU
         self.memory: list[tuple[float, int, int | None]] = []
         self._last_memory_t = -1e9
+        self.device_used: Callable[[], int | None] | None = None  # NVML "used" of the cell's GPU
+        self.device_used_peak: int | None = None
         self._undo: list[Callable[[], None]] = []
         self.installed = False
 
@@ -361,6 +363,10 @@ class Instruments:
         t = self.clock()
         self._last_memory_t = t
         torch = self.torch
+        if self.device_used is not None:  # NVML device memory (a few µs): the peak beyond torch's view
+            used = self.device_used()
+            if used is not None and (self.device_used_peak is None or used > self.device_used_peak):
+                self.device_used_peak = used
         try:
             if torch is not None and torch.cuda.is_initialized():
                 s = torch.cuda.memory_stats()

@@ -57,6 +57,7 @@ class GpuPart:
     end_allocated_bytes: int
     end_reserved_bytes: int
     nvml_process_bytes: int | None  # this process as NVML sees it, at the end of the cell
+    nvml_device_peak_bytes: int | None  # highest device-wide "used" seen at step-end samples (all processes)
     other_processes_bytes: int | None
     alloc_retries: int  # during the cell
     ooms: int  # during the cell
@@ -185,6 +186,8 @@ class ProfileSession:
                 self.cuda_at_start = cuda = False
         self.util_since_us = now_us()
         self.instruments = Instruments(torch, memory_every_s=0.05 if self.timeline else None)
+        if cuda:
+            self.instruments.device_used = self._device_used_probe(torch)
         self.usage0 = read_process_usage()
         self.t0 = self.usage0.t_s
         self.instruments.install(cuda)
@@ -256,6 +259,22 @@ class ProfileSession:
         self.result = dataclasses.replace(profile, verdict=verdict, advice=tuple(advice))
         return self.result
 
+    def _device_used_probe(self, torch: Any) -> Any:
+        nvml = self.nvml or default_session()
+        if not nvml.device_count():
+            return None
+        try:
+            dev = torch_state.current_device(torch)
+        except Exception:
+            return None
+        index = nvml_index_for_uuid(nvml, torch_state.device_uuid(torch, dev), dev)
+
+        def used() -> int | None:
+            mem = nvml.device_query(index, "nvmlDeviceGetMemoryInfo")
+            return int(mem.used) if is_available(mem) else None
+
+        return used
+
     # -- parts ----------------------------------------------------------------------------
     def _steps(self, ins: Instruments) -> StepStats:
         n = len(ins.step_t)
@@ -322,6 +341,7 @@ class ProfileSession:
             end_allocated_bytes=stats.allocated_bytes,
             end_reserved_bytes=stats.reserved_bytes,
             nvml_process_bytes=mem.this_process_bytes if mem and is_available(mem) else None,
+            nvml_device_peak_bytes=self.instruments.device_used_peak if self.instruments else None,
             other_processes_bytes=(mem.other_processes_bytes if mem and is_available(mem)
                                    and is_available(mem.other_processes_bytes) else None),
             alloc_retries=stats.alloc_retries - (before.alloc_retries if before else 0),

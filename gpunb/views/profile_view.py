@@ -73,6 +73,8 @@ def _rows(p: Any) -> list[tuple[str, str]]:
                 m += f" (+{fmt_bytes(rest)} outside torch's cache: CUDA context, cuBLAS/cuDNN/NCCL workspaces, other libraries)"
         else:
             m += " · NVML: this process not listed (container PID namespace or no permission)"
+        if g.nvml_device_peak_bytes is not None:
+            m += f" · NVML device peak {fmt_bytes(g.nvml_device_peak_bytes)} used (all processes)"
         m += f" · device {fmt_bytes(g.total_bytes)}"
         if g.other_processes_bytes:
             m += f", other processes hold {fmt_bytes(g.other_processes_bytes)}"

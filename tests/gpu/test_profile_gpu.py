@@ -42,6 +42,8 @@ def _summary(r) -> dict:
             "util_mean_pct": r.gpu.util_mean_pct if r.gpu else None,
             "peak_allocated": r.gpu.peak_allocated_bytes if r.gpu else None,
             "nvml_process": r.gpu.nvml_process_bytes if r.gpu else None,
+            "nvml_device_peak": r.gpu.nvml_device_peak_bytes if r.gpu else None,
+            "peak_reserved": r.gpu.peak_reserved_bytes if r.gpu else None,
             "advice": [a.title for a in r.advice]}
 
 
@@ -160,6 +162,7 @@ def test_big_bf16_matmuls_are_compute_bound_and_step_times_match_events():
         assert abs(o - t) <= 0.02 * t + 0.05
     assert r.gpu.peak_allocated_bytes == peak_truth  # the cell's peak: the counter was reset at the start
     assert r.gpu.nvml_process_bytes is None or r.gpu.nvml_process_bytes >= r.gpu.end_reserved_bytes
+    assert r.gpu.nvml_device_peak_bytes is None or r.gpu.nvml_device_peak_bytes >= r.gpu.end_reserved_bytes
 
 
 def test_model_left_on_the_cpu_is_reported():
