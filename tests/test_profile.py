@@ -368,3 +368,19 @@ def test_torch_warnings_still_point_at_the_users_line():
             value = float(loss)  # torch warns from C++ at the calling Python line
     assert record[0].filename == __file__ and isinstance(value, float)
     assert p.result.shares.sync_by_method == {"__float__": 1}
+
+
+def test_overhead_benchmark_runs_on_cpu(tmp_path):
+    import json
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "profile_overhead.py"
+    out = subprocess.run([sys.executable, str(script), "--out", str(tmp_path), "--device", "cpu", "--rounds", "1"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    data = json.loads((tmp_path / "profile_overhead.json").read_text())
+    assert [r["loop"] for r in data["results"]] == ["launch-bound", "compute-bound"]
+    for r in data["results"]:
+        assert set(r["median_ms"]) == {"none", "gpuprofile", "one-line", "torch.profiler"}
+        assert all(v > 0 for v in r["median_ms"].values())
+    assert "overhead" in out.stdout
