@@ -87,7 +87,8 @@ class Instruments:
         self.torch = torch
         self.clock = clock
         self.memory_every_s = memory_every_s
-        # steps of the first optimizer seen (a GAN's second optimizer would double-count)
+        # steps: host time of each step of the first optimizer seen (a GAN's second
+        # optimizer would count every iteration twice)
         self.step_t: list[float] = []
         self._pending: deque = deque()  # (step index, event) not yet read back
         self.step_gpu_ms: dict[int, float] = {}  # step index -> GPU time since previous step event
@@ -175,13 +176,16 @@ class Instruments:
         self.step_t.append(t)
         torch = self.torch
         if torch.cuda.is_initialized():
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            if index == 0:
-                self._first_event = event
-            self._pending.append((index, event))
-            if len(self._pending) >= _DRAIN_EVERY:
-                self._drain(block=False)
+            try:
+                event = torch.cuda.Event(enable_timing=True)
+                event.record()
+                if index == 0:
+                    self._first_event = event
+                self._pending.append((index, event))
+                if len(self._pending) >= _DRAIN_EVERY:
+                    self._drain(block=False)
+            except RuntimeError:  # a broken CUDA context: the user's next CUDA call will say so
+                pass
         if self.memory_every_s is not None and t - self._last_memory_t >= self.memory_every_s:
             self.sample_memory()
 
