@@ -99,6 +99,7 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="directory for monitor_overhead.json")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--seconds", type=float, default=2.0, help="target seconds per timed run")
+    parser.add_argument("--min-steps", type=int, default=20, help="fewest steps per timed run")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -124,7 +125,7 @@ def main() -> None:
     for kind in ("small", "large"):
         step = make_loop(kind, device)
         probe = timed(step, 10, device)
-        steps = max(20, int(args.seconds * 1e3 / probe))
+        steps = max(args.min_steps, int(args.seconds * 1e3 / probe))
         per = {v: [] for v in VARIANTS}
         cpu = {v: [0.0, 0.0] for v in VARIANTS}
         for r in range(args.rounds):

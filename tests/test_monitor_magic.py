@@ -245,3 +245,23 @@ def test_extension_load_does_not_import_the_monitor_machinery():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "torch" not in out.stdout and "ipywidgets" not in out.stdout and "gpunb.shells.monitor" not in out.stdout
+
+
+def test_overhead_benchmark_runs_on_cpu(tmp_path):
+    import json
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "monitor_overhead.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "--out", str(tmp_path), "--rounds", "1", "--seconds", "0.3", "--min-steps", "3"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    data = json.loads((tmp_path / "monitor_overhead.json").read_text())
+    for loop in ("small", "large"):
+        rows = data["results"][loop]["variants"]
+        assert set(rows) == {"off", "2 Hz", "10 Hz"}
+        assert all(r["step_ms_median"] > 0 for r in rows.values())
+        assert rows["off"]["sampler_cpu_s_per_s"] == 0 and rows["10 Hz"]["sampler_cpu_s_per_s"] > 0
+    assert data["info"]["panel_html_bytes"] > 1000 and "slowdown" in out.stdout
