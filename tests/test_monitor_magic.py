@@ -208,13 +208,20 @@ def test_closing_the_widget_stops_the_sampler_when_it_was_the_last(fake_nvml):
 
 
 def test_rerunning_the_same_cell_replaces_its_monitor(ip, fake_nvml, monkeypatch):
-    monkeypatch.setattr(ip, "parent_header", {"metadata": {"cellId": "cell-1"}}, raising=False)
-    run(ip, "%gpumonitor -o first")
+    def cell(cell_id: str, run_id: str) -> None:
+        header = {"metadata": {"cellId": cell_id}, "header": {"msg_id": run_id}}
+        monkeypatch.setattr(ip, "parent_header", header, raising=False)
+
+    cell("cell-1", "run-1")
+    run(ip, "%gpumonitor -o first\n%gpumonitor --device 0 -o first_b")  # one run: both stay
+    first, first_b = ip.user_ns["first"], ip.user_ns["first_b"]
+    assert first.running and first_b.running
+    cell("cell-1", "run-2")  # the same cell run again: its old monitors go
     run(ip, "%gpumonitor -o second")
-    first, second = ip.user_ns["first"], ip.user_ns["second"]
-    assert not first.running and second.running and len(sampler_threads()) == 1
+    second = ip.user_ns["second"]
+    assert not first.running and not first_b.running and second.running and len(sampler_threads()) == 1
     assert state_of(ip).shared["monitors"] == [second]
-    monkeypatch.setattr(ip, "parent_header", {"metadata": {"cellId": "cell-2"}}, raising=False)
+    cell("cell-2", "run-3")
     run(ip, "%gpumonitor -o third")
     assert second.running and ip.user_ns["third"].running
     run(ip, "%gpumonitor --stop")

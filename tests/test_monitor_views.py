@@ -154,3 +154,15 @@ def test_text_line_and_no_gpu_message():
     assert "No GPU to show" in monitor_text(none)
     page = monitor_html(none)
     assert "No GPU to show" in page and "libnvidia-ml.so.1" in page and page.count("<svg") == 2
+
+
+def test_two_gpus_one_lost():
+    page = monitor_html(window_of("second-gpu-lost"))
+    root = ET.fromstring(page)
+    assert page.count('class="gpunb-gpu"') == 2
+    assert "GPU 0 · NVIDIA H200" in page and "GPU 1 · GPU 1" in page and "lost (no readings)" in page
+    svgs = list(root.iter(SVG + "svg"))
+    assert len(svgs) == 5 + 5 + 2
+    assert all(list(svg.iter(SVG + "path")) for svg in svgs[:5])  # GPU 0 draws
+    assert not any(list(svg.iter(SVG + "path")) for svg in svgs[5:10])  # GPU 1: gaps only
+    assert "GPU 1 is lost" in page

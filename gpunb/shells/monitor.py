@@ -76,14 +76,16 @@ def _widget_frontend(shell: Any) -> bool:
     return True
 
 
-def _cell_id(shell: Any) -> str | None:
-    """The running cell's id (JupyterLab/Notebook 7 send it), to replace a monitor when
-    its cell is run again rather than keep feeding an invisible one."""
+def _cell_run(shell: Any) -> tuple[str, str] | None:
+    """(cell id, execution id) of the running cell (JupyterLab/Notebook 7 send the id),
+    to replace a monitor when its cell is run again rather than keep feeding an
+    invisible one; monitors made by one run of a cell all stay."""
     header = getattr(shell, "parent_header", None) if shell is not None else None
     if not isinstance(header, dict):
         return None
     cell = header.get("metadata", {}).get("cellId")
-    return str(cell) if cell else None
+    run = header.get("header", {}).get("msg_id") or header.get("msg_id") or ""
+    return (str(cell), str(run)) if cell else None
 
 
 def _check_window(window_s: Any, hz: float) -> float:
@@ -131,7 +133,7 @@ class Monitor:
         devices: tuple[int, ...] | None,
         use_widget: bool,
         messages: Iterable[str] = (),
-        cell_id: str | None = None,
+        cell_id: tuple[str, str] | None = None,
     ) -> None:
         self.sampler = sampler
         self.window_s = window_s
@@ -417,13 +419,16 @@ def monitor(
     if not sampler.gpus:
         cause = sampler.status.cause if not sampler.status.ok else "NVML sees no GPU."
         messages.append(f"No GPU to show: {cause} Monitoring the host only.")
-    cell = _cell_id(shell)
+    cell = _cell_run(shell)
     m = Monitor(
         sampler, registry, window_s=window_s, devices=devices, use_widget=use_widget,
         messages=messages, cell_id=cell,
     )
     monitors = registry.setdefault("monitors", [])
-    replaced = [old for old in monitors if cell is not None and old._cell_id == cell]
+    replaced = [
+        old for old in monitors
+        if cell is not None and old._cell_id is not None and old._cell_id[0] == cell[0] and old._cell_id[1] != cell[1]
+    ]
     monitors.append(m)
     sampler.add_listener(m._on_tick)
     if sampler.ticks == 0:
