@@ -272,3 +272,22 @@ def test_overhead_benchmark_runs_on_cpu(tmp_path):
         assert all(r["step_ms_median"] > 0 for r in rows.values())
         assert rows["off"]["sampler_cpu_s_per_s"] == 0 and rows["10 Hz"]["sampler_cpu_s_per_s"] > 0
     assert data["info"]["panel_html_bytes"] > 1000 and "slowdown" in out.stdout
+
+
+def test_monitor_started_before_load_ext_is_adopted(fake_nvml):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    if state_of(shell) is not None:
+        shell.run_line_magic("unload_ext", "gpunb")
+    mon = gpunb.monitor(frontend="text")
+    assert monitor_module._STANDALONE["sampler"] is mon.sampler
+    shell.run_line_magic("load_ext", "gpunb")
+    try:
+        shared = state_of(shell).shared
+        assert shared["sampler"] is mon.sampler and shared["monitors"] == [mon]
+        assert "sampler" not in monitor_module._STANDALONE
+        mon.stop()
+        assert shared["monitors"] == [] and sampler_threads() == []
+    finally:
+        shell.run_line_magic("unload_ext", "gpunb")

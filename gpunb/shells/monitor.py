@@ -270,7 +270,8 @@ class Monitor:
     def _build_widget(self) -> None:
         import ipywidgets as w
 
-        self._html = w.HTML(value=self._live_html())
+        with self._lock:  # the sampler thread draws only once ``_html`` exists
+            self._html = w.HTML(value=self._live_html())
         pause = w.ToggleButton(
             value=False,
             description="Pause",

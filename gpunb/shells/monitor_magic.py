@@ -109,6 +109,8 @@ def register(shell: Any, state: Any) -> None:
     for key in ("sampler", "monitors"):
         if key in standalone:
             state.shared.setdefault(key, standalone.pop(key))
+    for mon in state.shared.get("monitors", ()):
+        mon._registry = state.shared
     state.add_magics(MonitorMagics(shell))
     state.on_unload(_stop_on_unload(state.shared))
     state.on("post_run_cell", _refresh_fallbacks(state.shared))
