@@ -185,8 +185,8 @@ def test_oom_from_leftovers_of_earlier_cells_names_them():
         .replace("junk_size", "shared()['last_oom'].census.find('junk').nbytes"),
         "train_step(bs); torch.cuda.synchronize(); print('RESULT', json.dumps({'fits_without_leftovers': True}))",
     ], "leftovers")
-    _assert_failed_cell_shows_traceback_then_diagnosis(nb.cells[8], "leftovers")
-    r = result_of(nb.cells[9])
+    _assert_failed_cell_shows_traceback_then_diagnosis(nb.cells[7], "leftovers")
+    r = result_of(nb.cells[8])
     d = r["diagnosis"]
     save("leftovers", {**r, "setup": result_of(nb.cells[3])})
     codes = [c["code"] for c in d["causes"]]
@@ -196,11 +196,11 @@ def test_oom_from_leftovers_of_earlier_cells_names_them():
     assert d["release"]["output_entries"], "the CUDA tensor in Out[n] was released"
     assert any("%gpumem --free junk" in f["how"] for f in d["fixes"])
     assert r["returned_fraction"] >= 0.95, r
-    # %gpumem --free junk gave the leftover back (cell 10 has the code; it prints the % magic's report too)
-    text = cell_text(nb.cells[10])
+    # %gpumem --free junk gave the leftover back (the cell prints the magic's report too)
+    text = cell_text(nb.cells[9])
     freed = json.loads([x for x in text.splitlines() if x.startswith("RESULT")][-1][7:])
     assert freed["freed"] >= 0.99 * freed["junk"]
-    assert result_of(nb.cells[11])["fits_without_leftovers"]
+    assert result_of(nb.cells[10])["fits_without_leftovers"]
 
 
 def test_oom_from_fragmentation_is_named_and_released():
