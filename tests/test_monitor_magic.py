@@ -151,8 +151,12 @@ def test_to_pandas_when_installed(fake_nvml):
 def test_bad_api_arguments_say_what_to_do(fake_nvml):
     with pytest.raises(ValueError, match="hz must be a number"):
         gpunb.monitor(hz="2")
-    with pytest.raises(ValueError, match="device must be a GPU index"):
-        gpunb.monitor(device="first")
+    for bad in ("first", "01", 1.0, [0, "1"], True):
+        with pytest.raises(ValueError, match="device must be a GPU index"):
+            gpunb.monitor(device=bad)
+    with pytest.raises(ValueError, match="empty"):
+        gpunb.monitor(device=[])
+    assert gpunb.monitor(device=[0], frontend="text").devices == (0,)
     with pytest.raises(ValueError, match="frontend"):
         gpunb.monitor(frontend="tv")
     stop_all(monitor_module._STANDALONE)

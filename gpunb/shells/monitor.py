@@ -102,9 +102,13 @@ def _check_devices(device: Any, sampler: Sampler) -> tuple[int, ...] | None:
         return None
     wanted = [device] if isinstance(device, int) and not isinstance(device, bool) else device
     try:
-        wanted = [int(d) for d in wanted]
-    except (TypeError, ValueError):
+        if isinstance(wanted, (str, bytes)) or any(isinstance(d, bool) or not isinstance(d, int) for d in wanted):
+            raise TypeError
+        wanted = list(wanted)
+    except TypeError:
         raise ValueError(f"device must be a GPU index (or a list of them), got {device!r}") from None
+    if not wanted:
+        raise ValueError("device is an empty list; leave it out (None) to show every GPU")
     have = [g.index for g in sampler.gpus]
     for d in wanted:
         if d not in have:
