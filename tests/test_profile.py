@@ -147,7 +147,7 @@ def test_comparison_words():
 
 def test_history_compares_two_real_runs():
     model, opt = _model()
-    small, big = (torch.randn(32, 16), torch.randn(32, 1)), (torch.randn(4096, 16), torch.randn(4096, 1))
+    small, big = (torch.randn(32, 16), torch.randn(32, 1)), (torch.randn(65536, 16), torch.randn(65536, 1))
     with gpunb.profile(label="big") as slow:
         for _ in range(10):
             _step(model, opt, *big)
@@ -348,8 +348,8 @@ def test_in_a_real_kernel_the_failed_cell_fails_and_output_is_kept():
 def test_nested_profiles_restore_each_other(capsys):
     model, opt = _model()
     x, y = torch.randn(8, 16), torch.randn(8, 1)
-    with gpunb.profile(record=False) as outer:
-        with gpunb.profile(record=False) as inner:
+    with gpunb.profile(record=False, show=False) as outer:
+        with gpunb.profile(record=False, show=False) as inner:
             _step(model, opt, x, y)
             print("inner")
         _step(model, opt, x, y)

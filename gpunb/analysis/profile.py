@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -362,11 +363,12 @@ class profile:
     propagates unchanged. Options: ``warmup_steps`` (steps left out of median/p90),
     ``reset_peak`` (reset torch's global peak-memory counter; False leaves it untouched),
     ``timeline`` (memory points at most every 50 ms at step ends), ``label``, ``show``
-    (display the report when the block ends, in IPython).
+    (display the report when the block ends; default: when running in IPython/Jupyter),
+    ``record`` (add it to ``%gpuprofile history``).
     """
 
     def __init__(self, label: str = "", *, warmup_steps: int = 1, reset_peak: bool = True,
-                 timeline: bool = True, show: bool = False, record: bool = True) -> None:
+                 timeline: bool = True, show: bool | None = None, record: bool = True) -> None:
         if not isinstance(label, str):
             raise TypeError(f"label must be a string, got {type(label).__name__}")
         self._session = ProfileSession(label=label, warmup_steps=warmup_steps, reset_peak=reset_peak,
@@ -385,7 +387,11 @@ class profile:
             from gpunb.analysis.profile_history import HISTORY
 
             HISTORY.add(self.result)
-        if self.show:
+        show = self.show
+        if show is None:  # in a notebook the report appears like %%gpuprofile's; in scripts only on request
+            ipython = sys.modules.get("IPython")
+            show = ipython is not None and ipython.get_ipython() is not None
+        if show:
             try:
                 from IPython.display import display
 
