@@ -375,12 +375,13 @@ def fit_batch_size(
     result.notes[:0] = notes
     gc.collect()
     torch.cuda.empty_cache()
-    if say is not None and hasattr(say, "done"):
-        say.done()
+    if say is not None:
+        took = sum(t.seconds for t in result.trials)
+        say(f"done: {result.trial_count} trials in {took:.1f} s; largest batch that ran: {result.max_batch}")
     return result
 
 
-class _default_progress:  # noqa: N801  a callable with a done() step
+class _default_progress:  # noqa: N801
     """One updating line in a notebook (display_id), plain prints elsewhere."""
 
     def __init__(self) -> None:
@@ -400,5 +401,3 @@ class _default_progress:  # noqa: N801  a callable with a done() step
         else:
             print("gpunb %gpufit: " + text, flush=True)
 
-    def done(self) -> None:
-        pass

@@ -203,7 +203,9 @@ def test_oom_from_leftovers_of_earlier_cells_names_them():
     assert result_of(nb.cells[10])["fits_without_leftovers"]
 
 
-def test_oom_from_fragmentation_is_named_and_released():
+def test_oom_from_fragmentation_is_named_and_released(monkeypatch):
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):  # expandable segments would prevent it
+        monkeypatch.delenv(name, raising=False)
     nb = run_notebook([
         "%load_ext gpunb", PRELUDE,
         "torch.cuda.set_per_process_memory_fraction(24 * GiB / torch.cuda.mem_get_info()[1])\n"
