@@ -290,6 +290,7 @@ def test_one_line_mode_and_history(ip, capsys):
     ip.run_cell("%gpuprofile history -o _gpunb_test")
     out = capsys.readouterr().out
     assert "median step" in out and "second" in out and "vs #1" in out
+    assert "sum(range(10))" in out  # unlabelled cells are named by their first line of code
     assert len(ip.user_ns["_gpunb_test"].entries) == 2
     ip.run_cell("%gpuprofile history --clear")
     assert len(HISTORY) == 0

@@ -65,7 +65,8 @@ class ProfileMagics(Magics):
               help="draw the memory timeline (default)")
     @argument("--no-timeline", dest="timeline", action="store_false",
               help="no memory timeline (no memory reads at step ends)")
-    @argument("--label", default="", help="a name for this run in the history table")
+    @argument("--label", default="", help="a name for this run in the history table "
+                                          "(default: the cell's first line of code)")
     @argument("--clear", action="store_true", help="with `history`: forget the profiled cells")
     @argument("-o", dest="output", default=None, metavar="NAME",
               help="bind the result object to NAME in the notebook (CellProfile / history)")
@@ -145,7 +146,8 @@ class ProfileMagics(Magics):
             shell.showsyntaxerror()
             self._mark_failed(before_exec=True)
             return None
-        session = ProfileSession(label=args.label, cell=shell.execution_count, warmup_steps=args.steps,
+        label = args.label or _first_code_line(cell)
+        session = ProfileSession(label=label, cell=shell.execution_count, warmup_steps=args.steps,
                                  reset_peak=not args.no_reset, timeline=args.timeline)
         try:
             session.start()
@@ -222,6 +224,15 @@ class ProfileMagics(Magics):
         from IPython.display import display
 
         display(obj)
+
+
+def _first_code_line(cell: str, width: int = 40) -> str:
+    """A default label for the history table: the cell's first line of code."""
+    for line in cell.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            return line if len(line) <= width else line[: width - 1] + "…"
+    return ""
 
 
 def register(shell: Any, state: Any) -> None:
