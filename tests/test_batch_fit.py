@@ -134,3 +134,32 @@ def test_result_renders_text_html_and_a_png_curve():
     d = fit.to_dict()
     assert d["trial_count"] == len(d["trials"]) and d["max_batch"] == fit.max_batch
     assert isinstance(BatchFit(False, "x").to_dict(), dict)
+
+
+def optimizer_bound_gpu(params_bytes, per_sample, capacity, with_hook, overhead=0.02):
+    """A step whose peak at small batches is the optimizer's (grads + Adam temporaries, batch
+    independent), and the forward/backward activations only above some batch: peak(b) =
+    max(F1, F2 + s*b). ``with_hook``: the forward+backward peak is reported as well."""
+    base = 4 * params_bytes  # weights + Adam state
+    f1 = base + 3 * params_bytes  # grads + foreach temporaries in optimizer.step
+    f2 = base + params_bytes  # grads during backward
+
+    def run(batch, purpose, n):
+        fb = f2 + per_sample * batch
+        if max(f1, fb) * (1 + overhead) > capacity:
+            return Trial(n, batch, False, purpose)
+        peak = max(f1, fb)
+        return Trial(n, batch, True, purpose, peak, peak, None, peak_before_step_bytes=fb if with_hook else None,
+                     base_allocated_bytes=base)
+
+    true_max = math.floor((capacity / (1 + overhead) - f2) / per_sample)
+    return run, true_max
+
+
+@pytest.mark.parametrize("with_hook, most_trials", [(True, 4), (False, 6)])
+def test_a_peak_set_by_the_optimizer_at_small_batches_does_not_fool_the_fit(with_hook, most_trials):
+    # the MLP of the GPU test: 134 M parameters (0.5 GB), 0.66 MB per sample, 35 GB
+    run, true_max = optimizer_bound_gpu(537 * MiB, 0.66 * MiB, 35 * GiB, with_hook)
+    fit = search(run, capacity=35 * GiB, start=2, max_batch=None, margin=0.05)
+    assert 0.95 * true_max <= fit.max_batch <= true_max, fit.trials
+    assert fit.trial_count <= most_trials, [(t.batch, t.ok, t.purpose) for t in fit.trials]

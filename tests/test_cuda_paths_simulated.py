@@ -116,3 +116,32 @@ def test_oom_hook_reads_allocator_and_nvml_on_the_cuda_path(monkeypatch, fake_nv
     assert report.gpus and report.gpus[0].name == "NVIDIA H200 (simulated)"
     assert report.gpus[0].total_bytes == TRACE["facts"]["memory_total"]
     assert "this kernel" in report._repr_mimebundle_()["text/plain"]
+
+
+def test_the_optimizer_hook_reads_the_forward_backward_peak(monkeypatch, fake_nvml):
+    """At small batches the optimizer step sets the peak; the pre-step hook sees the part that grows."""
+    from torch.optim import optimizer as optim_module
+
+    from gpunb.analysis.batch_fit import fit_batch_size
+
+    params = 2 * GiB
+    # weights + Adam state (4 x params) live between steps; backward adds the gradients
+    sim = SimulatedAllocator(total=60 * GiB, fixed=4 * params, per_sample=5 * MiB, overhead=0.02)
+    sim.install(monkeypatch)
+    w = torch.nn.Parameter(torch.zeros(3))
+    opt = torch.optim.SGD([w], lr=0.1)
+
+    def step(batch):
+        sim.step(batch)  # may raise the OOM: fixed + per_sample * batch (+ overhead) over the total
+        sim.peak = max(sim.peak, sim.fixed + params + sim.per_sample * batch)  # forward + backward + grads
+        w.grad = torch.ones(3)
+        opt.step()  # the hook reads the peak here
+        sim.peak = max(sim.peak, sim.fixed + 3 * params)  # grads + foreach temporaries: batch-independent
+
+    hooks_before = len(optim_module._global_optimizer_pre_hooks)
+    fit = fit_batch_size(step, progress=False)
+    assert len(optim_module._global_optimizer_pre_hooks) == hooks_before  # removed after each trial
+    assert fit.trials[0].peak_before_step_bytes < fit.trials[0].peak_allocated_bytes  # the optimizer's peak
+    assert fit.trials[0].base_allocated_bytes == sim.fixed
+    true_max = int((60 * GiB / 1.02 - 4 * params) / (5 * MiB))  # the simulated OOM rule
+    assert 0.95 * true_max <= fit.max_batch <= true_max and fit.trial_count <= 4, fit.trials

@@ -49,10 +49,15 @@ class Trial:
     non_torch_bytes: int | None = None  # NVML process memory outside torch's reserve
     seconds: float = 0.0
     error: str = ""
+    # Peak allocated up to the first optimizer.step() (forward + backward), read by a global
+    # optimizer pre-step hook while the trial runs; None without a torch optimizer.
+    peak_before_step_bytes: int | None = None
+    base_allocated_bytes: int | None = None  # allocated when the measured step started
 
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in ("index", "batch", "ok", "purpose", "peak_allocated_bytes",
-                                              "peak_reserved_bytes", "non_torch_bytes", "seconds", "error")}
+        return {k: getattr(self, k) for k in (
+            "index", "batch", "ok", "purpose", "peak_allocated_bytes", "peak_reserved_bytes", "non_torch_bytes",
+            "seconds", "error", "peak_before_step_bytes", "base_allocated_bytes")}
 
 
 @dataclass(frozen=True)
@@ -94,21 +99,40 @@ def _reserved_total(t: Trial, base_non_torch: int | None) -> float:
     return float((t.peak_reserved_bytes or t.peak_allocated_bytes or 0) + extra)
 
 
+def _ok_trials(trials: list[Trial]) -> list[Trial]:
+    """Successful trials by batch, one per batch (the last)."""
+    by_batch = {t.batch: t for t in trials if t.ok and t.peak_allocated_bytes is not None}
+    return [by_batch[b] for b in sorted(by_batch)]
+
+
+def _use_before_step(ok: list[Trial]) -> bool:
+    return bool(ok) and all(t.peak_before_step_bytes is not None for t in ok)
+
+
+def fit_value(t: Trial, before_step: bool) -> float:
+    """The memory that grows with the batch: forward+backward peak when the optimizer hook saw
+    it (the optimizer step's own peak is batch-independent and can hide it at small batches),
+    else the whole step's peak."""
+    return float(t.peak_before_step_bytes if before_step else t.peak_allocated_bytes)
+
+
 def lines_from(trials: list[Trial]) -> tuple[Line | None, Line | None]:
-    """(conservative, optimistic) lines through the two largest successful trials."""
-    ok = sorted((t for t in trials if t.ok and t.peak_allocated_bytes is not None), key=lambda t: t.batch)
-    if len({t.batch for t in ok}) < 2:
+    """(reserved-bytes, allocated-bytes) lines through the two largest successful trials."""
+    ok = _ok_trials(trials)
+    if len(ok) < 2:
         return None, None
     base = next((t.non_torch_bytes for t in ok if t.non_torch_bytes is not None), None)
-    top: list[Trial] = []
-    for t in reversed(ok):  # two largest distinct batches
-        if all(t.batch != u.batch for u in top):
-            top.append(t)
-        if len(top) == 2:
-            break
+    top = ok[-2:]
+    before = _use_before_step(ok)
     cons = fit_line([(t.batch, _reserved_total(t, base)) for t in top])
-    opt = fit_line([(t.batch, float(t.peak_allocated_bytes)) for t in top])
+    opt = fit_line([(t.batch, fit_value(t, before)) for t in top])
     return cons, opt
+
+
+def _flat(a: Trial, b: Trial, before: bool) -> bool:
+    """b's memory did not grow over a's: the peak is set by something batch-independent.
+    Allocations are deterministic, so a flat peak repeats to the byte (a page of slack)."""
+    return fit_value(b, before) - fit_value(a, before) <= 4096
 
 
 def next_trial(trials: list[Trial], *, capacity: int, start: int, max_batch: int | None,
@@ -138,13 +162,29 @@ def next_trial(trials: list[Trial], *, capacity: int, start: int, max_batch: int
         b = int(min(b, upper))
         return (b, "probe") if b > lo else None
     cons, opt = lines_from(trials)
+    ok_t = _ok_trials(trials)
+    before = _use_before_step(ok_t)
+    a, b = ok_t[-2], ok_t[-1]
+    if hi is None and (_flat(a, b, before) or (len(ok_t) >= 3 and _flat(ok_t[-3], a, before))):
+        # Not (or only just) growing with the batch: at small batches something batch-independent
+        # (the optimizer step's temporaries, gradients) sets the peak, and a line through a flat
+        # point underestimates the growth. The growing part is at most (peak - base) / batch per
+        # sample, so this batch fits if the step is linear above the memory it started with:
+        safe = lo * 8
+        if b.base_allocated_bytes is not None and fit_value(b, before) > b.base_allocated_bytes:
+            per_sample_max = (fit_value(b, before) - b.base_allocated_bytes) / lo
+            # (less the tolerance: the allocator needs some room beyond the tensors near the limit)
+            safe = math.floor((capacity - b.base_allocated_bytes) / per_sample_max * (1 - tolerance))
+        safe = int(min(safe, upper))
+        if safe > lo * (1 + tolerance):
+            return safe, "probe (bound)"
     # The allocated-bytes line is exact to 512 B even at tiny batches; the reserved line moves
     # in 2/20 MiB segment steps there, so the estimate comes from the allocated line, and the
     # allocator's overhead near the limit is found by running, not by guessing.
     pred_opt = opt.largest_batch(capacity) if opt else math.inf
     estimate = min(upper, pred_opt)
     if math.isinf(estimate):  # memory does not grow with the batch: keep growing, bounded by max_trials
-        return lo * 4, "probe"
+        return int(min(lo * 4, upper)), "probe"
     estimate = math.floor(estimate)
     if estimate <= lo * (1 + tolerance):
         return None  # the largest batch that ran is within tolerance of the best estimate
@@ -344,17 +384,37 @@ def fit_batch_size(
     nvml_bytes = _nvml_process_bytes(torch, index)
     say = progress if callable(progress) else (_default_progress() if progress else None)
 
+    try:  # torch >= 2.0; torch.optim's namespace hides the submodule, so import it by name
+        from torch.optim.optimizer import register_optimizer_step_pre_hook as register_pre_hook
+    except ImportError:
+        register_pre_hook = None
+
     def run(batch: int, purpose: str, n: int) -> Trial:
         gc.collect()
         torch.cuda.empty_cache()
         t0 = time.perf_counter()
+        before_step: list[int] = []
+
+        def seen_before_step(*_: Any) -> None:  # the forward+backward peak, before optimizer.step()
+            if not before_step:
+                before_step.append(int(torch.cuda.max_memory_allocated(index)))
+
+        base = None
+        handle = None
         try:
             with torch.cuda.device(index):
                 for _ in range(steps - 1):
                     step_fn(batch)
                 torch.cuda.synchronize(index)
+                base = int(torch.cuda.memory_allocated(index))
                 torch.cuda.reset_peak_memory_stats(index)
-                step_fn(batch)
+                if register_pre_hook is not None:  # only while the measured step runs
+                    handle = register_pre_hook(seen_before_step)
+                try:
+                    step_fn(batch)
+                finally:
+                    if handle is not None:
+                        handle.remove()
                 torch.cuda.synchronize(index)
         except Exception as exc:  # only OOMs are ours to catch
             if find_oom(exc) is None:
@@ -367,7 +427,8 @@ def fit_batch_size(
         peak_r = int(torch.cuda.max_memory_reserved(index))
         proc = nvml_bytes()
         non_torch = None if proc is None else max(0, proc - int(torch.cuda.memory_reserved(index)))
-        return Trial(n, batch, True, purpose, peak_a, peak_r, non_torch, time.perf_counter() - t0)
+        return Trial(n, batch, True, purpose, peak_a, peak_r, non_torch, time.perf_counter() - t0,
+                     peak_before_step_bytes=before_step[0] if before_step else None, base_allocated_bytes=base)
 
     result = search(run, capacity=capacity, start=start, max_batch=max_batch, margin=float(margin),
                     tolerance=tolerance, max_trials=max_trials, progress=say)
