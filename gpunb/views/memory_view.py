@@ -245,8 +245,10 @@ def fit_text(f: Any) -> str:
     lines.append(f"  capacity: {size(f.capacity_bytes)}; {f.trial_count} trials:")
     for t in f.trials:
         if t.ok:
+            fb = getattr(t, "peak_before_step_bytes", None)
             lines.append(f"    {t.index}. batch {t.batch:>6} ({t.purpose}): peak {size(t.peak_allocated_bytes)} "
-                         f"allocated, {size(t.peak_reserved_bytes)} reserved, {t.seconds:.1f} s")
+                         f"allocated, {size(t.peak_reserved_bytes)} reserved"
+                         + (f", {size(fb)} before optimizer.step" if fb is not None else "") + f", {t.seconds:.1f} s")
         else:
             lines.append(f"    {t.index}. batch {t.batch:>6} ({t.purpose}): out of memory, {t.seconds:.1f} s")
     if f.line_allocated is not None:
@@ -279,12 +281,16 @@ def fit_figure(f: Any) -> Any:
     ax.scatter([t.batch for t in ok], [t.peak_allocated_bytes / GiB for t in ok], label="peak allocated", zorder=3)
     ax.scatter([t.batch for t in ok], [(t.peak_reserved_bytes or 0) / GiB for t in ok], marker="s",
                label="peak reserved", zorder=3)
+    fb = [t for t in ok if getattr(t, "peak_before_step_bytes", None) is not None]
+    if fb:
+        ax.scatter([t.batch for t in fb], [t.peak_before_step_bytes / GiB for t in fb], marker="^",
+                   label="peak before optimizer.step (fitted)", zorder=3)
     if f.capacity_bytes:
         ax.axhline(f.capacity_bytes / GiB, color="#c0392b", lw=1, label="capacity")
         for t in bad:
             ax.scatter([t.batch], [f.capacity_bytes / GiB], marker="x", color="#c0392b", zorder=4)
     xmax = max([t.batch for t in f.trials] + [f.max_batch or 0]) * 1.1
-    for line, style, label in ((f.line_reserved, "--", "fit (reserved)"), (f.line_allocated, ":", "fit (allocated)")):
+    for line, style, label in ((f.line_reserved, "--", "fit (reserved)"), (f.line_allocated, ":", "fit (allocated, used to predict)")):
         if line is not None:
             ax.plot([0, xmax], [line.at(0) / GiB, line.at(xmax) / GiB], style, lw=1, label=label)
     if f.max_batch:
