@@ -102,6 +102,8 @@ def check(
     quick: skip the subprocess measurements (CUDA smoke test, matmul and copy speed).
     device: check only ``cuda:N`` (numbered as CUDA sees GPUs under CUDA_VISIBLE_DEVICES).
     progress: called with the partial report whenever a step starts or finishes.
+    in_kernel: whether to report this process's CUDA state as a notebook kernel's (default:
+        inside IPython); it is reported anyway once this process has imported torch.
     """
     t0 = time.monotonic()
     env = dict(os.environ if environ is None else environ)

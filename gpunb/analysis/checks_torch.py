@@ -300,9 +300,9 @@ def check_copy(inputs: CheckInputs) -> CheckResult:
 def check_kernel_cuda_state(inputs: CheckInputs) -> CheckResult:
     title = "CUDA state of this kernel"
     link = "https://pytorch.org/docs/stable/notes/multiprocessing.html#cuda-in-multiprocessing"
-    if not inputs.in_kernel:
-        return CheckResult("kernel_cuda", title, "skip", "not running inside a notebook kernel")
     k = inputs.kernel_torch
+    if not inputs.in_kernel and k is None:
+        return CheckResult("kernel_cuda", title, "skip", "not running inside a notebook kernel")
     if k is None:
         return CheckResult("kernel_cuda", title, "ok", "torch not imported in this kernel yet: no CUDA context")
     if k.context_error:
