@@ -169,9 +169,11 @@ def test_oom_from_leftovers_of_earlier_cells_names_them():
     nb = run_notebook([
         "%load_ext gpunb", PRELUDE, MLP,
         # per-sample memory of a step, then a batch that needs half of what is free
-        "torch.cuda.reset_peak_memory_stats(); train_step(4096); p1 = torch.cuda.max_memory_allocated()\n"
-        "torch.cuda.reset_peak_memory_stats(); train_step(8192); p2 = torch.cuda.max_memory_allocated()\n"
-        "per_sample = (p2 - p1) / 4096\n"
+        # (batches large enough that activations, not the optimizer step, set the peak)
+        "torch.cuda.reset_peak_memory_stats(); train_step(16384); p1 = torch.cuda.max_memory_allocated()\n"
+        "torch.cuda.reset_peak_memory_stats(); train_step(32768); p2 = torch.cuda.max_memory_allocated()\n"
+        "per_sample = (p2 - p1) / 16384\n"
+        "assert per_sample > 0, (p1, p2)\n"
         "gc.collect(); torch.cuda.empty_cache()\n"
         "bs = int(0.5 * torch.cuda.mem_get_info()[0] / per_sample)\n"
         "print('RESULT', json.dumps({'per_sample': per_sample, 'bs': bs}))",
