@@ -165,7 +165,8 @@ class _Walker:
             self.add_tensor(obj, name, "parameter" if is_param else role, source)
             if is_param:
                 self.param_names.setdefault(id(obj), name)
-            grad = getattr(obj, "grad", None) if obj.requires_grad or is_param else None
+            # Only leaves keep a .grad; reading it on a non-leaf makes torch warn in the user's output.
+            grad = obj.grad if obj.is_leaf and (obj.requires_grad or is_param) else None
             if grad is not None:
                 self.add_tensor(grad, name + ".grad", "gradient", source)
             return
