@@ -15,7 +15,6 @@ import gc
 import inspect
 import os
 import sys
-import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 

@@ -141,7 +141,7 @@ def matmul(torch, dev, n: int = 8192) -> dict:
             b = torch.randn(n, n, device=dev, dtype=dtype)
             ms = statistics.median(timed(torch, lambda: a @ b, iters=iters))
             out[label + "_tflops"] = flop / (ms * 1e-3) / 1e12
-            del a, b
+            a = b = None  # free before the next dtype's pair
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old_tf32
     torch.cuda.empty_cache()

@@ -7,19 +7,11 @@ from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from gpunb.analysis.check_report import CheckReport
 from gpunb.analysis.checks import DeviceChoiceError, check
-
-
-def parse_args(magic: Any, line: str) -> Any:
-    """Parse magic arguments; a bad flag becomes a UsageError that shows the usage line."""
-    try:
-        return parse_argstring(magic, line)
-    except UsageError as exc:
-        usage = " ".join(magic.parser.format_usage().replace("::", "").split())
-        raise UsageError(f"{exc}\n{usage}\n(see `%{magic.__name__}?` for help)") from None
+from gpunb.shells.arguments import parse_args
 
 
 @magics_class

@@ -6,15 +6,9 @@ from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
-
-def _parse(magic: Any, line: str) -> Any:
-    try:
-        return parse_argstring(magic, line)
-    except UsageError as exc:
-        usage = " ".join(magic.parser.format_usage().replace("::", "").split())
-        raise UsageError(f"{exc}\n{usage}\n(see `%{magic.__name__}?` for help)") from None
+from gpunb.shells.arguments import parse_args
 
 
 @magics_class
@@ -53,7 +47,7 @@ class FitMagics(Magics):
 
             %gpufit step --max-batch 4096 -o fit
         """
-        args = _parse(self.gpufit, line)
+        args = parse_args(self.gpufit, line)
         if args.output is not None and not args.output.isidentifier():
             raise UsageError(f"-o needs a Python variable name, not {args.output!r}")
         try:

@@ -7,17 +7,11 @@ from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
+
+from gpunb.shells.arguments import parse_args
 
 from gpunb.shells.oom_hook import KEEP_KEY
-
-
-def _parse(magic: Any, line: str) -> Any:
-    try:
-        return parse_argstring(magic, line)
-    except UsageError as exc:
-        usage = " ".join(magic.parser.format_usage().replace("::", "").split())
-        raise UsageError(f"{exc}\n{usage}\n(see `%{magic.__name__}?` for help)") from None
 
 
 @magics_class
@@ -57,7 +51,7 @@ class MemMagics(Magics):
             %gpumem --keep-traceback on     # keep frames after an OOM, for %debug
             %gpumem --top 50 -o mem
         """
-        args = _parse(self.gpumem, line)
+        args = parse_args(self.gpumem, line)
         if args.output is not None and not args.output.isidentifier():
             raise UsageError(f"-o needs a Python variable name, not {args.output!r}")
         if args.top < 1:

@@ -8,7 +8,9 @@ from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
+
+from gpunb.shells.arguments import parse_args
 
 
 @magics_class
@@ -43,11 +45,7 @@ class MonitorMagics(Magics):
         """
         from gpunb.shells.monitor import monitor, registry_for, stop_all
 
-        try:
-            args = parse_argstring(self.gpumonitor, line)
-        except UsageError as exc:
-            usage = self.gpumonitor.parser.format_usage().strip()
-            raise UsageError(f"{exc}\n{usage}\nSee %gpumonitor? for help.") from None
+        args = parse_args(self.gpumonitor, line)
         if args.stop:
             n = stop_all(registry_for(self.shell))
             print(f"gpunb: stopped {n} monitor(s) and the sampler thread; their snapshots stay in the outputs."
