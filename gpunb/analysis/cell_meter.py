@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from gpunb.readings import torch_state
 from gpunb.readings.gpu_activity import UtilWindow, now_us, nvml_index_for_uuid, read_util_since
