@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU-side proof in one command, on the GPU test machine (../shared/gpu-box/README.md):
-#   bash scripts/gpu-box-run.sh OUTDIR tests   # every test marked gpu (logs + measured JSON)
+#   bash scripts/gpu-box-run.sh OUTDIR tests [PYTEST ARGS]  # tests marked gpu (default: tests/gpu)
 #   bash scripts/gpu-box-run.sh OUTDIR bench   # every benchmark in benchmarks/
 # IPython/Jupyter come from wheels in .whl/ when the machine lacks them (wheelhouse.sh).
 set -uo pipefail
@@ -16,7 +16,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 nvidia-smi > "$out/results/nvidia-smi-$part.txt" 2>&1
 case "$part" in
-  tests) python3 -m pytest -m gpu tests/gpu -v -rA -p no:cacheprovider "$@" 2>&1 | tee "$out/gpu-tests.log" ;;
+  tests) python3 -m pytest -m gpu -v -rA -p no:cacheprovider "${@:-tests/gpu}" 2>&1 | tee "$out/gpu-tests.log" ;;
   bench) for b in benchmarks/*.py; do
            echo "== $b"; timeout 300 python3 "$b" --out "$out/results" 2>&1
          done | tee "$out/benchmarks.log" ;;
