@@ -11,6 +11,7 @@ from gpunb.analysis.oom import (  # noqa: E402
     FRAGMENTATION, LEFTOVERS, OTHER_PROCESSES, TOO_LARGE_FOR_GPU, WORKING_SET, diagnose, process_memory,
 )
 from gpunb.analysis.oom_message import find_oom, parse_oom_message, size_to_bytes  # noqa: E402
+from gpunb.analysis.tensor_census import EXCEPTION as EXCEPTION_SRC  # noqa: E402
 from gpunb.analysis.tensor_census import take_census  # noqa: E402
 from gpunb.readings.nvml import NvmlSession  # noqa: E402
 from gpunb.readings.torch_memory import from_stats  # noqa: E402
@@ -136,7 +137,8 @@ def test_leftovers_from_earlier_cells_are_named_with_their_variable():
     entry = census.find("junk")
     assert entry.source == oom_mod.EARLIER_CELLS
     # message scaled to the CPU tensors' sizes: junk (4 MiB) >= half of the 6 MiB asked
-    d = diagnose(message=_msg(6 * 2**20, 2**20, 512 * 2**20, 5 * 2**20, 0), census=census)
+    # 2 MiB free + junk's 4 MiB would have held the 6 MiB asked
+    d = diagnose(message=_msg(6 * 2**20, 2 * 2**20, 512 * 2**20, 5 * 2**20, 0), census=census)
     codes = [c.code for c in d.causes]
     assert LEFTOVERS in codes and codes.index(LEFTOVERS) < codes.index(WORKING_SET)
     free_fix = next(f for f in d.fixes if f.title.startswith("Free leftovers"))
@@ -191,3 +193,82 @@ def test_a_per_process_cap_is_the_limit_not_the_device():
     assert "with 4.00 GiB free" in d.causes[-1].summary  # what was left under the cap, not the device's 119
     big = diagnose(message=text.replace("Tried to allocate 6.00 GiB", "Tried to allocate 30.00 GiB"))
     assert big.primary_cause == TOO_LARGE_FOR_GPU and "allowed budget" in big.causes[0].summary
+
+
+# The three OOMs of tests/gpu/test_oom_gpu.py on the H200 (run 2), messages verbatim. Another
+# process (the pytest runner, PID 429, 10.05 GiB) was on the GPU in each: it is real, but freeing
+# it could not have made any of these requests fit, so it must not come first.
+H200_TAIL = (" If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+             "to avoid fragmentation.")
+H200_TOO_LARGE_BATCH = (
+    "CUDA out of memory. Tried to allocate 61.04 GiB. GPU 0 has a total capacity of 139.80 GiB of which 5.37 GiB is "
+    "free. Process 429 has 10.05 GiB memory in use. Including non-PyTorch memory, this process has 124.36 GiB memory "
+    "in use. Of the allocated memory 123.63 GiB is allocated by PyTorch, and 640.00 KiB is reserved by PyTorch but "
+    "unallocated." + H200_TAIL)
+H200_LEFTOVERS = (
+    "CUDA out of memory. Tried to allocate 4.90 GiB. GPU 0 has a total capacity of 139.80 GiB of which 1.44 GiB is "
+    "free. Process 429 has 10.05 GiB memory in use. Including non-PyTorch memory, this process has 128.29 GiB memory "
+    "in use. Of the allocated memory 127.56 GiB is allocated by PyTorch, and 2.45 MiB is reserved by PyTorch but "
+    "unallocated." + H200_TAIL)
+H200_FRAGMENTATION = (
+    "CUDA out of memory. Tried to allocate 6.00 GiB. GPU 0 has a total capacity of 139.80 GiB of which 109.23 GiB is "
+    "free. Process 429 has 10.05 GiB memory in use. Including non-PyTorch memory, this process has 20.51 GiB memory "
+    "in use. 24.00 GiB allowed; Of the allocated memory 10.00 GiB is allocated by PyTorch, and 10.00 GiB is reserved "
+    "by PyTorch but unallocated." + H200_TAIL)
+PYTEST_RUNNER = (oom_mod.OtherProcess(429, 10796138496, "python3"),)  # NVML's reading of PID 429
+
+
+def _census(*entries):
+    from gpunb.analysis.tensor_census import Census, TensorEntry
+
+    return Census(tuple(TensorEntry(name, n, (n,), dt, "cuda:0", role, src) for name, n, dt, role, src in entries))
+
+
+MLP_STATE = [("model.0.0.weight", 537001984, "float32", "parameter", "namespace"),  # the recorded census by role
+             ("opt.state[model.0.0.weight].exp_avg", 1074003968, "float32", "optimizer state", "namespace")]
+
+
+def test_h200_too_large_batch_blames_the_working_set_not_the_other_process():
+    census = _census(("train_step() local x", 65536000000, "float32", "other", EXCEPTION_SRC), *MLP_STATE)
+    d = diagnose(message=H200_TOO_LARGE_BATCH, census=census, other_processes=PYTEST_RUNNER, allocator_conf="",
+                 batch_size=("train_step() bs", 4_000_000))
+    codes = [c.code for c in d.causes]
+    # 5.37 GiB free + 10.05 GiB of PID 429 is still far from 61.04 GiB: only a smaller batch helps
+    assert codes == [WORKING_SET, OTHER_PROCESSES], codes
+    assert d.fixes[0].title == "Use a smaller batch" and d.fixes[0].severity == 2
+    other_fix = next(f for f in d.fixes if f.title == "Free the GPU from other processes")
+    assert other_fix.severity == 1 and "not have been enough" in other_fix.reason
+
+
+def test_h200_leftovers_outrank_the_other_process():
+    census = _census(("junk", 102630604800, "uint8", "other", oom_mod.EARLIER_CELLS),
+                     ("Out[6]", 1073741824, "float32", "other", "output history"),
+                     ("train_step() local x", 5263097856, "float32", "other", EXCEPTION_SRC), *MLP_STATE)
+    d = diagnose(message=H200_LEFTOVERS, census=census, other_processes=PYTEST_RUNNER, allocator_conf="")
+    codes = [c.code for c in d.causes]
+    # both would suffice alone (1.44 + 10.05 >= 4.90 GiB), and the leftovers are ten times larger
+    assert codes[:2] == [LEFTOVERS, OTHER_PROCESSES], codes
+    assert d.fixes[0].title == "Free leftovers from earlier cells"
+
+
+def test_h200_fragmentation_under_a_cap_comes_before_other_processes():
+    d = diagnose(message=H200_FRAGMENTATION, other_processes=PYTEST_RUNNER, allocator_conf="")
+    codes = [c.code for c in d.causes]
+    # under the 24 GiB cap the other process's memory does not count; the 10 GiB cached in pieces does
+    assert codes[0] == FRAGMENTATION and codes[-1] == OTHER_PROCESSES, codes
+    assert d.fixes[0].title == "Turn on expandable segments" and d.fixes[0].severity == 2
+    other_fix = next(f for f in d.fixes if f.title == "Free the GPU from other processes")
+    assert other_fix.gain == 0 and other_fix.severity == 1
+    # without the cap the same 10 GiB of PID 429 would have been enough, and it is the largest
+    uncapped = H200_FRAGMENTATION.replace(" 24.00 GiB allowed;", "").replace("109.23 GiB is free", "1.00 GiB is free")
+    d2 = diagnose(message=uncapped, other_processes=(oom_mod.OtherProcess(429, 12 * GiB, "python3"),),
+                  allocator_conf="")
+    assert [c.code for c in d2.causes][:2] == [OTHER_PROCESSES, FRAGMENTATION]
+
+
+def test_other_processes_first_when_they_alone_would_have_made_it_fit():
+    # the H200 leftovers OOM without leftovers: 1.44 GiB free, 4.90 asked, PID 429 holds 10.05 GiB
+    d = diagnose(message=H200_LEFTOVERS, census=_census(*MLP_STATE), other_processes=PYTEST_RUNNER,
+                 allocator_conf="")
+    assert d.primary_cause == OTHER_PROCESSES, [c.code for c in d.causes]
+    assert d.fixes[0].title == "Free the GPU from other processes" and d.fixes[0].severity == 2

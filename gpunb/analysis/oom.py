@@ -145,6 +145,8 @@ def diagnose(
         torch_memory.allocated_bytes if torch_memory else None)
     process = m.process_bytes if m.process_bytes is not None else this_process_bytes
     allowed = m.allowed_bytes
+    device_free = free
+    headroom = None
     if allowed is not None and allocated is not None:  # under set_per_process_memory_fraction
         headroom = max(0, allowed - allocated - (unalloc or 0))
         free = headroom if free is None else min(free, headroom)
@@ -197,6 +199,18 @@ def diagnose(
                             f"PyTorch had {gib(unalloc)} reserved but unallocated (cached in pieces) when "
                             f"{gib(requested)} was asked: the memory was there, but not in one block",
                             unalloc))
+    def returned(extra: int, counts_against_cap: bool = True) -> int | None:
+        """How much more the request could have had if ``extra`` bytes were given back. Other
+        processes' memory does not count against a per-process cap: under one, freeing them
+        helps only while the device, not the cap, is the limit."""
+        if free is None:
+            return None
+        avail = (device_free if device_free is not None else free) + extra
+        if headroom is not None:
+            avail = min(avail, headroom + (extra if counts_against_cap else 0))
+        return max(0, avail - free)
+
+    gives = {c.code: returned(c.bytes or 0, c.code != OTHER_PROCESSES) for c in causes}
     if not any(c.code == TOO_LARGE_FOR_GPU for c in causes):
         working = None if allocated is None else max(0, allocated - params - grads - opt_state - leftover_bytes)
         summary = "the cell's own working set (activations of this batch, temporaries) did not fit"
@@ -206,10 +220,13 @@ def diagnose(
         if requested is not None and free is not None:
             summary += f"; asked {gib(requested)} with {gib(free)} free"
         causes.append(Cause(WORKING_SET, summary, working))
+    sufficient = {code: None if g is None or requested is None else free + g >= requested for code, g in gives.items()}
+    causes = _ranked_causes(causes, sufficient)
 
     fixes = _fixes(causes, needed=needed, requested=requested, free=free, unalloc=unalloc, params=params, grads=grads,
                    opt_state=opt_state, allocated=allocated, leftover_entries=leftover_entries, census=census,
-                   others=others, expandable_on=expandable_on, batch_size=batch_size)
+                   others=others, expandable_on=expandable_on, batch_size=batch_size, gives=gives,
+                   sufficient=sufficient)
     notes = []
     if frames_bytes:
         notes.append(f"the failed cell's frames hold {gib(frames_bytes)} of tensors until released")
@@ -218,13 +235,40 @@ def diagnose(
     return OomDiagnosis(etype, msg, causes, fixes, census, torch_memory, tuple(others), process, None, notes)
 
 
+def _ranked_causes(causes: list[Cause], sufficient: dict[str, bool | None]) -> list[Cause]:
+    """First a request no freeing can satisfy; then the causes whose memory alone, given back, would
+    have let the request fit (largest first); then those we cannot tell about (in the order found);
+    then the cell's own working set (a smaller batch always helps); last, causes too small to
+    suffice alone (largest first): they are real, but removing them would not have been enough."""
+    def key(ic: tuple[int, Cause]) -> tuple:
+        i, c = ic
+        if c.code == TOO_LARGE_FOR_GPU:
+            return (0, 0, i)
+        if c.code == WORKING_SET:
+            return (3, 0, i)
+        ok = sufficient.get(c.code)
+        size = -(c.bytes or 0)
+        return (1, size, i) if ok else (2, 0, i) if ok is None else (4, size, i)
+
+    return [c for _, c in sorted(enumerate(causes), key=key)]
+
+
 def _fixes(causes: list[Cause], *, needed: int | None, requested: int | None, free: int | None,
            unalloc: int | None, params: int, grads: int, opt_state: int, allocated: int | None,
            leftover_entries: list, census: Census | None, others: list[OtherProcess],
-           expandable_on: bool, batch_size: tuple[str, int] | None = None) -> list[Advice]:
+           expandable_on: bool, batch_size: tuple[str, int] | None = None,
+           gives: dict[str, int | None] | None = None, sufficient: dict[str, bool | None] | None = None,
+           ) -> list[Advice]:
     codes = {c.code for c in causes}
     out: list[Advice] = []
     gain = lambda b: _frac(b, needed)  # noqa: E731  fraction of what the failing code needed
+    gives, sufficient = gives or {}, sufficient or {}
+
+    def freeing(code: str, nbytes: int | None) -> tuple[float | None, int]:
+        """(gain, severity) of giving a cause's memory back: it fixes the failure only if it suffices,
+        and it gains only what the request could have used (nothing, for other processes under a cap)."""
+        g = gives.get(code)
+        return gain(nbytes if g is None else g), 1 if sufficient.get(code) is False else 2
     if TOO_LARGE_FOR_GPU in codes:
         out.append(Advice(
             "Split the operation that asked for one huge block",
@@ -241,21 +285,25 @@ def _fixes(causes: list[Cause], *, needed: int | None, requested: int | None, fr
         if outs:
             how.append("%reset -f out   # output history holds: " + ", ".join(outs))
         freed = sum(e.nbytes for e in leftover_entries)
+        g, sev = freeing(LEFTOVERS, freed)
         out.append(Advice("Free leftovers from earlier cells", f"{gib(freed)} held by " + ", ".join(
-            e.name for e in leftover_entries[:4]), "\n".join(how) or "del <name>; then %gpumem", gain(freed), severity=2))
+            e.name for e in leftover_entries[:4]), "\n".join(how) or "del <name>; then %gpumem", g, severity=sev))
     if OTHER_PROCESSES in codes:
         other = sum(p.used_bytes or 0 for p in others)
         pids = ", ".join(str(p.pid) for p in others[:5])
+        g, sev = freeing(OTHER_PROCESSES, other)
+        short = "" if sev == 2 else " (freeing them alone would not have been enough)"
         out.append(Advice("Free the GPU from other processes",
-                          f"{gib(other)} held by PID {pids} (another kernel or job)",
+                          f"{gib(other)} held by PID {pids} (another kernel or job){short}",
                           "Shut down idle kernels (JupyterLab: Running tab) or use another GPU "
-                          "(`CUDA_VISIBLE_DEVICES`); `nvidia-smi` lists them.", gain(other), severity=2))
+                          "(`CUDA_VISIBLE_DEVICES`); `nvidia-smi` lists them.", g, severity=sev))
     if FRAGMENTATION in codes and not expandable_on:
+        g, sev = freeing(FRAGMENTATION, unalloc)
         out.append(Advice("Turn on expandable segments",
                           f"{gib(unalloc)} was reserved but unallocated: fragmentation",
                           "import os; os.environ['PYTORCH_CUDA_ALLOC_CONF'] = 'expandable_segments:True'  "
                           "# before torch first uses CUDA: restart the kernel, set it in the first cell",
-                          gain(unalloc), CUDA_NOTES, severity=2))
+                          g, CUDA_NOTES, severity=sev))
     if WORKING_SET in codes or LEFTOVERS in codes or FRAGMENTATION in codes:
         working = next((c.bytes for c in causes if c.code == WORKING_SET), None)
         if working is None and allocated is not None:
@@ -277,7 +325,8 @@ def _fixes(causes: list[Cause], *, needed: int | None, requested: int | None, fr
                 reason += f" (≈{max(1, int(value * (fit or 0.5)))} of {value})"
             out.append(Advice("Use a smaller batch", reason, how,
                               _frac(short, needed) if short else 0.5 * (gain(working) or 0),
-                              severity=2 if WORKING_SET == causes[-1].code and len(causes) == 1 else 1))
+                              # the sure fix when nothing that could be freed would have been enough
+                              severity=2 if causes[0].code == WORKING_SET else 1))
             out.append(Advice("Keep the effective batch with gradient accumulation",
                               "a smaller micro-batch with accumulation uses the smaller batch's memory "
                               "and trains like the large one",
