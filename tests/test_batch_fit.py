@@ -14,15 +14,16 @@ MiB = 2**20
 
 
 def simulated_gpu(fixed, per_sample, capacity, frag_true, frag_measured, block=2 * MiB):
-    """A step whose activations grow linearly; the allocator needs ``frag_true`` extra to run
-    and reports ``frag_measured`` extra as reserved (rounded to 2 MiB blocks)."""
+    """A step whose activations grow linearly on top of what it started with (weights, optimizer
+    state: ``fixed``, reported as the step's base like fit_batch_size does); the allocator needs
+    ``frag_true`` extra to run and reports ``frag_measured`` extra as reserved (2 MiB blocks)."""
 
     def run(batch, purpose, n):
         if fixed + per_sample * batch * (1 + frag_true) > capacity:
             return Trial(n, batch, False, purpose, error="CUDA out of memory")
         alloc = fixed + per_sample * batch
         reserved = fixed + math.ceil(per_sample * batch * (1 + frag_measured) / block) * block
-        return Trial(n, batch, True, purpose, int(alloc), int(reserved), 512 * MiB)
+        return Trial(n, batch, True, purpose, int(alloc), int(reserved), 512 * MiB, base_allocated_bytes=int(fixed))
 
     true_max = math.floor((capacity - fixed) / (per_sample * (1 + frag_true)))
     return run, true_max
@@ -163,3 +164,65 @@ def test_a_peak_set_by_the_optimizer_at_small_batches_does_not_fool_the_fit(with
     fit = search(run, capacity=35 * GiB, start=2, max_batch=None, margin=0.05)
     assert 0.95 * true_max <= fit.max_batch <= true_max, fit.trials
     assert fit.trial_count <= most_trials, [(t.batch, t.ok, t.purpose) for t in fit.trials]
+
+
+def h200_mlp_gpu(per_sample=660_000, overhead=0.035):
+    """The MLP of the GPU test as the H200 measured it (run 2, oom_gpufit_mlp.json): AdamW's state
+    and the weights at the step's start (base), the gradients (537 MB) allocated in backward, so the
+    forward+backward peak is base + grads + 135 KB/sample at small batches (the measured probes:
+    1.9 MB of growth from batch 2 to 16, under one 2 MiB segment) and base + 660 KB/sample once the
+    activations take over; the optimizer step peaks at base + 2 x grads. Capacity: the 0.25 cap."""
+    base, grads, capacity = 1_679_581_184, 537_142_272, 37_527_470_080
+
+    def run(batch, purpose, n):
+        fb = max(base + grads + 135_168 * batch, base + per_sample * batch)
+        fb = -(-fb // 512) * 512  # the allocator's 512 B rounding
+        peak = max(fb, base + 2 * grads)
+        if peak * (1 + overhead) > capacity:
+            return Trial(n, batch, False, purpose, error="CUDA out of memory")
+        reserved = -(-peak // (2 * MiB)) * 2 * MiB
+        return Trial(n, batch, True, purpose, peak, reserved, 778_043_392, peak_before_step_bytes=fb,
+                     base_allocated_bytes=base)
+
+    true_max = math.floor((capacity / (1 + overhead) - base) / per_sample)
+    return run, capacity, true_max
+
+
+def test_h200_mlp_shape_a_convex_peak_is_scouted_not_extrapolated():
+    run, capacity, true_max = h200_mlp_gpu()
+    assert 52_000 < true_max < 53_000  # brute force on the H200 found 52384
+    fit = search(run, capacity=capacity, start=2, max_batch=None, margin=0.05)
+    moves = [(t.batch, t.ok, t.purpose) for t in fit.trials]
+    assert moves[:2] == [(2, True, "probe"), (16, True, "probe")]
+    # 1.9 MB of growth in 14 samples says nothing about 35 GB: scout before predicting
+    assert moves[2][1:] == (True, "scout") and moves[2][0] < true_max, moves
+    assert 0.95 * true_max <= fit.max_batch <= true_max, moves
+    assert fit.trial_count <= 4, moves
+    assert fit.predicted < 1.1 * true_max  # the prediction came from the scout, not the 254704 of the probes
+
+
+@pytest.mark.parametrize("per_sample, overhead", [(500_000, 0.0), (660_000, 0.06), (900_000, 0.02),
+                                                  (2_000_000, 0.04), (660_000 * 6, 0.03)])
+def test_convex_peaks_of_other_sizes_stay_within_5_percent(per_sample, overhead):
+    run, capacity, true_max = h200_mlp_gpu(per_sample, overhead)
+    fit = search(run, capacity=capacity, start=2, max_batch=None, margin=0.05)
+    moves = [(t.batch, t.ok, t.purpose) for t in fit.trials]
+    assert 0.95 * true_max <= fit.max_batch <= true_max, moves
+    assert fit.trial_count <= 5, moves
+
+
+@pytest.mark.parametrize("model, probes, true_max, move", [
+    # (batch, peak allocated, peak reserved, peak before optimizer.step, allocated at the step's start)
+    ("mlp", [(2, 2753871872, 2755657728, 2216993792, 1679581184),
+             (16, 2753929216, 2776629248, 2218886144, 1679581184)], 52384, "scout"),
+    ("transformer", [(2, 800075264, 853540864, 800075264, 297226240),
+                     (16, 4290604544, 4548722688, 4290604544, 297226240)], 146, "prediction"),
+])
+def test_the_recorded_h200_probes_lead_to_a_batch_that_fits(model, probes, true_max, move):
+    # the H200 readings of run 2 (oom_gpufit_*.json), capacity the 0.25 cap; true_max by brute force
+    trials = [Trial(i + 1, b, True, "probe", a, r, 778043392, peak_before_step_bytes=f, base_allocated_bytes=s)
+              for i, (b, a, r, f, s) in enumerate(probes)]
+    batch, purpose = next_trial(trials, capacity=37527470080, start=2, max_batch=None)
+    assert purpose == move
+    low = 0.5 if move == "scout" else 0.95  # a scout only has to fit; a prediction has to be the answer
+    assert low * true_max <= batch <= true_max, batch

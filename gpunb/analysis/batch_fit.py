@@ -1,20 +1,26 @@
-"""Find the largest batch that fits: probe, fit a line, predict, verify.
+"""Find the largest batch that fits: probe, fit a line, scout if it cannot be trusted, predict, verify.
 
 Peak memory of a training step is close to a line in the batch size: a fixed part
 (weights, gradients, optimizer state, workspaces) plus activations per sample
-(research/perf-reliability-anchors.md §4.2). So:
+(research/perf-reliability-anchors.md §4.2). More exactly it is the largest of a few such
+lines (a convex curve): at small batches the gradients or the optimizer step can set the
+peak, the activations only at large ones. So:
 
 1. run the user's step at two small batch sizes (``start`` and ``8 * start``), each trial
    running ``steps`` steps and measuring the last one (``reset_peak_memory_stats`` then
    ``max_memory_allocated`` / ``max_memory_reserved``; NVML adds memory outside torch);
 2. fit a line through the two largest successful trials on peak *allocated* memory (exact
    to 512 B even at tiny batches) and solve it for the capacity (free + torch's cache, or
-   the ``set_per_process_memory_fraction`` cap). A line on peak *reserved* memory (what
-   the allocator took from the GPU, in 2/20 MiB segment steps) is fitted and reported too;
-3. run just under that prediction (``1 - tolerance/2``); if it runs, the answer is within
-   tolerance of the line. If it fails, the allocator's overhead near the limit was larger:
-   step back by the tolerance, then bisect between the largest batch that ran and the
-   estimate until they are within ``tolerance`` (5 %).
+   the ``set_per_process_memory_fraction`` cap). A line on peak *reserved* memory is fitted
+   and reported too;
+3. if the line cannot be trusted that far (growth within allocator rounding, or the upper
+   bound on the growth per sample, (peak - memory at the step's start) / batch, disagrees
+   with it), scout: run a batch that the line says uses 1/8 of what is left (an 8x
+   underestimate still fits), and refit;
+4. run the prediction, ``1 - tolerance`` of the estimate: if it runs, it is within tolerance.
+   If it fails, the allocator needed more room near the limit: back off once by the
+   tolerance; any further failure (or a failed scout) is bisected between the best success
+   and the failure, geometrically when they are far apart.
 
 An OOM in a trial is caught (the error's frames are cleared, ``gc.collect()``,
 ``empty_cache()``), recorded as an upper bound and the search continues. Only CUDA
@@ -43,7 +49,7 @@ class Trial:
     index: int
     batch: int
     ok: bool
-    purpose: str  # "probe", "prediction", "refine", "smaller start"
+    purpose: str  # "probe", "probe (bound)", "scout", "prediction", "back off", "bisect", "refine", "smaller start"
     peak_allocated_bytes: int | None = None
     peak_reserved_bytes: int | None = None
     non_torch_bytes: int | None = None  # NVML process memory outside torch's reserve
@@ -135,6 +141,43 @@ def _flat(a: Trial, b: Trial, before: bool) -> bool:
     return fit_value(b, before) - fit_value(a, before) <= 4096
 
 
+ROUNDING = 2 * 2**20  # the allocator's small-pool segment: growth below it says nothing about activations
+EXTRAPOLATE = 16  # trust a line up to this many probe spacings beyond the largest probe
+SCOUT_FRACTION = 1 / 8  # a scout uses this much of the capacity left, by the line: an 8x underestimate still fits
+
+
+def _bound_batch(t: Trial, capacity: int, before: bool) -> float | None:
+    """The batch that fits if every part of the step is a line whose intercept is at least the memory
+    the step started with (weights, optimizer state): its growth per sample is at most
+    (peak - base) / batch, at any batch (research: peak = max of such lines, a convex curve)."""
+    if t.base_allocated_bytes is None or fit_value(t, before) <= t.base_allocated_bytes:
+        return None
+    per_sample_max = (fit_value(t, before) - t.base_allocated_bytes) / t.batch
+    return (capacity - t.base_allocated_bytes) / per_sample_max
+
+
+def _trusted(ok: list[Trial], estimate: float, capacity: int, before: bool, tolerance: float) -> bool:
+    """Can the line through the two largest successful trials be extrapolated to ``estimate``?
+    The peak is a convex curve (at small batches gradients or the optimizer set it, activations
+    take over later), so a chord through small batches underestimates the growth at large ones
+    (the H200 MLP: 135 KB/sample measured at batch 2-16, 660 KB/sample true). Trusted when the
+    upper bound on the growth per sample agrees with the line; else when the line reaches at
+    most a few probe spacings beyond the probes and did not bend up between them. Never when the
+    growth is within allocator rounding."""
+    a, b = ok[-2], ok[-1]
+    if fit_value(b, before) - fit_value(a, before) < ROUNDING:
+        return False
+    bound = _bound_batch(b, capacity, before)
+    if bound is not None and bound >= (1 - tolerance) * estimate:
+        return True
+    if len(ok) >= 3:
+        z = ok[-3]
+        slope = lambda p, q: (fit_value(q, before) - fit_value(p, before)) / (q.batch - p.batch)  # noqa: E731
+        if slope(a, b) > (1 + tolerance) * slope(z, a):
+            return False  # bending up: the next part may be steeper still
+    return estimate - b.batch <= EXTRAPOLATE * (b.batch - a.batch)
+
+
 def next_trial(trials: list[Trial], *, capacity: int, start: int, max_batch: int | None,
                tolerance: float = 0.05, max_trials: int = 6) -> tuple[int, str] | None:
     """The next batch size to try and why, or ``None`` when the search is done."""
@@ -171,34 +214,53 @@ def next_trial(trials: list[Trial], *, capacity: int, start: int, max_batch: int
         # point underestimates the growth. The growing part is at most (peak - base) / batch per
         # sample, so this batch fits if the step is linear above the memory it started with:
         safe = lo * 8
-        if b.base_allocated_bytes is not None and fit_value(b, before) > b.base_allocated_bytes:
-            per_sample_max = (fit_value(b, before) - b.base_allocated_bytes) / lo
+        bound = _bound_batch(b, capacity, before)
+        if bound is not None:
             # (less the tolerance: the allocator needs some room beyond the tensors near the limit)
-            safe = math.floor((capacity - b.base_allocated_bytes) / per_sample_max * (1 - tolerance))
+            safe = math.floor(bound * (1 - tolerance))
         safe = int(min(safe, upper))
         if safe > lo * (1 + tolerance):
             return safe, "probe (bound)"
     # The allocated-bytes line is exact to 512 B even at tiny batches; the reserved line moves
     # in 2/20 MiB segment steps there, so the estimate comes from the allocated line, and the
     # allocator's overhead near the limit is found by running, not by guessing.
-    pred_opt = opt.largest_batch(capacity) if opt else math.inf
-    estimate = min(upper, pred_opt)
-    if math.isinf(estimate):  # memory does not grow with the batch: keep growing, bounded by max_trials
+    line_estimate = opt.largest_batch(capacity) if opt else math.inf
+    if math.isinf(min(upper, line_estimate)):  # memory does not grow with the batch: keep growing
         return int(min(lo * 4, upper)), "probe"
-    estimate = math.floor(estimate)
-    if estimate <= lo * (1 + tolerance):
+    untrusted = opt is not None and opt.slope > 0 and not _trusted(ok_t, line_estimate, capacity, before, tolerance)
+    if untrusted and (hi is None or trials[-1].ok):
+        # Scout: a batch that uses a modest part of what is left by the line, so that even a
+        # several-fold underestimate still fits (after a failure: the geometric middle); and at
+        # least what the per-sample bound says fits.
+        scout = (b.batch + SCOUT_FRACTION * (capacity - fit_value(b, before)) / opt.slope if hi is None
+                 else math.isqrt(lo * hi))
+        bound = _bound_batch(b, capacity, before)
+        if bound is not None:
+            scout = max(scout, math.ceil(math.floor(bound) * (1 - tolerance)))  # as the goal below rounds
+        scout = int(min(scout, upper))
+        if scout > lo * (1 + tolerance):
+            return scout, "scout"
+    estimate = math.floor(min(upper, line_estimate))
+    if max_batch is not None and estimate == max_batch:
+        goal = max_batch  # the cap is under the line: try the cap itself
+    else:
+        # within tolerance of the estimate by construction: the line through growing probes
+        # overestimates the largest batch (convex peak, allocator overhead), so this is >= 95 %
+        # of the true maximum if it runs, and it fails only if the overhead is above ~5 %
+        goal = math.ceil(estimate * (1 - tolerance))
+    if lo >= goal:
         return None  # the largest batch that ran is within tolerance of the best estimate
-    if not any(t.purpose == "prediction" for t in trials):
-        # just under the estimate: if it runs, the answer is within tolerance/2 of the line
-        target = estimate if estimate == upper else math.floor(estimate * (1 - tolerance / 2))
-        return max(lo + 1, target), "prediction"
-    last = trials[-1]
-    if not last.ok and last.batch == hi and lo < hi * (1 - 2 * tolerance):
-        # The prediction just failed: the line was nearly right, so step back by the tolerance
-        # rather than bisecting down toward the small probes.
-        # (just low enough that, if it runs, the bracket [it, hi) is within tolerance)
-        return max(lo + 1, math.ceil((hi - 1) / (1 + tolerance))), "back off"
-    return lo + max(1, (estimate - lo) // 2), "refine"
+    if (hi is None or not untrusted) and not any(t.purpose == "prediction" for t in trials):
+        return max(lo + 1, goal), "prediction"
+    # A failure is an upper bound. When the prediction (from a trusted line) failed, the allocator
+    # needed more room near the limit than the tolerance: once, just under it. Otherwise the line
+    # was wrong: bisect between the best success and the failure, geometrically when far apart.
+    if not trials[-1].ok and trials[-1].purpose == "prediction":
+        return max(lo + 1, goal), "back off"
+    if hi is None:  # the prediction ran and the line, refitted through it, reaches further
+        return max(lo + 1, goal), "refine"
+    mid = math.isqrt(lo * hi) if hi > 4 * lo else (lo + hi) // 2
+    return max(lo + 1, min(mid, upper)), "bisect"
 
 
 @dataclass
@@ -209,7 +271,7 @@ class BatchFit:
     problem: str = ""
     max_batch: int | None = None  # largest batch that ran (verified)
     recommended: int | None = None  # max_batch less the safety margin
-    predicted: int | None = None  # first prediction, from the two probes (allocated-bytes line)
+    predicted: int | None = None  # the line's largest batch when the prediction was run (allocated bytes)
     predicted_reserved: int | None = None  # the same from the reserved-bytes line (coarser, lower)
     capacity_bytes: int | None = None
     margin: float = 0.05
@@ -261,12 +323,22 @@ def search(run: Callable[[int, str, int], Trial], *, capacity: int, start: int, 
     """Drive :func:`next_trial` with a ``run(batch, purpose, index) -> Trial`` measurer."""
     trials: list[Trial] = []
     predicted = predicted_reserved = None
+
+    def predictions() -> tuple[int | None, int | None]:
+        cons, opt = lines_from(trials)
+        if cons is None:
+            return None, None
+        pc, po = cons.largest_batch(capacity), opt.largest_batch(capacity) if opt else math.inf
+        return (None if math.isinf(po) else max(0, math.floor(po))), (None if math.isinf(pc) else max(0, math.floor(pc)))
+
     while True:
         step = next_trial(trials, capacity=capacity, start=start, max_batch=max_batch,
                           tolerance=tolerance, max_trials=max_trials)
         if step is None:
             break
         batch, purpose = step
+        if purpose == "prediction" and predicted is None:  # the lines the prediction was made from
+            predicted, predicted_reserved = predictions()
         if progress:
             progress(f"trial {len(trials) + 1}: batch {batch} ({purpose})…")
         trial = run(batch, purpose, len(trials) + 1)
@@ -275,12 +347,8 @@ def search(run: Callable[[int, str, int], Trial], *, capacity: int, start: int, 
             progress(f"trial {trial.index}: batch {batch} " + (
                 f"ran, peak {trial.peak_allocated_bytes / GiB:.2f} GiB allocated, "
                 f"{(trial.peak_reserved_bytes or 0) / GiB:.2f} GiB reserved" if trial.ok else "out of memory"))
-        if predicted is None:
-            cons, opt = lines_from(trials)
-            if cons is not None:
-                pc, po = cons.largest_batch(capacity), opt.largest_batch(capacity) if opt else math.inf
-                predicted = None if math.isinf(po) else max(0, math.floor(po))
-                predicted_reserved = None if math.isinf(pc) else max(0, math.floor(pc))
+    if predicted is None and predicted_reserved is None:  # no prediction was run: the final lines
+        predicted, predicted_reserved = predictions()
     ok = [t for t in trials if t.ok]
     cons, opt = lines_from(trials)
     result = BatchFit(ok=bool(ok), margin=margin, trials=tuple(trials), capacity_bytes=capacity,

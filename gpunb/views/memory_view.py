@@ -240,7 +240,7 @@ def fit_text(f: Any) -> str:
     lines = [f"gpunb %gpufit on {f.device}: largest batch that ran: {f.max_batch}; "
              f"recommended (−{f.margin * 100:.0f} % margin): {f.recommended}"]
     if f.predicted is not None:
-        lines.append(f"  predicted from the first two probes: {f.predicted}"
+        lines.append(f"  predicted from the probes: {f.predicted}"
                      + (f" (reserved-bytes line: {f.predicted_reserved})" if f.predicted_reserved is not None else ""))
     lines.append(f"  capacity: {size(f.capacity_bytes)}; {f.trial_count} trials:")
     for t in f.trials:
@@ -265,7 +265,7 @@ def fit_html(f: Any) -> str:
              size(t.peak_allocated_bytes), size(t.peak_reserved_bytes), f"{t.seconds:.1f} s"] for t in f.trials]
     head = (f"<div><b>gpunb %gpufit</b> on {escape(f.device)}: largest batch that ran <b>{f.max_batch}</b>; "
             f"recommended (−{f.margin * 100:.0f} % margin) <b>{f.recommended}</b>; predicted "
-            f"{escape(str(f.predicted))} from two probes; capacity {escape(size(f.capacity_bytes))}</div>")
+            f"{escape(str(f.predicted))} from the probes; capacity {escape(size(f.capacity_bytes))}</div>")
     notes = "".join(f"<div>note: {escape(n)}</div>" for n in f.notes)
     return head + _table(["#", "batch", "why", "result", "peak allocated", "peak reserved", "time"], rows) + notes
 
