@@ -193,7 +193,7 @@ def memory(
                         "`import torch` first (gpunb never imports it for you).")
     elif not _cuda(torch):
         problems.append("this kernel has not used CUDA yet (no CUDA context): showing tensors on all devices."
-                        if torch.cuda.is_available() else
+                        if torch.backends.cuda.is_built() and nvml.device_count() > 0 else
                         "torch sees no CUDA GPU (CPU-only build or no driver): showing CPU tensors. "
                         "Run %gpucheck to see why.")
     gpus, nvml_problems = _gpu_rows(torch, nvml) if torch is not None else _gpu_rows_no_torch(nvml)

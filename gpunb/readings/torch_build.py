@@ -75,16 +75,21 @@ def read_kernel_torch_state() -> KernelTorchState | None:
         return None
     arch_flags = getattr(torch._C, "_cuda_getArchFlags", None)  # compile-time list, no CUDA init
     arch = tuple(arch_flags().split()) if arch_flags is not None and arch_flags() else None
-    try:
-        cudnn = torch.backends.cudnn.version()
-    except Exception:
-        cudnn = None
-    try:
-        nccl = torch.cuda.nccl.version()
-        nccl = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
-    except Exception:
-        nccl = None
     initialized = bool(torch.cuda.is_initialized())
+    cudnn = nccl = None
+    # Measured on the H200 (torch 2.11): torch.backends.cudnn.version() initializes CUDA in
+    # this process. So library versions are read here only once CUDA is up anyway; before
+    # that they come from the subprocess probe.
+    if initialized:
+        try:
+            cudnn = torch.backends.cudnn.version()
+        except Exception:
+            cudnn = None
+        try:
+            nccl = torch.cuda.nccl.version()
+            nccl = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
+        except Exception:
+            nccl = None
     context_error = None
     if initialized:
         try:  # a sticky error (device-side assert, illegal address) makes every CUDA call raise

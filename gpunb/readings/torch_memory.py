@@ -22,7 +22,9 @@ def cuda_initialized(torch: Any) -> bool:
     if torch is None:
         return False
     try:
-        return bool(torch.cuda.is_available() and torch.cuda.is_initialized())
+        # is_initialized only: is_available() would cuInit the driver in this process, which
+        # breaks fork-based launchers even without a context (torch's own note on it).
+        return bool(torch.cuda.is_initialized())
     except Exception:
         return False
 
