@@ -147,3 +147,31 @@ def test_the_optimizer_hook_reads_the_forward_backward_peak(monkeypatch, fake_nv
     assert fit.trials[0].base_allocated_bytes == sim.fixed
     true_max = int((60 * GiB / 1.02 - 5 * params) / (5 * MiB))  # the simulated OOM rule
     assert 0.95 * true_max <= fit.max_batch <= true_max and fit.trial_count <= 4, fit.trials
+
+
+def test_the_h200_mlp_shape_through_the_cuda_path(monkeypatch, fake_nvml):
+    """The MLP that %gpufit missed on the H200 (run 2): at batch 2-16 the gradients set the
+    forward+backward peak (+135 KB/sample), the activations (660 KB/sample) only at large batches."""
+    from gpunb.analysis.batch_fit import fit_batch_size
+
+    base, grads, cap = 1_679_581_184, 537_142_272, 37_527_470_080  # recorded: step start, grads, 0.25 cap
+    sim = SimulatedAllocator(total=cap, fixed=base, per_sample=660_000, overhead=0.035)
+    sim.install(monkeypatch)
+    w = torch.nn.Parameter(torch.zeros(3))
+    opt = torch.optim.SGD([w], lr=0.1)
+
+    def step(batch):
+        sim.step(batch)  # the activations' OOM rule
+        fb = max(base + grads + 135_168 * batch, base + 660_000 * batch)
+        if fb * 1.035 > cap:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB.")
+        sim.peak = max(sim.peak, fb)
+        w.grad = torch.ones(3)
+        opt.step()  # the hook reads the forward+backward peak here
+        sim.peak = max(sim.peak, base + 2 * grads)  # AdamW's foreach temporaries
+
+    fit = fit_batch_size(step, progress=False)
+    true_max = int((cap / 1.035 - base) / 660_000)
+    moves = [(t.batch, t.ok, t.purpose) for t in fit.trials]
+    assert [m[2] for m in moves] == ["probe", "probe", "scout", "prediction"], moves
+    assert 0.95 * true_max <= fit.max_batch <= true_max, (moves, true_max)

@@ -18,9 +18,9 @@ peak, the activations only at large ones. So:
    with it), scout: run a batch that the line says uses 1/8 of what is left (an 8x
    underestimate still fits), and refit;
 4. run the prediction, ``1 - tolerance`` of the estimate: if it runs, it is within tolerance.
-   If it fails, the allocator needed more room near the limit: back off once by the
-   tolerance; any further failure (or a failed scout) is bisected between the best success
-   and the failure, geometrically when they are far apart.
+   If it fails where the bound agreed with the line, the allocator needed more room near the
+   limit: back off once by the tolerance; any other failure is bisected between the best
+   success and the failure, geometrically when they are far apart.
 
 An OOM in a trial is caught (the error's frames are cleared, ``gc.collect()``,
 ``empty_cache()``), recorded as an upper bound and the search continues. Only CUDA
@@ -170,12 +170,12 @@ def _trusted(ok: list[Trial], estimate: float, capacity: int, before: bool, tole
     bound = _bound_batch(b, capacity, before)
     if bound is not None and bound >= (1 - tolerance) * estimate:
         return True
-    if len(ok) >= 3:
+    near = estimate - b.batch <= EXTRAPOLATE * (b.batch - a.batch)
+    if len(ok) >= 3:  # three points on one line: straight, not bending up
         z = ok[-3]
         slope = lambda p, q: (fit_value(q, before) - fit_value(p, before)) / (q.batch - p.batch)  # noqa: E731
-        if slope(a, b) > (1 + tolerance) * slope(z, a):
-            return False  # bending up: the next part may be steeper still
-    return estimate - b.batch <= EXTRAPOLATE * (b.batch - a.batch)
+        return near and abs(slope(a, b) - slope(z, a)) <= tolerance * slope(a, b)
+    return near and bound is None  # two points: only without a bound that disagrees
 
 
 def next_trial(trials: list[Trial], *, capacity: int, start: int, max_batch: int | None,
@@ -255,7 +255,9 @@ def next_trial(trials: list[Trial], *, capacity: int, start: int, max_batch: int
     # A failure is an upper bound. When the prediction (from a trusted line) failed, the allocator
     # needed more room near the limit than the tolerance: once, just under it. Otherwise the line
     # was wrong: bisect between the best success and the failure, geometrically when far apart.
-    if not trials[-1].ok and trials[-1].purpose == "prediction":
+    bound = _bound_batch(b, capacity, before)
+    if not trials[-1].ok and trials[-1].purpose == "prediction" and (
+            bound is None or bound >= (1 - tolerance) * min(line_estimate, trials[-1].batch)):
         return max(lo + 1, goal), "back off"
     if hi is None:  # the prediction ran and the line, refitted through it, reaches further
         return max(lo + 1, goal), "refine"
