@@ -252,9 +252,10 @@ def next_trial(trials: list[Trial], *, capacity: int, start: int, max_batch: int
         return None  # the largest batch that ran is within tolerance of the best estimate
     if (hi is None or not untrusted) and not any(t.purpose == "prediction" for t in trials):
         return max(lo + 1, goal), "prediction"
-    # A failure is an upper bound. When the prediction (from a trusted line) failed, the allocator
-    # needed more room near the limit than the tolerance: once, just under it. Otherwise the line
-    # was wrong: bisect between the best success and the failure, geometrically when far apart.
+    # A failure is an upper bound. When the prediction failed though the per-sample bound
+    # confirmed the line, the allocator needed more room near the limit than the tolerance: once,
+    # just under it. Otherwise the line was wrong (a bend beyond the probes): bisect between the
+    # best success and the failure, geometrically when far apart.
     bound = _bound_batch(b, capacity, before)
     if not trials[-1].ok and trials[-1].purpose == "prediction" and (
             bound is None or bound >= (1 - tolerance) * min(line_estimate, trials[-1].batch)):
