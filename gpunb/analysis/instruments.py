@@ -79,6 +79,22 @@ class _TimedStream:
         return getattr(self._stream, name)
 
 
+def _allocated_reserved(torch: Any) -> tuple[int, int]:
+    """torch's current allocated and reserved bytes on the current device.
+
+    ``torch.cuda.memory_stats()`` (and ``memory_allocated()``, which calls it) flattens and
+    sorts every allocator counter in Python: 63 µs per call on the H200 (research anchors
+    §1.4). The nested dict it is built from comes straight from C++; read that when torch
+    has it (benchmarks/profile_overhead.py times both on the device).
+    """
+    nested = getattr(torch._C, "_cuda_memoryStats", None)
+    if nested is not None:
+        s = nested(torch.cuda.current_device())
+        return int(s["allocated_bytes"]["all"]["current"]), int(s["reserved_bytes"]["all"]["current"])
+    s = torch.cuda.memory_stats()
+    return int(s.get("allocated_bytes.all.current", 0)), int(s.get("reserved_bytes.all.current", 0))
+
+
 class Instruments:
     """Measurements of one profiled cell. ``install`` then ``remove`` (idempotent)."""
 
@@ -113,7 +129,7 @@ class Instruments:
         self.sync_s = 0.0
         self.sync_gpu_s = 0.0
         self.sync_by_method: dict[str, int] = {}
-        self._in_sync = False
+        self._quiet = False  # True inside optimizer.step() and inside a counted read
         # output
         self.write_n = 0
         self.write_chars = 0
@@ -125,6 +141,7 @@ class Instruments:
         self.device_used_peak: int | None = None
         self._undo: list[Callable[[], None]] = []
         self.installed = False
+        self._cuda = False
 
     # -- life cycle ---------------------------------------------------------------------
     def install(self, cuda: bool) -> None:
@@ -163,7 +180,7 @@ class Instruments:
 
     def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         t = self.clock()
-        self._after_step()
+        self._quiet = False
         key = id(optimizer)
         if self._primary is None:
             self._primary = key
@@ -175,7 +192,8 @@ class Instruments:
         index = len(self.step_t)
         self.step_t.append(t)
         torch = self.torch
-        if torch.cuda.is_initialized():
+        if self._cuda or torch.cuda.is_initialized():  # once up, CUDA stays up: skip the check
+            self._cuda = True
             try:
                 event = torch.cuda.Event(enable_timing=True)
                 event.record()
@@ -254,17 +272,23 @@ class Instruments:
         self._tensor = tensor
         self._wrapped: dict[str, Callable] = {}
         self._own: dict[str, Any] = {}
-        for name in SYNC_METHODS:
-            original = getattr(tensor, name, None)
-            if original is None:
-                continue
-            self._own[name] = tensor.__dict__.get(name)
-            self._wrapped[name] = self._sync_wrapper(name, original)
-            setattr(tensor, name, self._wrapped[name])
+        # Every assignment to a Tensor attribute invalidates the attribute cache of Tensor and
+        # its subclasses; from CPython 3.13 a class gets at most 1000 new cache versions, after
+        # which every method lookup on it stays uncached for the life of the process (measured
+        # with a plain class on 3.13.0: 27 -> 84 ns per method call after 1200 changes). So read
+        # every original first and assign all wrappers in one go (2 versions per cell, not one
+        # per name), and never touch the class per step.
+        originals = {name: getattr(tensor, name, None) for name in SYNC_METHODS}
+        for name, original in originals.items():
+            if original is not None:
+                self._own[name] = tensor.__dict__.get(name)
+                self._wrapped[name] = self._sync_wrapper(name, original)
+        for name, wrapper in self._wrapped.items():
+            setattr(tensor, name, wrapper)
         self._undo.append(self._unwrap_tensor_syncs)
-        # Adam/AdamW (foreach) call .item() on a CPU step counter for every parameter
-        # inside optimizer.step(): hand them the plain method there (2 attribute writes per
-        # step instead of hundreds of wrapped calls).
+        # Adam/AdamW/Adafactor call .item() on CPU step counters for every parameter inside
+        # optimizer.step(): a flag set by a pre-step hook makes the wrappers pass those
+        # straight through (one attribute test per call) instead of counting them.
         try:
             module = importlib.import_module("torch.optim.optimizer")
             handle = module.register_optimizer_step_pre_hook(self._before_step)
@@ -272,25 +296,17 @@ class Instruments:
             return
         self._undo.append(handle.remove)
 
-    def _restore(self, name: str) -> None:
-        own = self._own.get(name)
-        if own is not None:
-            setattr(self._tensor, name, own)
-        elif name in self._tensor.__dict__:
-            delattr(self._tensor, name)
-
     def _unwrap_tensor_syncs(self) -> None:
+        tensor = self._tensor
         for name in self._wrapped:
-            self._restore(name)
+            own = self._own.get(name)
+            if own is not None:
+                setattr(tensor, name, own)
+            elif name in tensor.__dict__:
+                delattr(tensor, name)
 
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.installed and "item" in self._wrapped:
-            self._restore("item")
-
-    def _after_step(self) -> None:
-        wrapped = getattr(self, "_wrapped", None)
-        if self.installed and wrapped and "item" in wrapped:
-            setattr(self._tensor, "item", wrapped["item"])
+        self._quiet = True
 
     def _sync_wrapper(self, name: str, original: Callable) -> Callable:
         recorder = self
@@ -299,12 +315,12 @@ class Instruments:
 
         def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
             __tracebackhide__ = True  # noqa: F841
-            if recorder._in_sync:  # e.g. __format__ calling item(): count the outer call only
+            if recorder._quiet:  # inside optimizer.step(), or __format__ calling item(): not the user's read
                 return original(self, *args, **kwargs)
             on_gpu = self.device.type != "cpu"
             if name == "cpu" and not on_gpu:
                 return original(self, *args, **kwargs)  # already on the host: no copy, no sync
-            recorder._in_sync = True
+            recorder._quiet = True
             t0 = recorder.clock()
             try:
                 if reattribute and self.requires_grad:
@@ -312,7 +328,7 @@ class Instruments:
                 return original(self, *args, **kwargs)
             finally:
                 dt = recorder.clock() - t0
-                recorder._in_sync = False
+                recorder._quiet = False
                 recorder.sync_n += 1
                 recorder.sync_s += dt
                 recorder.sync_by_method[name] = recorder.sync_by_method.get(name, 0) + 1
@@ -361,7 +377,7 @@ class Instruments:
 
     # -- memory timeline ----------------------------------------------------------------------
     def sample_memory(self, force: bool = False) -> None:
-        """One point of the memory timeline (rate-limited: ``memory_stats`` costs ~60 µs)."""
+        """One point of the memory timeline, at most every ``memory_every_s`` at a step end."""
         if self.memory_every_s is None and not force:
             return
         t = self.clock()
@@ -373,9 +389,7 @@ class Instruments:
                 self.device_used_peak = used
         try:
             if torch is not None and torch.cuda.is_initialized():
-                s = torch.cuda.memory_stats()
-                self.memory.append((t, int(s.get("allocated_bytes.all.current", 0)),
-                                    int(s.get("reserved_bytes.all.current", 0))))
+                self.memory.append((t, *_allocated_reserved(torch)))
             else:
                 from gpunb.readings.process import read_process_usage
 
