@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 
-def gib(n_bytes: Any) -> str:
-    """1.5 GiB, 512.0 MiB, 12 B; 'n/a' for non-numbers (Unavailable readings)."""
+def gib(n_bytes: Any, digits: int = 1) -> str:
+    """1.5 GiB, 512.0 MiB, 12 B; 'n/a' for non-numbers (None, Unavailable readings).
+    ``digits`` is for GiB; smaller units keep one decimal."""
     if not isinstance(n_bytes, (int, float)) or isinstance(n_bytes, bool):
         return "n/a"
     for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(n_bytes) >= size:
-            return f"{n_bytes / size:.1f} {unit}"
+            return f"{n_bytes / size:.{digits if unit == 'GiB' else 1}f} {unit}"
     return f"{int(n_bytes)} B"
 
 

@@ -12,6 +12,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpunb import units
 from gpunb.analysis.advice import Advice, ranked
 from gpunb.analysis.oom_message import OomMessage, find_oom, parse_oom_message
 from gpunb.analysis.tensor_census import EXCEPTION, NAMESPACE, Census, take_census
@@ -93,15 +94,7 @@ class OomDiagnosis:
 
 
 def gib(n: int | None) -> str:
-    if n is None:
-        return "?"
-    if abs(n) >= GiB:
-        return f"{n / GiB:.2f} GiB"
-    if abs(n) >= 2**20:
-        return f"{n / 2**20:.1f} MiB"
-    if abs(n) >= 2**10:
-        return f"{n / 2**10:.1f} KiB"
-    return f"{n} B"
+    return units.gib(n, digits=2)
 
 
 def _frac(part: int | None, whole: int | None) -> float | None:

@@ -12,21 +12,13 @@ from html import escape
 from typing import Any
 
 from gpunb.analysis.tensor_census import GROUP_TITLES, ROLES
+from gpunb.units import gib
 
 GiB = 2**30
 
 
 def size(n: Any) -> str:
-    if n is None:
-        return "n/a"
-    n = int(n)
-    if abs(n) >= GiB:
-        return f"{n / GiB:.2f} GiB"
-    if abs(n) >= 2**20:
-        return f"{n / 2**20:.1f} MiB"
-    if abs(n) >= 2**10:
-        return f"{n / 2**10:.1f} KiB"
-    return f"{n} B"
+    return gib(int(n) if isinstance(n, float) else n, digits=2)
 
 
 def _pct(x: float | None) -> str:
