@@ -153,3 +153,30 @@ def test_fp32_params_on_h200_get_bf16_advice(fake_cuda):
     assert p.result.verdict.kind == "on-cpu"
     assert p.result.advice[0].title == "Move the model and each batch to the GPU"
     assert any("bf16" in a.title for a in p.result.advice)
+
+
+def test_one_line_reads_util_samples_only_for_cells_nvml_can_describe(fake_cuda):
+    from gpunb.analysis.cell_meter import UTIL_MIN_S, CellMeter
+
+    calls = []
+    session = nvml_module.default_session()
+    original = session.query
+
+    def counting(name, *args):
+        calls.append(name)
+        return original(name, *args)
+
+    session.query = counting
+    meter = CellMeter()
+    meter.start()
+    short = meter.stop()
+    assert short.util_pct is None and "nvmlDeviceGetSamples" not in calls  # no NVML call at all
+    assert short.peak_vram_bytes == fake_cuda.stats["allocated_bytes.all.peak"]
+    meter.start()
+    time.sleep(UTIL_MIN_S + 0.05)
+    long = meter.stop()
+    assert calls.count("nvmlDeviceGetSamples") == 1 and long.util_pct > 95
+    meter.start()
+    time.sleep(UTIL_MIN_S + 0.05)
+    meter.stop()
+    assert calls.count("nvmlDeviceGetUUID") <= 1  # the GPU is matched once per meter, not per cell

@@ -2,19 +2,36 @@
 
 At cell start: a clock, (optionally) torch's peak counter reset, the RSS peak reset and
 an NVML timestamp. At cell end: one ``synchronize`` (so the time includes the GPU work
-the cell queued), one ``memory_stats``, one NVML samples call. A few hundred µs per cell,
-nothing per training step.
+the cell queued), one read of torch's peak counter, one NVML samples call (skipped for
+cells shorter than NVML's sampling can describe), one ``/proc/self/status`` read. Nothing
+per training step; ``benchmarks/profile_overhead.py`` times each of these on the device.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from gpunb.readings import torch_state
 from gpunb.readings.gpu_activity import UtilWindow, now_us, nvml_index_for_uuid, read_util_since
 from gpunb.readings.nvml import NvmlSession, default_session
 from gpunb.readings.process import read_process_usage, reset_peak_rss
+
+
+# NVML keeps about 5 utilization samples a second on an H200 (research anchors §1.1) and
+# reading them costs ~2 ms (nvmlDeviceGetSamples, same table): a shorter cell has at most a
+# sample or two, partly from before it started, so it gets no utilization and no NVML call.
+UTIL_MIN_S = 1.0
+
+
+def peak_allocated(torch: Any, device: int) -> int:
+    """``torch.cuda.max_memory_allocated`` without its Python flattening of every counter
+    (63 µs on the H200, research anchors §1.4): the same counter from the nested stats."""
+    nested = getattr(torch._C, "_cuda_memoryStats", None)
+    if nested is not None:
+        return int(nested(device)["allocated_bytes"]["all"]["peak"])
+    return int(torch.cuda.max_memory_allocated(device))
 
 
 @dataclass(frozen=True)
@@ -32,6 +49,7 @@ class CellMeter:
         self.reset_peak = reset_peak
         self.nvml = nvml
         self._t0: float | None = None
+        self._nvml_index: dict[int, int] = {}  # torch device -> NVML index (fixed for the process)
 
     def start(self) -> None:
         torch = torch_state.imported_torch()
@@ -41,7 +59,7 @@ class CellMeter:
             if self.reset_peak:
                 torch.cuda.reset_peak_memory_stats(dev)
             else:
-                self._peak_before = torch.cuda.max_memory_allocated(dev)
+                self._peak_before = peak_allocated(torch, dev)
         self._rss_reset = reset_peak_rss()
         self._since = now_us()
         self._t0 = time.perf_counter()
@@ -58,12 +76,15 @@ class CellMeter:
                 torch.cuda.synchronize()
                 synced = time.perf_counter() - self._t0
                 dev = torch_state.current_device(torch)
-                peak = torch.cuda.max_memory_allocated(dev)
+                peak = peak_allocated(torch, dev)
                 if self._peak_before is not None and peak <= self._peak_before:
                     peak, note = None, "peak VRAM not above the earlier peak"
                 nvml = self.nvml or default_session()
-                if nvml.device_count():
-                    index = nvml_index_for_uuid(nvml, torch_state.device_uuid(torch, dev), dev)
+                if synced >= UTIL_MIN_S and nvml.device_count():
+                    index = self._nvml_index.get(dev)
+                    if index is None:
+                        index = self._nvml_index[dev] = nvml_index_for_uuid(
+                            nvml, torch_state.device_uuid(torch, dev), dev)
                     window = read_util_since(nvml, index, self._since)
                     util = window.mean_pct if isinstance(window, UtilWindow) else None
             except Exception as exc:  # a broken CUDA context: say so, never break the cell

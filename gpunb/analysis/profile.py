@@ -269,6 +269,7 @@ class ProfileSession:
         except Exception:
             return None
         index = nvml_index_for_uuid(nvml, torch_state.device_uuid(torch, dev), dev)
+        self._nvml_index = (dev, index)
 
         def used() -> int | None:
             mem = nvml.device_query(index, "nvmlDeviceGetMemoryInfo")
@@ -327,7 +328,10 @@ class ProfileSession:
             # the counter still holds an older peak: it is the cell's only if the cell raised it
             peak_alloc = peak_alloc if peak_alloc > before.peak_allocated_bytes else None
             peak_res = peak_res if peak_res > before.peak_reserved_bytes else None
-        nvml_index = nvml_index_for_uuid(nvml, torch_state.device_uuid(torch, dev), dev) if nvml.device_count() else None
+        known = getattr(self, "_nvml_index", None)  # matched at start (one UUID query per GPU)
+        nvml_index = known[1] if known and known[0] == dev else None
+        if nvml_index is None and nvml.device_count():
+            nvml_index = nvml_index_for_uuid(nvml, torch_state.device_uuid(torch, dev), dev)
         mem = read_device_memory(nvml, nvml_index) if nvml_index is not None else None
         util = read_util_since(nvml, nvml_index, self.util_since_us) if nvml_index is not None else None
         util_ok = isinstance(util, UtilWindow)

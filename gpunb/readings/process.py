@@ -40,22 +40,28 @@ def reset_peak_rss() -> bool:
         return False
 
 
-def _status_kib(field: str) -> int | None:
+def _status_kib(*fields: str) -> list[int | None]:
+    """Fields of ``/proc/self/status`` in bytes, from one read (measured on a 2-core VM: the
+    read ~12 µs, a Python loop over its ~60 lines another ~20 µs, so search the text)."""
     try:
         with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+            text = f.read()
+    except OSError:
+        return [None] * len(fields)
+    values: list[int | None] = []
+    for field in fields:
+        at = text.find("\n" + field)
+        try:
+            values.append(int(text[at + len(field) + 1:text.index("\n", at + 1)].split()[0]) * 1024 if at >= 0 else None)
+        except (ValueError, IndexError):
+            values.append(None)
+    return values
 
 
 def read_process_usage(peak_was_reset: bool = False) -> ProcessUsage:
     t = time.perf_counter()
     cpu = time.process_time()
-    rss = _status_kib("VmRSS:")
-    peak = _status_kib("VmHWM:")
+    rss, peak = _status_kib("VmRSS:", "VmHWM:")
     if peak is None and resource is not None:
         maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         peak = maxrss if sys.platform == "darwin" else maxrss * 1024  # macOS: bytes, Linux: KiB
