@@ -17,7 +17,7 @@ _LAZY = {
     "monitor": "gpunb.shells.monitor:monitor",
     "profile": "gpunb.analysis.profile:profile",
     "memory": "gpunb.analysis.memory_report:memory",
-    "diagnose_oom": "gpunb.analysis.oom:diagnose_oom",
+    "diagnose_oom": "gpunb.shells.oom_hook:diagnose_oom",
     "fit_batch_size": "gpunb.analysis.batch_fit:fit_batch_size",
 }
 

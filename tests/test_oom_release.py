@@ -151,3 +151,32 @@ def test_release_clears_locals_snapshots_of_function_frames():
     gc.collect()
     assert refs[0]() is None
     assert "err" in dir()  # the exception itself stays
+
+
+CAUGHT_CELL = """
+import gpunb
+try:
+    train_step(4096)
+except torch.OutOfMemoryError as caught:
+    err = caught
+diagnosis = gpunb.diagnose_oom(err, release=True)
+"""
+
+
+def test_api_twin_releases_an_error_the_user_caught(shell):
+    shell.run_cell(FAILING_CELL.replace("train_step(4096)\n", ""))  # define it, don't fail yet
+    result = shell.run_cell(CAUGHT_CELL)
+    assert result.success
+    gc.collect()
+    assert shell.user_ns["_gpunb_test"]["ref"]() is None, "the caught error's frames must be released"
+    d = shell.user_ns["diagnosis"]
+    assert d.release is not None and "train_step() local acts" in str(d)
+    assert isinstance(shell.user_ns["err"], torch.OutOfMemoryError)  # the user's exception object stays
+
+
+def test_api_twin_without_release_frees_nothing(shell):
+    shell.run_cell(FAILING_CELL.replace("train_step(4096)\n", ""))
+    shell.run_cell(CAUGHT_CELL.replace("release=True", "release=False"))
+    gc.collect()
+    assert shell.user_ns["_gpunb_test"]["ref"]() is not None
+    assert shell.user_ns["diagnosis"].release is None
