@@ -161,6 +161,25 @@ def test_history_compares_two_real_runs():
     assert HISTORY.entries()[-2:] == [slow.result, fast.result]
 
 
+def test_history_compares_throughput_across_batch_sizes():
+    from torch.utils.data import TensorDataset
+
+    model, opt = _model()
+    data = TensorDataset(torch.randn(512, 16), torch.randn(512, 1))
+    runs = []
+    for batch in (4, 64):
+        with gpunb.profile(label=f"batch {batch}") as p:
+            for x, y in DataLoader(data, batch_size=batch):
+                _step(model, opt, x, y)
+        runs.append(p.result)
+    small, large = runs
+    assert (small.steps.batch_size, large.steps.batch_size) == (4, 64)
+    c = compare(small, large)
+    # a larger batch takes longer per step, yet trains more samples per second
+    assert c.speed_basis == "samples/s" and c.speedup > 1
+    assert c.speedup == pytest.approx(large.steps.samples_per_s / small.steps.samples_per_s)
+
+
 def test_api_arguments_are_checked():
     with pytest.raises(ValueError, match="warmup_steps"):
         gpunb.profile(warmup_steps=-1)

@@ -1,8 +1,10 @@
 """Profiled cells of this kernel, in order, and how two of them compare.
 
-A comparison reads like a lab note: "1.8x faster, 35 % less memory". Speed compares the
-median step time when both runs have steps, else the wall time; memory compares torch's
-peak allocated bytes when both ran on a GPU, else the peak resident memory.
+A comparison reads like a lab note: "1.8x faster, 35 % less memory". Speed compares
+samples/s when both runs know their batch size and it differs (a larger batch takes longer
+per step but may train faster), else the median step time when both runs have steps, else
+the wall time; memory compares torch's peak allocated bytes when both ran on a GPU, else
+the peak resident memory.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ MAX_ENTRIES = 500  # a day of profiling; each entry is a few KB
 @dataclass(frozen=True)
 class Comparison:
     speedup: float | None  # > 1: the later run is faster
-    speed_basis: str  # "median step" | "wall time"
+    speed_basis: str  # "samples/s" | "median step" | "wall time"
     memory_ratio: float | None  # later / earlier
     memory_basis: str  # "peak VRAM" | "peak RSS"
 
@@ -56,7 +58,11 @@ def _memory(p: Any) -> tuple[float | None, str]:
 
 def compare(earlier: Any, later: Any) -> Comparison:
     (s0, b0), (s1, b1) = _speed(earlier), _speed(later)
-    if b0 != b1:  # one has steps, the other not: compare wall time
+    e, l = earlier.steps, later.steps
+    if e.samples_per_s and l.samples_per_s and e.batch_size != l.batch_size:
+        # Throughput is the fair measure across batch sizes; as a time ratio: earlier/later.
+        s0, s1, b1 = 1 / e.samples_per_s, 1 / l.samples_per_s, "samples/s"
+    elif b0 != b1:  # one has steps, the other not: compare wall time
         s0, s1, b1 = earlier.wall_s, later.wall_s, "wall time"
     (m0, c0), (m1, c1) = _memory(earlier), _memory(later)
     speed = s0 / s1 if s0 and s1 else None
