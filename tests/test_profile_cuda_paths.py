@@ -73,11 +73,23 @@ class FakeCuda:
     def max_memory_allocated(self, device: int = 0) -> int:
         return self.stats["allocated_bytes.all.peak"]
 
+    def nested_stats(self, device: int) -> dict:
+        """``torch._C._cuda_memoryStats``: what memory_stats() flattens ("a.b.c" -> a/b/c)."""
+        nested: dict = {}
+        for key, value in self.stats.items():
+            *path, last = key.split(".")
+            node = nested
+            for part in path:
+                node = node.setdefault(part, {})
+            node[last] = value
+        return nested
+
 
 class TorchWithFakeCuda:
     def __init__(self, cuda: FakeCuda) -> None:
         self.cuda = cuda
         self.version = SimpleNamespace(cuda="13.0")
+        self._C = SimpleNamespace(_cuda_memoryStats=cuda.nested_stats)  # the CUDA build's cheap stats path
 
     def __getattr__(self, name: str):
         return getattr(torch, name)

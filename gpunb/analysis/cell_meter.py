@@ -30,7 +30,10 @@ def peak_allocated(torch: Any, device: int) -> int:
     (63 µs on the H200, research anchors §1.4): the same counter from the nested stats."""
     nested = getattr(torch._C, "_cuda_memoryStats", None)
     if nested is not None:
-        return int(nested(device)["allocated_bytes"]["all"]["peak"])
+        try:
+            return int(nested(device)["allocated_bytes"]["all"]["peak"])
+        except (KeyError, TypeError):  # another layout in some torch version: the public path
+            pass
     return int(torch.cuda.max_memory_allocated(device))
 
 

@@ -89,8 +89,11 @@ def _allocated_reserved(torch: Any) -> tuple[int, int]:
     """
     nested = getattr(torch._C, "_cuda_memoryStats", None)
     if nested is not None:
-        s = nested(torch.cuda.current_device())
-        return int(s["allocated_bytes"]["all"]["current"]), int(s["reserved_bytes"]["all"]["current"])
+        try:
+            s = nested(torch.cuda.current_device())
+            return int(s["allocated_bytes"]["all"]["current"]), int(s["reserved_bytes"]["all"]["current"])
+        except (KeyError, TypeError):  # another layout in some torch version: the public path
+            pass
     s = torch.cuda.memory_stats()
     return int(s.get("allocated_bytes.all.current", 0)), int(s.get("reserved_bytes.all.current", 0))
 
