@@ -54,7 +54,10 @@ def render_text(report: CheckReport) -> str:
 
 def _check_html(c: CheckResult) -> str:
     color = COLOR[c.status]
-    body = [f'<div style="margin:2px 0 4px 22px;color:#57606a">{escape(c.summary)}</div>']
+    is_open = c.status in ("warn", "fail")
+    # Closed rows show what was measured on the row itself; open ones below the title.
+    inline = "" if is_open else f' <span style="color:#57606a">— {escape(c.summary)}</span>'
+    body = [f'<div style="margin:2px 0 4px 22px;color:#57606a">{escape(c.summary)}</div>'] if is_open else []
     if c.status in ("warn", "fail"):
         for label, text in (("Cause", c.cause), ("Fix", c.fix)):
             if text:
@@ -64,11 +67,16 @@ def _check_html(c: CheckResult) -> str:
     if c.link:
         body.append(f'<div style="margin:2px 0 2px 22px"><a href="{escape(c.link, quote=True)}" target="_blank" '
                     f'rel="noopener noreferrer">documentation</a></div>')
-    is_open = " open" if c.status in ("warn", "fail") else ""
-    return (f'<details{is_open} style="margin:1px 0"><summary style="cursor:pointer">'
-            f'<span style="color:{color};font-weight:bold;display:inline-block;width:1.2em">{SYMBOL[c.status]}</span>'
-            f'<span style="color:{color};font-weight:600">{escape(c.status)}</span> {escape(c.title)}</summary>'
-            + "".join(body) + "</details>")
+    if not body:  # nothing more to expand
+        return (f'<div style="margin:1px 0 1px 14px">{_badge(c)} {escape(c.title)}{inline}</div>')
+    return (f'<details{" open" if is_open else ""} style="margin:1px 0"><summary style="cursor:pointer">'
+            f'{_badge(c)} {escape(c.title)}{inline}</summary>' + "".join(body) + "</details>")
+
+
+def _badge(c: CheckResult) -> str:
+    color = COLOR[c.status]
+    return (f'<span style="color:{color};font-weight:bold;display:inline-block;width:1.2em">{SYMBOL[c.status]}</span>'
+            f'<span style="color:{color};font-weight:600">{escape(c.status)}</span>')
 
 
 def render_html(report: CheckReport) -> str:
