@@ -37,7 +37,6 @@ import argparse
 import contextlib
 import gc
 import json
-import os
 import platform
 import statistics
 import subprocess
@@ -252,10 +251,12 @@ def measure(kind: str, device: str, cell_s: float, rounds: int, profiler_rounds:
     while time.perf_counter() - t0 < min(1.0, cell_s):  # cuBLAS heuristics, allocator, clocks up
         run(5)
         sync(device)
-    t0 = time.perf_counter()
-    run(10)
-    sync(device)
-    step_s = (time.perf_counter() - t0) / 10
+    done, t0 = 0, time.perf_counter()
+    while done < 10 or time.perf_counter() - t0 < cell_s / 4:  # calibrate over a quarter cell
+        run(5)
+        sync(device)
+        done += 5
+    step_s = (time.perf_counter() - t0) / done
     steps = max(10, round(cell_s / step_s))
     costs = call_costs(device, opt)
     gpunb_rounds = rounds_of(GPUNB_MODES, rounds, run, steps, device)
@@ -319,20 +320,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--loop", choices=LOOPS, help=argparse.SUPPRESS)  # child process: one loop
     ap.add_argument("--json", help=argparse.SUPPRESS)  # child process: write its result here
     args = ap.parse_args(argv)
-    import torch
-
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        print("profile_overhead: --device cuda but torch sees no CUDA GPU; use --device cpu", file=sys.stderr)
-        return 2
-    cuda = device == "cuda"
-    cell_s = args.cell_s if args.cell_s is not None else (2.0 if cuda else 0.2)
-    rounds = args.rounds if args.rounds is not None else (5 if cuda else 3)
-    profiler_rounds = args.profiler_rounds if args.profiler_rounds is not None else (2 if cuda else 1)
-    if rounds < 1 or profiler_rounds < 0 or cell_s <= 0:
-        ap.error("--rounds must be >= 1, --profiler-rounds >= 0, --cell-s > 0")
     if args.loop:  # the child: one loop in a fresh process
+        import torch
+
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if device == "cuda" and not torch.cuda.is_available():
+            print("profile_overhead: --device cuda but torch sees no CUDA GPU; use --device cpu", file=sys.stderr)
+            return 2
+        cuda = device == "cuda"
+        cell_s = args.cell_s if args.cell_s is not None else (2.0 if cuda else 0.2)
+        rounds = args.rounds if args.rounds is not None else (5 if cuda else 3)
+        profiler_rounds = args.profiler_rounds if args.profiler_rounds is not None else (2 if cuda else 1)
+        if rounds < 1 or profiler_rounds < 0 or cell_s <= 0:
+            print("profile_overhead: --rounds must be >= 1, --profiler-rounds >= 0, --cell-s > 0", file=sys.stderr)
+            return 2
         res = measure(args.loop, device, cell_s, rounds, profiler_rounds)
+        import gpunb
+
+        res["meta"] = {"device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
+                       "torch": torch.__version__, "python": platform.python_version(), "gpunb": gpunb.__version__,
+                       "cell_s": cell_s}
         Path(args.json).write_text(json.dumps(res))
         return 0
     if not args.out:
@@ -341,21 +348,21 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     results = []
-    for kind in LOOPS:
+    passed = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
+              if k in ("device", "cell_s", "rounds", "profiler_rounds") and v is not None]
+    for kind in LOOPS:  # the parent never imports torch: each loop gets a fresh process
         part = out / f".profile_overhead_{kind}.json"
-        cmd = [sys.executable, __file__, "--loop", kind, "--json", str(part), "--device", device,
-               "--cell-s", str(cell_s), "--rounds", str(rounds), "--profiler-rounds", str(profiler_rounds)]
-        done = subprocess.run(cmd, env=os.environ.copy())
+        done = subprocess.run([sys.executable, __file__, "--loop", kind, "--json", str(part), *passed])
         if done.returncode != 0:
             print(f"profile_overhead: the {kind} run failed (exit {done.returncode})", file=sys.stderr)
             return done.returncode or 1
         results.append(json.loads(part.read_text()))
         part.unlink()
-    import gpunb
-
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "device": torch.cuda.get_device_name() if cuda
-            else platform.processor() or "cpu", "torch": torch.__version__, "python": platform.python_version(),
-            "gpunb": gpunb.__version__, "cell_s": cell_s, "wall_s": round(time.perf_counter() - started, 1)}
+    meta = dict(results[0].pop("meta"))
+    for res in results[1:]:
+        res.pop("meta", None)
+    meta["date"] = time.strftime("%Y-%m-%d %H:%M")
+    meta["wall_s"] = round(time.perf_counter() - started, 1)
     print_table(results, meta)
     (out / "profile_overhead.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
     print(f"written: {out / 'profile_overhead.json'} ({meta['wall_s']} s)")
