@@ -13,7 +13,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from gpunb.readings.gpu import read_processes
 from gpunb.readings.nvml import NvmlSession, Unavailable, is_available
 
 GPU_UTILIZATION_SAMPLES = 1  # nvml.h nvmlSamplingType_t
@@ -91,10 +90,13 @@ def read_device_memory(nvml: NvmlSession, index: int, pid: int | None = None) ->
     if not is_available(mem):
         return mem
     pid = os.getpid() if pid is None else pid
-    procs = read_processes(nvml, index)
+    # PIDs and bytes only: read_processes also asks NVML for every process's name, one more
+    # driver call per process that a cell's memory split does not need
+    procs = nvml.device_query(index, "nvmlDeviceGetComputeRunningProcesses")
     mine: Any = None
     others: Any = procs
     if is_available(procs):
-        mine = sum(p.used_bytes or 0 for p in procs if p.pid == pid) if any(p.pid == pid for p in procs) else None
-        others = sum(p.used_bytes or 0 for p in procs if p.pid != pid)
+        used = [(p.pid, getattr(p, "usedGpuMemory", None) or 0) for p in procs]
+        mine = sum(b for q, b in used if q == pid) if any(q == pid for q, _ in used) else None
+        others = sum(b for q, b in used if q != pid)
     return DeviceMemory(index, nvml.device_query(index, "nvmlDeviceGetName"), mem.total, mem.used, mine, others)
