@@ -9,7 +9,12 @@ What each one measures, without changing the user's code:
 - **data wait**: ``_BaseDataLoaderIter.__next__`` is wrapped; the time inside it is the time
   the loop waited for its next batch.
 - **host syncs**: ``Tensor.item/tolist/cpu/__float__/__int__/__bool__/__repr__/__format__`` are
-  wrapped; on a CUDA tensor each call waits for the GPU to finish the queued work.
+  wrapped; on a CUDA tensor each call waits for the GPU to finish the queued work. Inside
+  ``optimizer.step()`` they pass calls through uncounted (measured on a 2-core VM: +0.2 µs
+  per call over the plain method; a counted read +1.2 µs). ``torch.Tensor`` is changed only
+  when the cell starts and ends.
+- **memory timeline**: at a step end at most every 50 ms, torch's allocated/reserved bytes
+  and NVML's device "used".
 - **output**: ``sys.stdout.write`` / ``sys.stderr.write`` are timed.
 
 Every wrapper marks its frame ``__tracebackhide__`` so IPython shows a user's exception
