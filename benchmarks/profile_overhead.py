@@ -195,7 +195,7 @@ def call_costs(device: str, opt) -> dict:
         ins._quiet = True
         costs["t.item() wrapped, inside optimizer.step()"] = per_call_us(lambda: t.item())
         ins._quiet = False
-        costs["timeline point (allocator + NVML used)"] = per_call_us(lambda: ins.sample_memory(force=True), max_n=500)
+        costs["timeline point (allocator read; NVML used is listed apart)"] = per_call_us(lambda: ins.sample_memory(force=True), max_n=500)
     finally:
         ins.remove()
     if cuda:
