@@ -305,8 +305,8 @@ def print_table(results: list[dict], meta: dict) -> None:
     for name in names:
         vals = [res["call_costs_us"].get(name) for res in results]
         cells = "  ".join(f"{v:>10.2f}" if v is not None else f"{'-':>10}" for v in vals)
-        print(f"  {name:<44} {cells}")
-    print(f"  {'(columns: ' + ', '.join(r['loop'] for r in results) + ')':<44}")
+        print(f"  {name:<58} {cells}")
+    print(f"  {'(columns: ' + ', '.join(r['loop'] for r in results) + ')':<58}")
 
 
 def main(argv: list[str] | None = None) -> int:
