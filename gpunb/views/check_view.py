@@ -53,7 +53,6 @@ def render_text(report: CheckReport) -> str:
 
 
 def _check_html(c: CheckResult) -> str:
-    color = COLOR[c.status]
     is_open = c.status in ("warn", "fail")
     # Closed rows show what was measured on the row itself; open ones below the title.
     inline = "" if is_open else f' <span style="color:#57606a">— {escape(c.summary)}</span>'
