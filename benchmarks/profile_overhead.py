@@ -120,10 +120,14 @@ def cell(mode: str, run, steps: int, device: str) -> dict:
     t0 = time.perf_counter()
     ctx = context(mode)
     ctx.__enter__()
-    t1 = time.perf_counter()
-    run(steps)
-    sync(device)
-    t2 = time.perf_counter()
+    gc.disable()  # a collection landing in one variant's cell and not the other's is noise
+    try:
+        t1 = time.perf_counter()
+        run(steps)
+        sync(device)
+        t2 = time.perf_counter()
+    finally:
+        gc.enable()
     ctx.__exit__(None, None, None)
     t3 = time.perf_counter()
     return {"total_s": t3 - t0, "enter_s": t1 - t0, "body_s": t2 - t1, "exit_s": t3 - t2}
@@ -317,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds of the gpunb variants (default 5, 3 on CPU)")
     ap.add_argument("--profiler-rounds", type=int, default=None,
                     help="rounds of torch.profiler vs none (default 2, 1 on CPU; 0 skips it)")
+    ap.add_argument("--loops", nargs="+", choices=LOOPS, default=list(LOOPS), help="which loops (default both)")
     ap.add_argument("--loop", choices=LOOPS, help=argparse.SUPPRESS)  # child process: one loop
     ap.add_argument("--json", help=argparse.SUPPRESS)  # child process: write its result here
     args = ap.parse_args(argv)
@@ -350,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     passed = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
               if k in ("device", "cell_s", "rounds", "profiler_rounds") and v is not None]
-    for kind in LOOPS:  # the parent never imports torch: each loop gets a fresh process
+    for kind in args.loops:  # the parent never imports torch: each loop gets a fresh process
         part = out / f".profile_overhead_{kind}.json"
         done = subprocess.run([sys.executable, __file__, "--loop", kind, "--json", str(part), *passed])
         if done.returncode != 0:
