@@ -108,3 +108,12 @@ def test_loading_the_extension_imports_no_torch_or_matplotlib():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "clean" in out.stdout, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("fake_nvml", ["second-gpu-lost"], indirect=True)
+def test_gpumem_names_a_lost_gpu(fake_nvml):
+    import gpunb
+
+    report = gpunb.memory(namespace={})
+    text = report._repr_mimebundle_()["text/plain"]
+    assert "GPU 1 has fallen off the bus" in text and "GPU 0 has fallen off" not in text

@@ -105,6 +105,9 @@ def _gpu_rows(torch: Any, nvml: Any) -> tuple[tuple[GpuMemoryRow, ...], list[str
             used = total = None
             if nidx is not None:
                 s = read_sample(nvml, nidx)
+                if s.lost:
+                    problems.append(f"cuda:{i} (NVML GPU {nidx}) has fallen off the bus (NVML: GPU is lost); "
+                                    "a GPU reset or reboot (administrator) is needed.")
                 used = s.memory_used_bytes if is_available(s.memory_used_bytes) else None
                 total = s.memory_total_bytes if is_available(s.memory_total_bytes) else None
             try:
@@ -117,6 +120,9 @@ def _gpu_rows(torch: Any, nvml: Any) -> tuple[tuple[GpuMemoryRow, ...], list[str
     elif status.ok:
         for i in range(nvml.device_count()):
             s = read_sample(nvml, i)
+            if s.lost:
+                problems.append(f"GPU {i} has fallen off the bus (NVML: GPU is lost): its memory cannot be read; "
+                                "`dmesg` shows the Xid error, and a GPU reset or reboot (administrator) is needed.")
             name = nvml.device_query(i, "nvmlDeviceGetName")
             mine, others = process_memory(nvml, i)
             rows.append(GpuMemoryRow(
