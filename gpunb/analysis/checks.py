@@ -72,19 +72,13 @@ def _in_ipython() -> bool:
     return ipython is not None and ipython.get_ipython() is not None
 
 
-def _run(inputs: CheckInputs, include_probe_checks: bool) -> tuple[CheckResult, ...]:
-    results = []
-    for fn, needs_probe in CHECKS:
-        if needs_probe and not include_probe_checks:
-            continue
-        try:
-            results.append(fn(inputs))
-        except Exception as exc:  # a bug in one check must not hide the others
-            name = fn.__name__.removeprefix("check_")
-            results.append(CheckResult(name, name.replace("_", " "), "fail", "the check itself crashed",
-                                       {"error": repr(exc)}, f"gpunb bug: {exc!r}",
-                                       "Please report it with this output."))
-    return tuple(results)
+def _one(fn: Callable[[CheckInputs], CheckResult], inputs: CheckInputs) -> CheckResult:
+    try:
+        return fn(inputs)
+    except Exception as exc:  # a bug in one check must not hide the others
+        name = fn.__name__.removeprefix("check_")
+        return CheckResult(name, name.replace("_", " "), "fail", "the check itself crashed",
+                           {"error": repr(exc)}, f"gpunb bug: {exc!r}", "Please report it with this output.")
 
 
 def check(
@@ -131,9 +125,12 @@ def check(
         quick=quick,
     )
 
-    def show(message: str | None, include_probe: bool) -> None:
+    # The fast checks do not depend on the probe: computed once, shown in every partial report.
+    fast = {fn: _one(fn, inputs) for fn, needs_probe in CHECKS if not needs_probe}
+
+    def show(message: str) -> None:
         if progress is not None:
-            progress(CheckReport(_run(inputs, include_probe), time.monotonic() - t0, quick, device, message))
+            progress(CheckReport(tuple(fast.values()), time.monotonic() - t0, quick, device, message))
 
     # JAX/TF answer from their own subprocesses while the CUDA probe runs (seconds each).
     frameworks: dict = {}
@@ -143,17 +140,18 @@ def check(
                                  name="gpunb-check-frameworks", daemon=True)
         asker.start()
     if not quick and inputs.torch.installed and visible.visible:
-        show("starting the CUDA probe (a subprocess, so this kernel gets no CUDA context)", False)
+        show("starting the CUDA probe (a subprocess, so this kernel gets no CUDA context)")
 
         def on_step(step: str, dev: int | None) -> None:
             where = f" on cuda:{dev}" if dev is not None else ""
-            show(f"running: {_STEP_WORDS.get(step, step)}{where}", False)
+            show(f"running: {_STEP_WORDS.get(step, step)}{where}")
 
         inputs.probe = run_probe(environ=env, devices=[device] if device is not None else None,
                                  timeout_s=probe_timeout_s, on_step=on_step)
     if asker is not None:
         if asker.is_alive() and not quick:
-            show("waiting for JAX/TensorFlow to list their devices (subprocess)", False)
+            show("waiting for JAX/TensorFlow to list their devices (subprocess)")
         asker.join()
     inputs.frameworks = frameworks
-    return CheckReport(_run(inputs, True), time.monotonic() - t0, quick, device)
+    results = tuple(fast[fn] if fn in fast else _one(fn, inputs) for fn, _ in CHECKS)
+    return CheckReport(results, time.monotonic() - t0, quick, device)
