@@ -54,19 +54,11 @@ def diagnosis_text(d: Any, top: int = 8) -> str:
     m = d.message
     lines = [f"gpunb OOM doctor: {d.exception_type}"]
     if m is not None:
-        facts = []
-        if m.requested_bytes is not None:
-            facts.append(f"asked {size(m.requested_bytes)}")
-        if m.free_bytes is not None:
-            facts.append(f"free {size(m.free_bytes)}")
-        if m.total_bytes is not None:
-            facts.append(f"GPU {m.device if m.device is not None else '?'} total {size(m.total_bytes)}")
-        if m.allocated_bytes is not None:
-            facts.append(f"torch allocated {size(m.allocated_bytes)}")
-        if m.reserved_unallocated_bytes is not None:
-            facts.append(f"reserved-unallocated {size(m.reserved_unallocated_bytes)}")
-        if m.non_torch_bytes is not None:
-            facts.append(f"context/non-torch {size(m.non_torch_bytes)}")
+        gpu = f"GPU {m.device if m.device is not None else '?'} total"
+        facts = [f"{label} {size(n)}" for label, n in (
+            ("asked", m.requested_bytes), ("free", m.free_bytes), (gpu, m.total_bytes),
+            ("torch allocated", m.allocated_bytes), ("reserved-unallocated", m.reserved_unallocated_bytes),
+            ("context/non-torch", m.non_torch_bytes)) if n is not None]
         if facts:
             lines.append("  " + ", ".join(facts))
     for p in d.other_processes:
@@ -96,13 +88,9 @@ def release_lines(r: Any) -> list[str]:
     if r.kept_traceback:
         out.append("Memory: the failed cell's frames are KEPT for %debug (%gpumem --keep-traceback off to change; "
                    "%gpumem --release frees them now).")
-    parts = []
-    if r.freed_allocated_bytes is not None:
-        parts.append(f"tensors {size(r.freed_allocated_bytes)}")
-    if r.freed_reserved_bytes is not None:
-        parts.append(f"torch reserved {size(r.freed_reserved_bytes)}")
-    if r.freed_process_bytes is not None:
-        parts.append(f"process (NVML) {size(r.freed_process_bytes)}")
+    parts = [f"{label} {size(n)}" for label, n in (
+        ("tensors", r.freed_allocated_bytes), ("torch reserved", r.freed_reserved_bytes),
+        ("process (NVML)", r.freed_process_bytes)) if n is not None]
     if parts:
         line = "Memory given back: " + ", ".join(parts)
         if r.returned_fraction is not None:
