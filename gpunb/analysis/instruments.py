@@ -3,9 +3,9 @@
 What each one measures, without changing the user's code:
 
 - **steps**: a global optimizer-step post hook (torch >= 2.0) notes the host time and records
-  a CUDA event on the current stream. Events are read back only when they have completed
-  (``query``) or at the end of the cell: never a synchronize per step (measured on the H200:
-  a sync per step costs +4-6 %, a global optimizer hook +0.07 %).
+  a CUDA event on the current stream (``step_events.py``: pooled events, read back once
+  completed or at the end of the cell; never a synchronize per step, which cost +4-6 % on
+  the H200).
 - **data wait**: ``_BaseDataLoaderIter.__next__`` is wrapped; the time inside it is the time
   the loop waited for its next batch.
 - **host syncs**: ``Tensor.item/tolist/cpu/__float__/__int__/__bool__/__repr__/__format__`` are
@@ -27,12 +27,12 @@ import importlib
 import sys
 import time
 import warnings
-from collections import deque
 from typing import Any, Callable
+
+from gpunb.analysis.step_events import StepEvents
 
 # Tensor methods that copy a value to the host (a sync when the tensor is on a GPU).
 SYNC_METHODS = ("item", "tolist", "cpu", "__float__", "__int__", "__bool__", "__repr__", "__format__")
-_DRAIN_EVERY = 256  # steps between reading back completed CUDA events (bounds memory)
 
 
 def batch_length(batch: Any) -> int | None:
@@ -111,12 +111,12 @@ class Instruments:
         self.torch = torch
         self.clock = clock
         self.memory_every_s = memory_every_s
+        self._memory_every = float("inf") if memory_every_s is None else memory_every_s
         # steps: host time of each step of the first optimizer seen (a GAN's second
         # optimizer would count every iteration twice)
         self.step_t: list[float] = []
-        self._pending: deque = deque()  # (step index, event) not yet read back
-        self.step_gpu_ms: dict[int, float] = {}  # step index -> GPU time since previous step event
-        self._first_event: Any = None
+        self.step_events: StepEvents | None = None  # made at the first step that finds CUDA up
+        self._events_failed = False
         self.start_event: Any = None
         self._primary: int | None = None
         self._other_optimizers: set[int] = set()
@@ -149,7 +149,6 @@ class Instruments:
         self.device_used_peak: int | None = None
         self._undo: list[Callable[[], None]] = []
         self.installed = False
-        self._cuda = False
 
     # -- life cycle ---------------------------------------------------------------------
     def install(self, cuda: bool) -> None:
@@ -187,33 +186,44 @@ class Instruments:
         self._undo.append(handle.remove)
 
     def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        # Runs after every optimizer.step(): a launch-bound loop pays all of this per step
+        # (benchmarks/profile_overhead.py), so the common path is a few attribute reads.
         t = self.clock()
         self._quiet = False
-        key = id(optimizer)
-        if self._primary is None:
-            self._primary = key
-        if key != self._primary:
-            self._other_optimizers.add(key)
+        if id(optimizer) != self._primary and not self._first_step(optimizer):
             return
-        if not self.step_t:
-            self._note_params(optimizer)
-        index = len(self.step_t)
         self.step_t.append(t)
-        torch = self.torch
-        if self._cuda or torch.cuda.is_initialized():  # once up, CUDA stays up: skip the check
-            self._cuda = True
+        events = self.step_events
+        if events is not None:
             try:
-                event = torch.cuda.Event(enable_timing=True)
-                event.record()
-                if index == 0:
-                    self._first_event = event
-                self._pending.append((index, event))
-                if len(self._pending) >= _DRAIN_EVERY:
-                    self._drain(block=False)
+                events.record(len(self.step_t) - 1)
             except RuntimeError:  # a broken CUDA context: the user's next CUDA call will say so
-                pass
-        if self.memory_every_s is not None and t - self._last_memory_t >= self.memory_every_s:
+                self.step_events, self._events_failed = None, True
+        elif not self._events_failed and self.torch.cuda.is_initialized():  # CUDA is up: time from here
+            self._start_step_events()
+        if t - self._last_memory_t >= self._memory_every:
             self.sample_memory()
+
+    def _first_step(self, optimizer: Any) -> bool:
+        """True when ``optimizer`` is the one whose steps are counted (the first one seen)."""
+        if self._primary is not None:
+            self._other_optimizers.add(id(optimizer))  # a GAN's second optimizer: not a new step
+            return False
+        self._primary = id(optimizer)
+        self._note_params(optimizer)
+        return True
+
+    def _start_step_events(self) -> None:
+        try:
+            self.step_events = StepEvents(self.torch, self.torch.cuda.current_device(), self.start_event)
+            self.step_events.record(len(self.step_t) - 1)
+        except RuntimeError:  # a broken CUDA context: the user's next CUDA call will say so
+            self.step_events, self._events_failed = None, True
+
+    @property
+    def step_gpu_ms(self) -> dict[int, float]:
+        """step index -> GPU ms since the previous step's event (after ``finish_steps``)."""
+        return self.step_events.gpu_ms if self.step_events is not None else {}
 
     def _note_params(self, optimizer: Any) -> None:
         for group in optimizer.param_groups:
@@ -222,23 +232,10 @@ class Instruments:
                 self.param_device_types.add(p.device.type)
                 self.param_dtypes.add(str(p.dtype).replace("torch.", ""))
 
-    def _drain(self, block: bool) -> None:
-        """Turn completed event pairs into GPU step times; ``block`` waits for the last one."""
-        pending = self._pending
-        if block and pending:
-            pending[-1][1].synchronize()
-        while len(pending) >= 2 and (block or pending[1][1].query()):
-            (_, a), (j, b) = pending[0], pending[1]
-            self.step_gpu_ms[j] = a.elapsed_time(b)
-            pending.popleft()
-
     def finish_steps(self) -> None:
         """Read back every step's GPU time (waits for the GPU once, at the end of the cell)."""
-        self._drain(block=True)
-        self._pending.clear()
-        if self.start_event is not None and self._first_event is not None:
-            # step 0 runs from the cell's start event (it includes warm-up and setup work)
-            self.step_gpu_ms[0] = self.start_event.elapsed_time(self._first_event)
+        if self.step_events is not None:
+            self.step_events.finish()
 
     @property
     def optimizers(self) -> int:
