@@ -10,25 +10,31 @@ loop's allocator state must not leak into the other):
 - compute-bound: four bf16 8192x8192 layers (GPU-bound: host costs hide behind the GPU).
 
 Every variant does identical work: the same model, optimizer and input tensors (made once,
-on the device, before any timing), the same number of steps per cell (calibrated so a cell
-lasts ``--cell-s`` seconds, like a real training cell), one synchronize at the end of the
-cell's work, then the profiler's exit. Variants are interleaved round by round (order
-rotated, ``gc.collect()`` before every cell) and compared pairwise within each round: the
-overhead is the median of the per-round ratios, with min and max. torch.profiler runs in a
-second phase after the gpunb variants, paired with its own no-profiler cells, so whatever it
-leaves behind cannot slow the others.
+on the device, before any timing), one synchronize at the end of the cell's work, then the
+profiler's exit. A cell's overhead has two parts, measured apart because they scale apart:
 
-Reported per loop, separately:
-  (a) per-step overhead in µs: (body time with the profiler - without) / steps, where the
-      body is the cell between the profiler's enter and exit; plus the step hooks timed
-      directly (pre + post hook, event record), which is what a host-bound loop pays;
-  (b) fixed per-cell cost in ms: the profiler's enter + exit (resets, syncs, NVML reads,
-      building the report), timed around those calls;
-  (c) overhead in % of a cell of this length.
+1. **per step** (the hooks inside the cell): many short blocks (``--block-s``, 0.1 s on a
+   GPU), each variant once per round in a shuffled order, the body of each block timed
+   between the profiler's enter and exit. Per round: (variant body - no-profiler body) /
+   steps; the estimate is the median over rounds with a 95 % bootstrap interval. Short
+   blocks next to each other share the machine's slow drift (a VM's step time wanders by
+   10-20 % over seconds, which buried a 1 % effect in whole-cell comparisons), so it cancels
+   in each pair. Extra variants split the cost by instrument: the step hook with its CUDA
+   events alone, the Tensor sync wrappers alone.
+2. **per cell** (enter + exit: resets, NVML reads, event read-back, building the report),
+   timed around those calls in whole cells of ``--cell-s`` (2 s on a GPU).
+
+Overhead of a cell of T seconds = per-step µs / step time + per-cell ms / T; the table gives
+it for the benchmark's cell length. As a cross-check the whole cells are also compared
+directly (rounds with rotated order, median of paired ratios [min .. max]); torch.profiler
+only this way, in a second phase, so whatever it leaves attached cannot slow the others.
 Then a table of per-call costs on this machine (allocator reads, NVML calls, /proc reads).
 
-    python benchmarks/profile_overhead.py --out DIR                 # ~2 min on an H200
+    python benchmarks/profile_overhead.py --out DIR [--cpus 4-7]   # ~5 min on an H200
     python benchmarks/profile_overhead.py --out DIR --device cpu    # CPU smoke run (tiny sizes)
+
+``--cpus`` pins the measuring process (and the threads torch starts) to those cores; it
+lowers the noise of a host-bound loop on a VM and acts on every variant alike.
 """
 
 from __future__ import annotations
@@ -37,7 +43,9 @@ import argparse
 import contextlib
 import gc
 import json
+import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -49,6 +57,7 @@ sys.path.insert(0, str(ROOT))
 
 LOOPS = ("launch-bound", "compute-bound")
 GPUNB_MODES = ("none", "gpuprofile", "one-line")
+PARTS = ("step hook + events", "sync wrappers")  # single instruments, in the per-step blocks only
 MODES = GPUNB_MODES + ("torch.profiler",)
 TARGETS = {"gpuprofile": 1.0, "one-line": 0.2}  # % of the cell, from issue 4
 
@@ -99,6 +108,28 @@ def one_line():
         meter.stop()
 
 
+@contextlib.contextmanager
+def one_instrument(part: str):
+    """One of %%gpuprofile's instruments alone, installed and removed as a profiled cell does."""
+    import torch
+
+    from gpunb.analysis.instruments import Instruments
+
+    ins = Instruments(torch, memory_every_s=None)
+    if part == "step hook + events":
+        if torch.cuda.is_available():
+            ins.start_event = torch.cuda.Event(enable_timing=True)
+            ins.start_event.record()
+        ins._hook_optimizer(torch)
+    else:
+        ins._wrap_tensor_syncs(torch)
+    try:
+        yield
+    finally:
+        ins.remove()
+        ins.finish_steps()
+
+
 def context(mode: str):
     import torch
 
@@ -110,12 +141,15 @@ def context(mode: str):
         return gpunb.profile(record=False, show=False)
     if mode == "one-line":
         return one_line()
+    if mode in PARTS:
+        return one_instrument(mode)
     return torch.profiler.profile()
 
 
-def cell(mode: str, run, steps: int, device: str) -> dict:
+def cell(mode: str, run, steps: int, device: str, collect: bool = True) -> dict:
     """One cell: enter, the steps, one synchronize, exit; each part timed."""
-    gc.collect()
+    if collect:
+        gc.collect()
     sync(device)
     t0 = time.perf_counter()
     ctx = context(mode)
@@ -134,6 +168,7 @@ def cell(mode: str, run, steps: int, device: str) -> dict:
 
 
 def rounds_of(modes: tuple[str, ...], n: int, run, steps: int, device: str) -> list[dict]:
+    """Whole cells, order rotated each round."""
     out = []
     for r in range(n):
         k = r % len(modes)
@@ -142,20 +177,49 @@ def rounds_of(modes: tuple[str, ...], n: int, run, steps: int, device: str) -> l
     return out
 
 
-def compare(rounds: list[dict], mode: str, steps: int) -> dict:
+def blocks_of(modes: tuple[str, ...], budget_s: float, run, steps: int, device: str, seed: int = 0) -> list[dict]:
+    """Short blocks, every mode once per round in a shuffled order, until ``budget_s`` is spent."""
+    rng = random.Random(seed)
+    out: list[dict] = []
+    t_end = time.perf_counter() + budget_s
+    while time.perf_counter() < t_end or len(out) < 3:
+        order = list(modes)
+        rng.shuffle(order)
+        gc.collect()
+        out.append({m: cell(m, run, steps, device, collect=False) for m in order})
+    return out
+
+
+def median_ci(values: list[float], resamples: int = 2000, seed: int = 1) -> tuple[float, float, float]:
+    """Median and its 95 % percentile-bootstrap interval."""
+    rng = random.Random(seed)
+    n = len(values)
+    meds = sorted(statistics.median(rng.choices(values, k=n)) for _ in range(resamples))
+    return statistics.median(values), meds[int(0.025 * resamples)], meds[int(0.975 * resamples) - 1]
+
+
+def per_step(blocks: list[dict], mode: str, steps: int) -> dict:
+    diffs = [(r[mode]["body_s"] - r["none"]["body_s"]) / steps * 1e6 for r in blocks]
+    med, lo, hi = median_ci(diffs)
+    return {"per_step_us": med, "per_step_us_ci": [lo, hi], "blocks": len(blocks)}
+
+
+def direct(rounds: list[dict], mode: str, steps: int) -> dict:
     ratios = [r[mode]["total_s"] / r["none"]["total_s"] for r in rounds]
-    per_step_us = [(r[mode]["body_s"] - r["none"]["body_s"]) / steps * 1e6 for r in rounds]
-    fixed_ms = [(r[mode]["enter_s"] + r[mode]["exit_s"]) * 1e3 for r in rounds]
     return {
-        "overhead_pct": 100 * (statistics.median(ratios) - 1),
-        "overhead_pct_min": 100 * (min(ratios) - 1),
-        "overhead_pct_max": 100 * (max(ratios) - 1),
-        "per_step_us": statistics.median(per_step_us),
-        "fixed_ms": statistics.median(fixed_ms),
+        "direct_pct": 100 * (statistics.median(ratios) - 1),
+        "direct_pct_min": 100 * (min(ratios) - 1),
+        "direct_pct_max": 100 * (max(ratios) - 1),
+        "fixed_ms": statistics.median((r[mode]["enter_s"] + r[mode]["exit_s"]) * 1e3 for r in rounds),
         "enter_ms": statistics.median(r[mode]["enter_s"] * 1e3 for r in rounds),
         "exit_ms": statistics.median(r[mode]["exit_s"] * 1e3 for r in rounds),
         "ms_per_step": statistics.median(r[mode]["total_s"] / steps * 1e3 for r in rounds),
     }
+
+
+def overhead_pct(per_step_us: float, step_ms: float, fixed_ms: float, cell_s: float) -> float:
+    """% of a cell of ``cell_s`` seconds: the per-step part plus the per-cell part."""
+    return 100 * (per_step_us / (step_ms * 1e3) + fixed_ms / (cell_s * 1e3))
 
 
 # -- per-call costs ----------------------------------------------------------------------
@@ -212,6 +276,11 @@ def call_costs(device: str, opt) -> dict:
     if cuda:
         dev = torch.cuda.current_device()
         costs["torch.cuda.Event() + record"] = per_call_us(lambda: torch.cuda.Event(enable_timing=True).record())
+        from gpunb.analysis.step_events import StepEvents
+
+        events = StepEvents(torch, dev)
+        costs["StepEvents.record (pooled event, C record, read-back)"] = per_call_us(lambda: events.record(1), max_n=4000)
+        events.finish()
         costs["torch.cuda.memory_stats()"] = per_call_us(torch.cuda.memory_stats, max_n=500)
         costs["torch.cuda.memory_allocated()"] = per_call_us(torch.cuda.memory_allocated, max_n=500)
         costs["torch.cuda.max_memory_allocated()"] = per_call_us(torch.cuda.max_memory_allocated, max_n=500)
@@ -249,7 +318,26 @@ def call_costs(device: str, opt) -> dict:
 
 
 # -- one loop, in this process --------------------------------------------------------------
-def measure(kind: str, device: str, cell_s: float, rounds: int, profiler_rounds: int) -> dict:
+def exit_breakdown(mode: str, run, steps: int, device: str) -> list[list]:
+    """Where a profiler's exit spends its time: the ten costliest calls by cumulative ms."""
+    import cProfile
+    import pstats
+
+    ctx = context(mode)
+    ctx.__enter__()
+    run(steps)
+    sync(device)
+    prof = cProfile.Profile()
+    prof.enable()
+    ctx.__exit__(None, None, None)
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # {(file, line, name): (cc, nc, tottime, cumtime, callers)}
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][3])[:10]
+    return [[f"{Path(f).name}:{line}({name})", round(v[3] * 1e3, 3)] for (f, line, name), v in rows]
+
+
+def measure(kind: str, device: str, cell_s: float, rounds: int, profiler_rounds: int,
+            block_s: float, block_budget_s: float) -> dict:
     run, opt = make_loop(kind, device)
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < min(1.0, cell_s):  # cuBLAS heuristics, allocator, clocks up
@@ -262,48 +350,68 @@ def measure(kind: str, device: str, cell_s: float, rounds: int, profiler_rounds:
         done += 5
     step_s = (time.perf_counter() - t0) / done
     steps = max(10, round(cell_s / step_s))
+    block_steps = max(3, round(block_s / step_s))
     costs = call_costs(device, opt)
-    gpunb_rounds = rounds_of(GPUNB_MODES, rounds, run, steps, device)
+    blocks = blocks_of(GPUNB_MODES + PARTS, block_budget_s, run, block_steps, device)
+    cells = rounds_of(GPUNB_MODES, rounds, run, steps, device)
     prof_rounds = rounds_of(("none", "torch.profiler"), profiler_rounds, run, steps, device) if profiler_rounds else []
-    none_ms = statistics.median(r["none"]["total_s"] for r in gpunb_rounds) / steps * 1e3
+    step_ms = statistics.median(r["none"]["body_s"] for r in blocks) / block_steps * 1e3
+    none_ms = statistics.median(r["none"]["total_s"] for r in cells) / steps * 1e3
     res = {"loop": kind, "steps_per_cell": steps, "rounds": rounds, "profiler_rounds": profiler_rounds,
-           "cell_s": none_ms * steps / 1e3, "modes": {"none": {"ms_per_step": none_ms}}}
+           "steps_per_block": block_steps, "block_rounds": len(blocks),
+           "cell_s": none_ms * steps / 1e3, "step_ms": step_ms, "modes": {"none": {"ms_per_step": none_ms}}}
     for m in GPUNB_MODES[1:]:
-        res["modes"][m] = compare(gpunb_rounds, m, steps)
+        v = {**per_step(blocks, m, block_steps), **direct(cells, m, steps)}
+        lo, hi = v["per_step_us_ci"]
+        v["overhead_pct"] = overhead_pct(v["per_step_us"], step_ms, v["fixed_ms"], res["cell_s"])
+        v["overhead_pct_ci"] = [overhead_pct(lo, step_ms, v["fixed_ms"], res["cell_s"]),
+                                overhead_pct(hi, step_ms, v["fixed_ms"], res["cell_s"])]
+        res["modes"][m] = v
     if prof_rounds:
-        res["modes"]["torch.profiler"] = compare(prof_rounds, "torch.profiler", steps)
+        res["modes"]["torch.profiler"] = direct(prof_rounds, "torch.profiler", steps)
         # its own paired no-profiler cells, after the profiler ran: CUPTI left attached shows here
         res["none_after_torch_profiler_ms_per_step"] = statistics.median(
             r["none"]["total_s"] for r in prof_rounds) / steps * 1e3
+    res["parts"] = {p: per_step(blocks, p, block_steps) for p in PARTS}
     res["median_ms"] = {m: v["ms_per_step"] for m, v in res["modes"].items()}
     res["call_costs_us"] = costs
-    res["cells"] = {"gpunb": gpunb_rounds, "torch.profiler": prof_rounds}
+    # a cell long enough for the one-line mode's NVML utilization read (cell_meter.UTIL_MIN_S)
+    res["exit_breakdown_ms"] = {m: exit_breakdown(m, run, steps, device) for m in GPUNB_MODES[1:]}
+    res["cells"] = {"gpunb": cells, "torch.profiler": prof_rounds, "blocks": blocks}
     return res
 
 
 def print_table(results: list[dict], meta: dict) -> None:
-    print(f"profile overhead · {meta['device']} · torch {meta['torch']} · {meta['date']}")
-    print("overhead: median of per-round paired ratios [min .. max]; per-step µs from the cell body; "
-          "fixed ms = enter + exit")
-    print(f"{'loop':<14} {'mode':<15} {'ms/step':>8} {'overhead %':>11} {'[min .. max]':>17} "
-          f"{'µs/step':>8} {'fixed ms':>9}")
+    print(f"profile overhead · {meta['device']} · torch {meta['torch']} · {meta['date']}"
+          + (f" · pinned to CPUs {meta['cpus']}" if meta.get("cpus") else ""))
+    print("overhead % of a cell = per-step µs / step time + per-cell ms / cell length; per step: median of paired "
+          "short blocks [95 % bootstrap]; direct: whole cells, median paired ratio [min .. max]")
     for res in results:
-        head = f"{res['loop']} · {res['steps_per_cell']} steps/cell · {res['cell_s']:.2f} s/cell · " \
-               f"{res['rounds']} rounds (+{res['profiler_rounds']} torch.profiler rounds)"
-        print(head)
+        print(f"\n{res['loop']} · {res['step_ms']:.3f} ms/step · {res['cell_s']:.2f} s cells "
+              f"({res['steps_per_cell']} steps) · {res['block_rounds']} block rounds of {res['steps_per_block']} steps · "
+              f"{res['rounds']} whole-cell rounds (+{res['profiler_rounds']} torch.profiler)")
+        print(f"  {'mode':<16} {'per step µs':>24} {'per cell ms':>12} {'overhead %':>26} {'direct %':>28}")
         for m, v in res["modes"].items():
             if m == "none":
-                print(f"{res['loop']:<14} {m:<15} {v['ms_per_step']:>8.3f}")
                 continue
+            spread = f"{v['direct_pct']:+.2f} [{v['direct_pct_min']:+.2f} .. {v['direct_pct_max']:+.2f}]"
+            if "per_step_us" not in v:
+                print(f"  {m:<16} {'':>24} {v['fixed_ms']:>12.2f} {'':>26} {spread:>28}")
+                continue
+            lo, hi = v["per_step_us_ci"]
+            olo, ohi = v["overhead_pct_ci"]
             mark = ""
             if m in TARGETS:
-                mark = "  ok" if v["overhead_pct"] < TARGETS[m] else f"  over the {TARGETS[m]}% target"
-            spread = f"[{v['overhead_pct_min']:+.2f} .. {v['overhead_pct_max']:+.2f}]"
-            print(f"{res['loop']:<14} {m:<15} {v['ms_per_step']:>8.3f} {v['overhead_pct']:>+10.2f}% {spread:>17} "
-                  f"{v['per_step_us']:>+8.1f} {v['fixed_ms']:>9.2f}{mark}")
+                mark = "  ok" if v["overhead_pct"] < TARGETS[m] else f"  over the {TARGETS[m]} % target"
+            print(f"  {m:<16} {v['per_step_us']:>+8.2f} [{lo:+.2f} .. {hi:+.2f}] {v['fixed_ms']:>12.2f} "
+                  f"{v['overhead_pct']:>+8.3f} [{olo:+.3f} .. {ohi:+.3f}] {spread:>28}{mark}")
+        for p, v in res["parts"].items():
+            lo, hi = v["per_step_us_ci"]
+            print(f"  {'· ' + p:<22} {v['per_step_us']:>+8.2f} [{lo:+.2f} .. {hi:+.2f}]")
         if "none_after_torch_profiler_ms_per_step" in res:
-            print(f"{'':<14} (no profiler, after torch.profiler ran: "
-                  f"{res['none_after_torch_profiler_ms_per_step']:.3f} ms/step)")
+            print(f"  (no profiler, after torch.profiler ran: {res['none_after_torch_profiler_ms_per_step']:.3f} ms/step)")
+        for m, rows in res["exit_breakdown_ms"].items():
+            print(f"  {m} exit, costliest calls (cumulative ms): " + "; ".join(f"{n} {ms:.2f}" for n, ms in rows[:7]))
     print("\nper-call costs on this machine (µs, median)")
     names = list(dict.fromkeys(k for res in results for k in res["call_costs_us"]))
     for name in names:
@@ -313,18 +421,39 @@ def print_table(results: list[dict], meta: dict) -> None:
     print(f"  {'(columns: ' + ', '.join(r['loop'] for r in results) + ')':<58}")
 
 
+def parse_cpus(text: str) -> set[int]:
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="directory for profile_overhead.json")
     ap.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when torch sees a GPU")
-    ap.add_argument("--cell-s", type=float, default=None, help="seconds per measured cell (default 2 on CUDA, 0.2 on CPU)")
-    ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds of the gpunb variants (default 5, 3 on CPU)")
+    ap.add_argument("--cell-s", type=float, default=None, help="seconds per whole cell (default 2 on CUDA, 0.2 on CPU)")
+    ap.add_argument("--rounds", type=int, default=None, help="whole-cell rounds of the gpunb variants (default 6, 2 on CPU)")
     ap.add_argument("--profiler-rounds", type=int, default=None,
                     help="rounds of torch.profiler vs none (default 2, 1 on CPU; 0 skips it)")
+    ap.add_argument("--block-s", type=float, default=None, help="seconds per short block (default 0.1, 0.02 on CPU)")
+    ap.add_argument("--block-budget-s", type=float, default=None,
+                    help="seconds of short blocks per loop (default 90, 2 on CPU)")
+    ap.add_argument("--cpus", help="pin the measuring processes to these cores, e.g. 4-7 or 2,3")
     ap.add_argument("--loops", nargs="+", choices=LOOPS, default=list(LOOPS), help="which loops (default both)")
     ap.add_argument("--loop", choices=LOOPS, help=argparse.SUPPRESS)  # child process: one loop
     ap.add_argument("--json", help=argparse.SUPPRESS)  # child process: write its result here
     args = ap.parse_args(argv)
+    cpus = None
+    if args.cpus:
+        try:
+            cpus = parse_cpus(args.cpus)
+            os.sched_setaffinity(0, cpus)  # before torch starts threads: they inherit it
+        except (ValueError, OSError) as exc:
+            print(f"profile_overhead: cannot pin to CPUs {args.cpus!r} ({exc}); "
+                  f"this machine has {os.cpu_count()}", file=sys.stderr)
+            return 2
     if args.loop:  # the child: one loop in a fresh process
         import torch
 
@@ -333,18 +462,22 @@ def main(argv: list[str] | None = None) -> int:
             print("profile_overhead: --device cuda but torch sees no CUDA GPU; use --device cpu", file=sys.stderr)
             return 2
         cuda = device == "cuda"
-        cell_s = args.cell_s if args.cell_s is not None else (2.0 if cuda else 0.2)
-        rounds = args.rounds if args.rounds is not None else (5 if cuda else 3)
-        profiler_rounds = args.profiler_rounds if args.profiler_rounds is not None else (2 if cuda else 1)
-        if rounds < 1 or profiler_rounds < 0 or cell_s <= 0:
-            print("profile_overhead: --rounds must be >= 1, --profiler-rounds >= 0, --cell-s > 0", file=sys.stderr)
+        pick = lambda value, gpu, cpu: value if value is not None else (gpu if cuda else cpu)  # noqa: E731
+        cell_s = pick(args.cell_s, 2.0, 0.2)
+        rounds = pick(args.rounds, 6, 2)
+        profiler_rounds = pick(args.profiler_rounds, 2, 1)
+        block_s = pick(args.block_s, 0.1, 0.02)
+        block_budget_s = pick(args.block_budget_s, 90.0, 2.0)
+        if rounds < 1 or profiler_rounds < 0 or min(cell_s, block_s, block_budget_s) <= 0:
+            print("profile_overhead: --rounds must be >= 1, --profiler-rounds >= 0, and the times > 0",
+                  file=sys.stderr)
             return 2
-        res = measure(args.loop, device, cell_s, rounds, profiler_rounds)
+        res = measure(args.loop, device, cell_s, rounds, profiler_rounds, block_s, block_budget_s)
         import gpunb
 
         res["meta"] = {"device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
                        "torch": torch.__version__, "python": platform.python_version(), "gpunb": gpunb.__version__,
-                       "cell_s": cell_s}
+                       "cell_s": cell_s, "cpus": args.cpus, "cpu_count": os.cpu_count()}
         Path(args.json).write_text(json.dumps(res))
         return 0
     if not args.out:
@@ -354,7 +487,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     results = []
     passed = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-              if k in ("device", "cell_s", "rounds", "profiler_rounds") and v is not None]
+              if k in ("device", "cell_s", "rounds", "profiler_rounds", "block_s", "block_budget_s", "cpus")
+              and v is not None]
     for kind in args.loops:  # the parent never imports torch: each loop gets a fresh process
         part = out / f".profile_overhead_{kind}.json"
         done = subprocess.run([sys.executable, __file__, "--loop", kind, "--json", str(part), *passed])

@@ -18,7 +18,7 @@ nvidia-smi > "$out/results/nvidia-smi-$part.txt" 2>&1
 case "$part" in
   tests) python3 -m pytest -m gpu -v -rA -p no:cacheprovider "${@:-tests/gpu}" 2>&1 | tee "$out/gpu-tests.log" ;;
   bench) for b in benchmarks/*.py; do
-           echo "== $b"; timeout 300 python3 "$b" --out "$out/results" 2>&1
+           echo "== $b"; timeout 900 python3 "$b" --out "$out/results" 2>&1
          done | tee "$out/benchmarks.log" ;;
   *) echo "unknown part $part"; exit 2 ;;
 esac

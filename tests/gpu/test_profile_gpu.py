@@ -128,6 +128,52 @@ def test_item_every_step_is_sync_bound():
     assert r.advice[0].title.startswith("Read values back")
 
 
+def test_many_steps_and_a_side_stream_are_timed_like_ground_truth_events():
+    """More steps than one read-back batch (events are reused), a stretch of steps on a side
+    stream (the recorder must follow the current stream), and GPU work that varies per step."""
+    from gpunb.analysis.step_events import READ_BACK_EVERY
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(2048, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 1)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    side = torch.cuda.Stream()
+    n = 5 * READ_BACK_EVERY
+    truth = []
+
+    def step(i: int) -> None:
+        x = torch.randn(256 * (1 + i % 4), 2048, device="cuda")  # uneven steps
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        truth.append(ev)
+
+    step(0)
+    torch.cuda.synchronize()
+    truth.clear()
+    with gpunb.profile(warmup_steps=1) as p:
+        for i in range(n):
+            if READ_BACK_EVERY <= i < 2 * READ_BACK_EVERY:
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    step(i)
+                torch.cuda.current_stream().wait_stream(side)
+            else:
+                step(i)
+    truth[-1].synchronize()
+    truth_ms = [a.elapsed_time(b) for a, b in zip(truth, truth[1:])]
+    r = p.result
+    ours = list(r.steps.step_ms[1:])
+    _save("many_steps_side_stream", _summary(r) | {"truth_median_ms": statistics.median(truth_ms),
+                                                  "ours_median_ms": statistics.median(ours)})
+    assert r.steps.count == n and r.steps.source == "CUDA events" and len(ours) == len(truth_ms)
+    off = [abs(o - t) / t for o, t in zip(ours, truth_ms)]
+    assert statistics.median(off) <= 0.02, statistics.median(off)
+    assert abs(statistics.median(ours) - statistics.median(truth_ms)) <= 0.02 * statistics.median(truth_ms)
+
+
 def test_big_bf16_matmuls_are_compute_bound_and_step_times_match_events():
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(8192, 8192, bias=False) for _ in range(4)]).cuda().to(torch.bfloat16)
