@@ -122,7 +122,9 @@ def test_steps_from_events_read_back_in_batches(fake_cuda):
             model(x).sum().backward()
             opt.step()
     r = p.result
-    assert r.steps.count == 600 and r.steps.source == "CUDA events"
+    # host-bound (stand-in events complete at once): after the first read-back, events at most
+    # every MIN_GAP_S, and the steps between two events split their time by the host clock
+    assert r.steps.count == 600 and r.steps.source.startswith("CUDA events every ~")
     # events are reused once read back: a bounded pool, not one per step (plus start and end)
     assert HostClockEvent.made <= READ_BACK_EVERY + 1 + 2
     assert len(r.steps.step_ms) == 600

@@ -1,6 +1,6 @@
 """Step timing from CUDA events: read back only what has completed, reuse events, never block
-mid-cell. A stand-in GPU decides when each event completes; real events are checked on
-the H200 in tests/gpu/test_profile_gpu.py."""
+mid-cell, an event every step only while the GPU lags the host. A stand-in GPU decides when
+each event completes; real events are checked on the H200 in tests/gpu/test_profile_gpu.py."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpunb.analysis.step_events import READ_BACK_EVERY, StepEvents
+from gpunb.analysis.step_events import MIN_GAP_S, READ_BACK_EVERY, StepEvents, per_step_ms
 
 
 class SimulatedGpu:
-    """Events complete when ``run_until`` passes their GPU timestamp; like CUDA, reading the
+    """Events complete when ``done_ms`` passes their GPU timestamp; like CUDA, reading the
     time of an event that has not completed raises (cudaErrorNotReady)."""
 
     def __init__(self) -> None:
@@ -46,59 +46,79 @@ class SimulatedGpu:
         self.Event = Event
         self.torch = SimpleNamespace(cuda=SimpleNamespace(Event=Event), _C=SimpleNamespace())
 
-    def queue(self, ms: float) -> None:
-        self.queued_ms += ms
-
 
 def step_ms(i: int) -> float:
     return 1.0 + (i % 7) * 0.25  # uneven steps, so a shifted pairing would show
 
 
-def test_every_step_timed_with_a_bounded_pool_of_events():
+def run_host_bound(gpu: SimulatedGpu, events: StepEvents, n: int) -> list[float]:
+    """The GPU keeps up: each step's work is done before the host ends the next step."""
+    host_t, host_ms = 0.0, []
+    for i in range(n):
+        gpu.done_ms = gpu.queued_ms + 0.5 * step_ms(i)  # earlier steps done, halfway through this one
+        gpu.queued_ms += step_ms(i)
+        host_t += step_ms(i) / 1000
+        host_ms.append(step_ms(i))
+        events.step(i, host_t)
+    return host_ms
+
+
+def test_a_host_bound_loop_gets_sparse_events_and_exact_totals():
     gpu = SimulatedGpu()
     start = gpu.Event(enable_timing=True)
     start.record()
-    gpu.queue(5.0)  # setup before the first step
+    gpu.queued_ms += 5.0  # setup before the first step
     events = StepEvents(gpu.torch, 0, start)
-    for i in range(1000):
-        gpu.queue(step_ms(i))
-        events.record(i)
-        gpu.done_ms = gpu.queued_ms  # a host-bound loop: the GPU keeps up
+    n = 3000
+    host_ms = run_host_bound(gpu, events, n)
     events.finish()
-    assert events.gpu_ms[0] == pytest.approx(5.0 + step_ms(0))
-    assert [events.gpu_ms[i] for i in range(1, 1000)] == pytest.approx([step_ms(i) for i in range(1, 1000)])
-    assert gpu.made <= READ_BACK_EVERY + 2  # reused after read-back, not one per step
+    # every step until the first read-back shows the GPU keeping up, then one per MIN_GAP_S
+    expected = READ_BACK_EVERY + sum(step_ms(i) for i in range(READ_BACK_EVERY, n)) / 1000 / MIN_GAP_S
+    assert events.recorded <= expected + 2
+    assert gpu.made <= READ_BACK_EVERY + 2  # reused after read-back, not one per event
     assert gpu.synchronized == 1  # only at the end of the cell
+    times = per_step_ms(events.spans, host_ms)
+    assert times[0] == pytest.approx(5.0 + step_ms(0))
+    assert times[1:] == pytest.approx([step_ms(i) for i in range(1, n)])  # host shape, GPU totals
 
 
-def test_a_gpu_that_lags_is_never_waited_for_mid_cell():
+def test_a_gpu_that_lags_gets_an_event_every_step_and_is_never_waited_for():
     gpu = SimulatedGpu()
     events = StepEvents(gpu.torch, 0)
     for i in range(500):
-        gpu.queue(step_ms(i))
-        events.record(i)
-        gpu.done_ms = max(0.0, gpu.queued_ms - 40 * 1.75)  # a GPU-bound loop: ~40 steps behind
+        gpu.queued_ms += step_ms(i)
+        events.step(i, i * 0.0002)  # the host enqueues far faster than the GPU runs
+        gpu.done_ms = max(0.0, gpu.queued_ms - 40 * 1.75)  # ~40 steps behind
     assert gpu.synchronized == 0
-    assert 0 < len(events.gpu_ms) < 499  # what had completed, nothing more
+    assert 0 < len(events.spans) < 499  # what had completed, nothing more
     events.finish()
-    assert sorted(events.gpu_ms) == list(range(1, 500))  # no start event: step 0 has no GPU time
-    assert [events.gpu_ms[i] for i in range(1, 500)] == pytest.approx([step_ms(i) for i in range(1, 500)])
+    assert events.recorded == 500
+    assert sorted(first for first, last, _ in events.spans) == list(range(1, 500))  # one step each
+    times = per_step_ms(events.spans, [0.2] * 500)
+    assert times[1:] == pytest.approx([step_ms(i) for i in range(1, 500)])
 
 
 def test_an_older_event_still_running_on_another_stream_waits_for_the_next_read_back():
     gpu = SimulatedGpu()
     events = StepEvents(gpu.torch, 0)
     for i in range(READ_BACK_EVERY - 1):
-        gpu.queue(1.0)
-        events.record(i)
-    # the newest event completes before the older ones (it went to an idle side stream)
+        gpu.queued_ms += 1.0
+        events.step(i, i * 1e-4)
+
     class SideStreamEvent(gpu.Event):
         def record(self) -> None:
             self.at_ms = 0.0  # done at once
 
     events._free.append(SideStreamEvent(enable_timing=True))
-    events.record(READ_BACK_EVERY - 1)  # triggers a read-back: newest done, older not
-    assert events.gpu_ms == {}  # nothing read that had not completed, and no exception
+    events.step(READ_BACK_EVERY - 1, 1.0)  # triggers a read-back: newest done, older not
+    assert events.spans == []  # nothing read that had not completed, and no exception
     gpu.done_ms = gpu.queued_ms
     events.finish()
-    assert len(events.gpu_ms) == READ_BACK_EVERY - 1
+    assert len(events.spans) == READ_BACK_EVERY - 1
+
+
+def test_per_step_ms_splits_a_span_by_host_time_and_keeps_uncovered_steps():
+    host = [10.0, 1.0, 3.0, 4.0, 2.0]
+    spans = [(0, 0, 12.0), (1, 3, 16.0)]  # step 4 came after the last event
+    assert per_step_ms(spans, host) == pytest.approx([12.0, 2.0, 6.0, 8.0, 2.0])
+    assert per_step_ms([(1, 2, 6.0)], [1.0, 0.0, 0.0]) == pytest.approx([1.0, 3.0, 3.0])  # no host time: even

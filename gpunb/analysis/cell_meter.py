@@ -20,9 +20,11 @@ from gpunb.readings.process import read_process_usage, reset_peak_rss
 
 
 # NVML keeps about 5 utilization samples a second on an H200 (research anchors §1.1) and
-# reading them costs ~2 ms (nvmlDeviceGetSamples, same table): a shorter cell has at most a
-# sample or two, partly from before it started, so it gets no utilization and no NVML call.
-UTIL_MIN_S = 1.0
+# reading them costs ~2 ms at a cell's end (nvmlDeviceGetSamples; benchmarks/profile_overhead.py
+# on the H200). A cell shorter than this gets no utilization and no NVML call: then the
+# meter's cost stays under 0.13 % of any cell (2.5 ms of a 2 s cell; ~0.1 ms otherwise),
+# inside the one-line mode's 0.2 % budget, and a 1 s cell would have only ~5 samples.
+UTIL_MIN_S = 2.0
 
 
 def peak_allocated(torch: Any, device: int) -> int:

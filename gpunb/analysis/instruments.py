@@ -196,7 +196,7 @@ class Instruments:
         events = self.step_events
         if events is not None:
             try:
-                events.record(len(self.step_t) - 1)
+                events.step(len(self.step_t) - 1, t)
             except RuntimeError:  # a broken CUDA context: the user's next CUDA call will say so
                 self.step_events, self._events_failed = None, True
         elif not self._events_failed and self.torch.cuda.is_initialized():  # CUDA is up: time from here
@@ -216,14 +216,14 @@ class Instruments:
     def _start_step_events(self) -> None:
         try:
             self.step_events = StepEvents(self.torch, self.torch.cuda.current_device(), self.start_event)
-            self.step_events.record(len(self.step_t) - 1)
+            self.step_events.step(len(self.step_t) - 1, self.step_t[-1])
         except RuntimeError:  # a broken CUDA context: the user's next CUDA call will say so
             self.step_events, self._events_failed = None, True
 
     @property
-    def step_gpu_ms(self) -> dict[int, float]:
-        """step index -> GPU ms since the previous step's event (after ``finish_steps``)."""
-        return self.step_events.gpu_ms if self.step_events is not None else {}
+    def step_spans(self) -> list[tuple[int, int, float]]:
+        """(first step, last step, GPU ms) from the CUDA events (after ``finish_steps``)."""
+        return self.step_events.spans if self.step_events is not None else []
 
     def _note_params(self, optimizer: Any) -> None:
         for group in optimizer.param_groups:

@@ -21,6 +21,7 @@ from typing import Any
 
 from gpunb.analysis.advice import Advice
 from gpunb.analysis.instruments import Instruments
+from gpunb.analysis.step_events import per_step_ms
 from gpunb.readings import torch_state
 from gpunb.readings.gpu_activity import (
     UtilWindow,
@@ -43,7 +44,7 @@ class StepStats:
     steps_per_s: float | None
     samples_per_s: float | None
     batch_size: int | None
-    source: str  # "CUDA events" or "host clock"
+    source: str  # "CUDA events" (maybe "... every ~N steps, split by the host clock") or "host clock"
     step_ms: tuple[float, ...] = ()  # every step, in order (step 0 from the cell start)
 
 
@@ -282,10 +283,13 @@ class ProfileSession:
         n = len(ins.step_t)
         marks = [self.t0] + ins.step_t
         host = [(b - a) * 1000.0 for a, b in zip(marks, marks[1:])]
-        if ins.step_gpu_ms:
+        spans = ins.step_spans
+        if spans:
+            times = per_step_ms(spans, host)
+            covered = sum(last - first + 1 for first, last, _ in spans)
             source = "CUDA events"
-            # host clock only where the GPU clock has no beginning (CUDA started mid-cell)
-            times = [ins.step_gpu_ms.get(i, host[i]) for i in range(n)]
+            if covered > len(spans):  # a host-bound loop: events every MIN_GAP_S (step_events.py)
+                source += f" every ~{covered / len(spans):.0f} steps, split by the host clock"
         else:
             source = "host clock"
             times = host

@@ -1,14 +1,21 @@
-"""GPU time of every training step from CUDA events, without a synchronize per step.
+"""GPU time of training steps from CUDA events, without a synchronize per step.
 
-Each step records one timing event on the current stream of the cell's device; the GPU
-time of step ``j`` is the time between the events of steps ``j-1`` and ``j``. Events are
-read back in batches once they have completed, and then used again, so a long cell holds
-a bounded pool of events instead of creating and destroying one per step.
+A step end records a timing event on the current stream of the cell's device; the GPU time
+between two events is what the steps between them took. Events are read back in batches
+once they have completed, then used again (a bounded pool, not one event per step).
 
-What one step costs the host (``benchmarks/profile_overhead.py`` times it on the device):
-``torch.cuda.Event.record()`` looks up the current stream in Python and builds a
-``Stream`` object on every call; here the stream is asked for by its C call and the
-``Stream`` object kept until it changes, and the event is recorded by the C method.
+How often: recording an event is a driver call that a host-bound loop pays in full (on the
+H200 VM ~7-10 µs alone and more amid a training step; benchmarks/profile_overhead.py).
+So each read-back also asks whether the GPU is keeping up with the host:
+
+- the GPU is a step or more behind (GPU-bound): the host has slack, an event costs the loop
+  nothing, so every step gets its own event;
+- the GPU keeps up (host-bound): events at most every ``MIN_GAP_S`` of host time, and the
+  steps between two events share their GPU time in proportion to their host times (in a
+  host-bound loop the GPU follows the host, so host step times have the right shape).
+
+An event costs the host then at most ~cost/MIN_GAP_S of the time (0.1-0.2 %), whatever the
+step length.
 """
 
 from __future__ import annotations
@@ -16,7 +23,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Callable
 
-READ_BACK_EVERY = 64  # steps between read-backs (a read-back of completed events costs ~1 µs each)
+READ_BACK_EVERY = 64  # events between read-backs (a read-back costs ~1 µs per event)
+MIN_GAP_S = 0.02  # host time between events while the GPU keeps up with the host
 
 
 def _recorder(torch: Any, device: int) -> Callable[[Any], None]:
@@ -39,18 +47,25 @@ def _recorder(torch: Any, device: int) -> Callable[[Any], None]:
 
 
 class StepEvents:
-    """``record(index)`` at each step end; ``finish()`` at the cell's end; then ``gpu_ms``."""
+    """``step(index, t)`` at each step end (``t``: host clock); ``finish()`` at the cell's end;
+    then ``spans``: (first step, last step, GPU ms) covering those steps."""
 
-    def __init__(self, torch: Any, device: int, start_event: Any = None) -> None:
+    def __init__(self, torch: Any, device: int, start_event: Any = None, min_gap_s: float | None = None) -> None:
         self._new = lambda: torch.cuda.Event(enable_timing=True)
         self._record = _recorder(torch, device)
         self._start = start_event  # recorded when the cell began: step 0's GPU time starts there
+        self.min_gap_s = MIN_GAP_S if min_gap_s is None else min_gap_s
+        self._gap = 0.0  # every step until a read-back sees the GPU keeping up
+        self._last_t = float("-inf")
         self._free: list[Any] = []
         self._pending: deque = deque()  # (step index, event) recorded, not yet read back
-        self.gpu_ms: dict[int, float] = {}  # step index -> GPU ms since the previous step's event
+        self.spans: list[tuple[int, int, float]] = []
         self.recorded = 0
 
-    def record(self, index: int) -> None:
+    def step(self, index: int, t: float) -> None:
+        if t - self._last_t < self._gap:
+            return
+        self._last_t = t
         event = self._free.pop() if self._free else self._new()
         self._record(event)
         self.recorded += 1
@@ -60,7 +75,7 @@ class StepEvents:
             self._read_back(block=False)
 
     def finish(self) -> None:
-        """Read back every step (waits for the GPU once, at the end of the cell)."""
+        """Read back every event (waits for the GPU once, at the end of the cell)."""
         self._read_back(block=True)
         self._pending.clear()
 
@@ -70,24 +85,45 @@ class StepEvents:
             return
         if block:
             pending[-1][1].synchronize()
-        # Events on one stream complete in order: if the newest is done, all are (one query,
-        # not one per event). Had the user switched streams mid-cell, an older event may still
-        # be running: elapsed_time() then raises (not ready) and the rest waits for later.
-        all_done = block or pending[-1][1].query()
-        if len(pending) == 1 and all_done:
-            self._first(*pending[0])
-        while len(pending) >= 2 and (all_done or pending[1][1].query()):
-            (i, a), (j, b) = pending[0], pending[1]
-            try:
-                self._first(i, a)
-                self.gpu_ms[j] = a.elapsed_time(b)
-            except RuntimeError:
-                if block:
-                    raise
-                break
-            pending.popleft()
-            self._free.append(a)
+            ready = len(pending)
+        elif pending[-1][1].query():  # the GPU has caught up with the host entirely
+            ready = len(pending)
+        elif len(pending) >= 2 and pending[-2][1].query():  # it is finishing the newest step
+            ready = len(pending) - 1
+        else:  # a step or more behind: the host has slack, so time every step
+            ready = 0
+            while ready < len(pending) and pending[ready][1].query():
+                ready += 1
+        if not block:
+            self._gap = self.min_gap_s if ready >= len(pending) - 1 else 0.0
+        # Events on one stream complete in order, so one query above vouches for the older
+        # ones. Had the user switched streams mid-cell, an older event may still be running:
+        # elapsed_time() then raises (not ready) and the rest waits for the next read-back.
+        try:
+            if ready and pending[0][0] == 0 and self._start is not None and not self.spans:
+                # step 0 runs from the cell's start: warm-up and setup before the first step
+                self.spans.append((0, 0, self._start.elapsed_time(pending[0][1])))
+            while ready >= 2:
+                (i, a), (j, b) = pending[0], pending[1]
+                self.spans.append((i + 1, j, a.elapsed_time(b)))
+                pending.popleft()
+                self._free.append(a)
+                ready -= 1
+        except RuntimeError:
+            if block:
+                raise
 
-    def _first(self, index: int, event: Any) -> None:
-        if index == 0 and self._start is not None and 0 not in self.gpu_ms:
-            self.gpu_ms[0] = self._start.elapsed_time(event)  # warm-up and setup before step 0
+
+def per_step_ms(spans: list[tuple[int, int, float]], host_ms: list[float]) -> list[float]:
+    """Every step's time: its own event's where it has one, else its host-time share of the
+    span's GPU time; host time for steps no event covers (CUDA started mid-cell)."""
+    times = list(host_ms)
+    for first, last, ms in spans:
+        if first == last:
+            times[first] = ms
+            continue
+        host = sum(host_ms[first:last + 1])
+        n = last - first + 1
+        for k in range(first, last + 1):
+            times[k] = ms * (host_ms[k] / host if host > 0 else 1 / n)
+    return times
