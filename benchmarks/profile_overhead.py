@@ -6,35 +6,39 @@ Two loops, each in its own fresh process (torch.profiler leaves CUPTI attached, 
 loop's allocator state must not leak into the other):
 
 - launch-bound: an 8-layer 1024-wide MLP, batch 64, AdamW (the monitor benchmark's small
-  loop, ~2.3 ms/step on an H200: host-bound, so per-step hook costs show in full);
+  loop, ~2.3-2.6 ms/step on the H200 VM: host-bound, so every host cost shows in full);
 - compute-bound: four bf16 8192x8192 layers (GPU-bound: host costs hide behind the GPU).
 
 Every variant does identical work: the same model, optimizer and input tensors (made once,
-on the device, before any timing), one synchronize at the end of the cell's work, then the
-profiler's exit. A cell's overhead has two parts, measured apart because they scale apart:
+on the device, before any timing), one synchronize at the end of a cell's work, then the
+profiler's exit. The machine's own speed wanders: on the H200 VM a host-bound step's time
+varies by ~10 % between 0.1 s stretches (its CPU time too, not only wall time), so whole
+cells compared directly cannot resolve 1 %. A cell's overhead is measured in three parts,
+each where it can be seen, then added up:
 
-1. **per step** (the hooks inside the cell): many short blocks (``--block-s``, 0.1 s on a
-   GPU), each variant once per round in a shuffled order, the body of each block timed
-   between the profiler's enter and exit. Per round: (variant body - no-profiler body) /
-   steps; the estimate is the median over rounds with a 95 % bootstrap interval. Short
-   blocks next to each other share the machine's slow drift (a VM's step time wanders by
-   10-20 % over seconds, which buried a 1 % effect in whole-cell comparisons), so it cancels
-   in each pair. Extra variants split the cost by instrument: the step hook with its CUDA
-   events alone, the Tensor sync wrappers alone.
-2. **per cell** (enter + exit: resets, NVML reads, event read-back, building the report),
-   timed around those calls in whole cells of ``--cell-s`` (2 s on a GPU).
+1. **steady per-step cost** ``s``: inside one running ``%%gpuprofile`` cell (past its first
+   100 steps), the cell's optimizer hooks are taken out and put back every
+   ``--toggle-steps`` steps; each on/off pair runs back to back (~50 ms, over which the
+   machine's speed barely moves). ``s`` = median of (on - off) per step, 95 % bootstrap
+   interval. The Tensor wrappers stay in (a training step does not enter them: Adam's counter
+   reads bypass them, see instruments.py). Timeline points and events are spaced in wall
+   time, so with the hooks on half the time the on-steps carry twice their share: ``s`` errs high.
+2. **start-up cost** ``E``: short cells of ``--block-s`` (shuffled order each round), the body
+   timed between the profiler's enter and exit; ``E`` = median over rounds of the body
+   difference in ms: what entering costs the steps after it (the Tensor class change,
+   first-step bookkeeping, the first events) plus ``s`` for the short cell's n steps.
+3. **enter + exit** ``F``: timed around those calls in whole cells of ``--cell-s``.
 
-Overhead of a cell of T seconds = per-step µs / step time + per-cell ms / T; the table gives
-it for the benchmark's cell length. As a cross-check the whole cells are also compared
-directly (rounds with rotated order, median of paired ratios [min .. max]); torch.profiler
-only this way, in a second phase, so whatever it leaves attached cannot slow the others.
-Then a table of per-call costs on this machine (allocator reads, NVML calls, /proc reads).
+Overhead of a T-second cell of N steps = (F + E + (N - n) * s) / T (the one-line mode has no
+per-step work: (F + E) / T), with the interval from those of ``E`` and ``s``. The whole cells
+are also compared directly (rounds with rotated order, median of paired ratios [min .. max])
+as a cross-check; torch.profiler only that way, in a later phase, so whatever it leaves
+attached cannot slow the others. Then a table of per-call costs on this machine.
 
-    python benchmarks/profile_overhead.py --out DIR [--cpus 4-7]   # ~5 min on an H200
+    python benchmarks/profile_overhead.py --out DIR                 # ~6 min on an H200
     python benchmarks/profile_overhead.py --out DIR --device cpu    # CPU smoke run (tiny sizes)
 
-``--cpus`` pins the measuring process (and the threads torch starts) to those cores; it
-lowers the noise of a host-bound loop on a VM and acts on every variant alike.
+``--cpus`` pins the measuring processes (and the threads torch starts) to those cores.
 """
 
 from __future__ import annotations
@@ -57,9 +61,6 @@ sys.path.insert(0, str(ROOT))
 
 LOOPS = ("launch-bound", "compute-bound")
 GPUNB_MODES = ("none", "gpuprofile", "one-line")
-# single instruments, in the per-step blocks only; the second records an event at every step
-# (step_events.MIN_GAP_S = 0), to price what the adaptive spacing of events saves
-PARTS = ("step hook + events", "step hook + event every step", "sync wrappers")
 MODES = GPUNB_MODES + ("torch.profiler",)
 TARGETS = {"gpuprofile": 1.0, "one-line": 0.2}  # % of the cell, from issue 4
 
@@ -81,14 +82,12 @@ def make_loop(kind: str, device: str):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     x = torch.randn(batch, width, device=device, dtype=dtype)  # made once: no data work in the loop
 
-    def run(steps: int, marks: list | None = None) -> None:
+    def run(steps: int) -> None:
         for _ in range(steps):
             loss = model(x).float().pow(2).mean()
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            if marks is not None:
-                marks.append(time.perf_counter())
 
     return run, opt
 
@@ -112,34 +111,6 @@ def one_line():
         meter.stop()
 
 
-@contextlib.contextmanager
-def one_instrument(part: str):
-    """One of %%gpuprofile's instruments alone, installed and removed as a profiled cell does."""
-    import torch
-
-    from gpunb.analysis.instruments import Instruments
-
-    from gpunb.analysis import step_events
-
-    ins = Instruments(torch, memory_every_s=None)
-    gap = step_events.MIN_GAP_S
-    if part.startswith("step hook"):
-        if torch.cuda.is_available():
-            ins.start_event = torch.cuda.Event(enable_timing=True)
-            ins.start_event.record()
-        ins._hook_optimizer(torch)
-        if part == "step hook + event every step":
-            step_events.MIN_GAP_S = 0.0
-    else:
-        ins._wrap_tensor_syncs(torch)
-    try:
-        yield
-    finally:
-        ins.remove()
-        ins.finish_steps()
-        step_events.MIN_GAP_S = gap
-
-
 def context(mode: str):
     import torch
 
@@ -151,24 +122,14 @@ def context(mode: str):
         return gpunb.profile(record=False, show=False)
     if mode == "one-line":
         return one_line()
-    if mode in PARTS:
-        return one_instrument(mode)
     return torch.profiler.profile()
 
 
-CAP_S = 0.001  # a host step longer than the block's median + 1 ms is a stall of the machine
-
-
-def cell(mode: str, run, steps: int, device: str, collect: bool = True, marks: bool = False) -> dict:
-    """One cell: enter, the steps, one synchronize, exit; each part timed. With ``marks``,
-    also the body with each host step capped at the block's median + ``CAP_S``: every
-    per-step cost of the profiler is far below 1 ms (the per-call table), while a VM's
-    stalls of several ms land in one block and not its pair (valid for host-bound loops,
-    where a host step is a loop step)."""
+def cell(mode: str, run, steps: int, device: str, collect: bool = True) -> dict:
+    """One cell: enter, the steps, one synchronize, exit; each part timed."""
     if collect:
         gc.collect()
     sync(device)
-    stamps: list | None = [] if marks else None
     t0 = time.perf_counter()
     ctx = context(mode)
     ctx.__enter__()
@@ -176,7 +137,7 @@ def cell(mode: str, run, steps: int, device: str, collect: bool = True, marks: b
     try:
         c1 = time.thread_time()
         t1 = time.perf_counter()
-        run(steps, stamps)
+        run(steps)
         sync(device)
         t2 = time.perf_counter()
         c2 = time.thread_time()
@@ -184,13 +145,7 @@ def cell(mode: str, run, steps: int, device: str, collect: bool = True, marks: b
         gc.enable()
     ctx.__exit__(None, None, None)
     t3 = time.perf_counter()
-    out = {"total_s": t3 - t0, "enter_s": t1 - t0, "body_s": t2 - t1, "exit_s": t3 - t2, "thread_cpu_s": c2 - c1}
-    if stamps:
-        steps_s = [b - a for a, b in zip([t1] + stamps, stamps)]
-        cap = statistics.median(steps_s) + CAP_S
-        out["capped_body_s"] = sum(min(d, cap) for d in steps_s) + (t2 - stamps[-1])
-        out["capped_steps"] = sum(d > cap for d in steps_s)
-    return out
+    return {"total_s": t3 - t0, "enter_s": t1 - t0, "body_s": t2 - t1, "exit_s": t3 - t2, "thread_cpu_s": c2 - c1}
 
 
 def rounds_of(modes: tuple[str, ...], n: int, run, steps: int, device: str) -> list[dict]:
@@ -204,7 +159,7 @@ def rounds_of(modes: tuple[str, ...], n: int, run, steps: int, device: str) -> l
 
 
 def blocks_of(modes: tuple[str, ...], budget_s: float, run, steps: int, device: str, seed: int = 0) -> list[dict]:
-    """Short blocks, every mode once per round in a shuffled order, until ``budget_s`` is spent."""
+    """Short cells, every mode once per round in a shuffled order, until ``budget_s`` is spent."""
     rng = random.Random(seed)
     out: list[dict] = []
     t_end = time.perf_counter() + budget_s
@@ -212,8 +167,52 @@ def blocks_of(modes: tuple[str, ...], budget_s: float, run, steps: int, device: 
         order = list(modes)
         rng.shuffle(order)
         gc.collect()
-        out.append({m: cell(m, run, steps, device, collect=False, marks=True) for m in order})
+        out.append({m: cell(m, run, steps, device, collect=False) for m in order})
     return out
+
+
+def toggled_pairs(run, device: str, toggle_steps: int, budget_s: float, seed: int = 2) -> list[float]:
+    """Part 1: in one running profiled cell, (hooks on - hooks off) µs per step, per pair."""
+    import torch.optim.optimizer as optimizer_module
+
+    import gpunb
+
+    rng = random.Random(seed)
+    ctx = gpunb.profile(record=False, show=False)
+    ctx.__enter__()
+    ins = ctx._session.instruments
+    tables = (optimizer_module._global_optimizer_pre_hooks, optimizer_module._global_optimizer_post_hooks)
+    ours = [{k: h for k, h in table.items() if getattr(h, "__self__", None) is ins} for table in tables]
+    diffs: list[float] = []
+
+    def hooks(on: bool) -> None:
+        for table, mine in zip(tables, ours):
+            for k, h in mine.items():
+                if on:
+                    table[k] = h
+                else:
+                    table.pop(k, None)
+
+    try:
+        if not all(ours):
+            raise RuntimeError("the profiled cell's optimizer hooks were not found")
+        run(100)  # past the first read-back and the re-specialization after the Tensor change
+        t_end = time.perf_counter() + budget_s
+        gc.disable()
+        while time.perf_counter() < t_end or len(diffs) < 3:
+            took = {}
+            for on in rng.sample((True, False), 2):
+                hooks(on)
+                t0 = time.perf_counter()
+                run(toggle_steps)
+                took[on] = time.perf_counter() - t0
+            diffs.append((took[True] - took[False]) / toggle_steps * 1e6)
+    finally:
+        gc.enable()
+        hooks(True)
+        sync(device)
+        ctx.__exit__(None, None, None)
+    return diffs
 
 
 def median_ci(values: list[float], resamples: int = 2000, seed: int = 1) -> tuple[float, float, float]:
@@ -222,22 +221,6 @@ def median_ci(values: list[float], resamples: int = 2000, seed: int = 1) -> tupl
     n = len(values)
     meds = sorted(statistics.median(rng.choices(values, k=n)) for _ in range(resamples))
     return statistics.median(values), meds[int(0.025 * resamples)], meds[int(0.975 * resamples) - 1]
-
-
-def per_step(blocks: list[dict], mode: str, steps: int, key: str = "body_s") -> dict:
-    diffs = [(r[mode][key] - r["none"][key]) / steps * 1e6 for r in blocks]
-    med, lo, hi = median_ci(diffs)
-    return {"per_step_us": med, "per_step_us_ci": [lo, hi], "blocks": len(blocks)}
-
-
-def robust_per_step(blocks: list[dict], mode: str, steps: int) -> dict:
-    """The same from capped host steps, with how often a step was capped in each variant."""
-    got = per_step(blocks, mode, steps, "capped_body_s")
-    n = len(blocks) * steps / 1000
-    return {"capped_per_step_us": got["per_step_us"], "capped_per_step_us_ci": got["per_step_us_ci"],
-            "capped_per_1000_steps": sum(r[mode]["capped_steps"] for r in blocks) / n,
-            "capped_per_1000_steps_none": sum(r["none"]["capped_steps"] for r in blocks) / n,
-            "thread_cpu_per_step_us": per_step(blocks, mode, steps, "thread_cpu_s")["per_step_us"]}
 
 
 def direct(rounds: list[dict], mode: str, steps: int) -> dict:
@@ -253,9 +236,11 @@ def direct(rounds: list[dict], mode: str, steps: int) -> dict:
     }
 
 
-def overhead_pct(per_step_us: float, step_ms: float, fixed_ms: float, cell_s: float) -> float:
-    """% of a cell of ``cell_s`` seconds: the per-step part plus the per-cell part."""
-    return 100 * (per_step_us / (step_ms * 1e3) + fixed_ms / (cell_s * 1e3))
+def startup(blocks: list[dict], mode: str) -> dict:
+    """Part 2: the short cells' body difference, ms per cell (and the same in thread CPU time)."""
+    e = median_ci([(r[mode]["body_s"] - r["none"]["body_s"]) * 1e3 for r in blocks])
+    cpu = statistics.median((r[mode]["thread_cpu_s"] - r["none"]["thread_cpu_s"]) * 1e3 for r in blocks)
+    return {"startup_ms": e[0], "startup_ms_ci": [e[1], e[2]], "startup_thread_cpu_ms": cpu}
 
 
 # -- per-call costs ----------------------------------------------------------------------
@@ -278,7 +263,7 @@ def per_call_us(fn, budget_s: float = 0.1, max_n: int = 2000) -> float:
 def call_costs(device: str, opt) -> dict:
     import torch
 
-    from gpunb.analysis.instruments import Instruments, _allocated_reserved
+    from gpunb.analysis.instruments import Instruments
     from gpunb.analysis.profile import ProfileSession
     from gpunb.analysis.cell_meter import CellMeter
     from gpunb.readings.gpu_activity import nvml_index_for_uuid, now_us, read_device_memory, read_util_since
@@ -321,7 +306,8 @@ def call_costs(device: str, opt) -> dict:
         costs["torch.cuda.memory_stats()"] = per_call_us(torch.cuda.memory_stats, max_n=500)
         costs["torch.cuda.memory_allocated()"] = per_call_us(torch.cuda.memory_allocated, max_n=500)
         costs["torch.cuda.max_memory_allocated()"] = per_call_us(torch.cuda.max_memory_allocated, max_n=500)
-        costs["torch._C._cuda_memoryStats (nested)"] = per_call_us(lambda: _allocated_reserved(torch), max_n=500)
+        costs["read_allocator (torch._C._cuda_memoryStats, nested)"] = per_call_us(
+            lambda: torch_state.read_allocator(torch, dev), max_n=500)
         costs["torch.cuda.reset_peak_memory_stats()"] = per_call_us(torch.cuda.reset_peak_memory_stats, max_n=500)
         costs["torch.cuda.synchronize() (idle)"] = per_call_us(torch.cuda.synchronize, max_n=500)
         nvml = default_session()
@@ -334,8 +320,10 @@ def call_costs(device: str, opt) -> dict:
             costs["NVML nvmlDeviceGetUtilizationRates"] = per_call_us(
                 lambda: nvml.device_query(index, "nvmlDeviceGetUtilizationRates"), max_n=500)
             since = now_us() - 2_000_000
-            costs["NVML util samples since 2 s ago"] = per_call_us(
+            costs["NVML util samples since 2 s ago (one call, nvml.device_samples)"] = per_call_us(
                 lambda: read_util_since(nvml, index, since), budget_s=0.2, max_n=100)
+            costs["NVML util samples since 2 s ago (pynvml's two calls)"] = per_call_us(
+                lambda: nvml.device_query(index, "nvmlDeviceGetSamples", 1, since), budget_s=0.2, max_n=100)
             costs["NVML device memory + process list"] = per_call_us(
                 lambda: read_device_memory(nvml, index), budget_s=0.2, max_n=100)
 
@@ -374,7 +362,7 @@ def exit_breakdown(mode: str, run, steps: int, device: str) -> list[list]:
 
 
 def measure(kind: str, device: str, cell_s: float, rounds: int, profiler_rounds: int,
-            block_s: float, block_budget_s: float) -> dict:
+            block_s: float, block_budget_s: float, toggle_steps: int, toggle_budget_s: float) -> dict:
     run, opt = make_loop(kind, device)
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < min(1.0, cell_s):  # cuBLAS heuristics, allocator, clocks up
@@ -389,71 +377,72 @@ def measure(kind: str, device: str, cell_s: float, rounds: int, profiler_rounds:
     steps = max(10, round(cell_s / step_s))
     block_steps = max(3, round(block_s / step_s))
     costs = call_costs(device, opt)
-    blocks = blocks_of(GPUNB_MODES + PARTS, block_budget_s, run, block_steps, device)
+    pairs = toggled_pairs(run, device, toggle_steps, toggle_budget_s)
+    blocks = blocks_of(GPUNB_MODES, block_budget_s, run, block_steps, device)
     cells = rounds_of(GPUNB_MODES, rounds, run, steps, device)
     prof_rounds = rounds_of(("none", "torch.profiler"), profiler_rounds, run, steps, device) if profiler_rounds else []
-    step_ms = statistics.median(r["none"]["body_s"] for r in blocks) / block_steps * 1e3
     none_ms = statistics.median(r["none"]["total_s"] for r in cells) / steps * 1e3
+    cell_len = none_ms * steps / 1e3
+    s, s_lo, s_hi = median_ci(pairs)
     res = {"loop": kind, "steps_per_cell": steps, "rounds": rounds, "profiler_rounds": profiler_rounds,
-           "steps_per_block": block_steps, "block_rounds": len(blocks),
-           "cell_s": none_ms * steps / 1e3, "step_ms": step_ms, "modes": {"none": {"ms_per_step": none_ms}}}
+           "steps_per_block": block_steps, "block_rounds": len(blocks), "toggle_steps": toggle_steps,
+           "toggle_pairs": len(pairs), "cell_s": cell_len, "step_ms": none_ms,
+           "steady_us": s, "steady_us_ci": [s_lo, s_hi], "modes": {"none": {"ms_per_step": none_ms}}}
     for m in GPUNB_MODES[1:]:
-        v = {**per_step(blocks, m, block_steps), **robust_per_step(blocks, m, block_steps), **direct(cells, m, steps)}
-        for k in ("", "capped_"):
-            lo, hi = v[f"{k}per_step_us_ci"]
-            v[f"{k}overhead_pct"] = overhead_pct(v[f"{k}per_step_us"], step_ms, v["fixed_ms"], res["cell_s"])
-            v[f"{k}overhead_pct_ci"] = [overhead_pct(lo, step_ms, v["fixed_ms"], res["cell_s"]),
-                                        overhead_pct(hi, step_ms, v["fixed_ms"], res["cell_s"])]
+        v = {**startup(blocks, m), **direct(cells, m, steps)}
+        per_step = (s, s_lo, s_hi) if m == "gpuprofile" else (0.0, 0.0, 0.0)  # the one-line mode has no hooks
+        e, (e_lo, e_hi) = v["startup_ms"], v["startup_ms_ci"]
+        est = [(v["fixed_ms"] + st + (steps - block_steps) * ps / 1e3) / (cell_len * 1e3) * 100
+               for st, ps in ((e, per_step[0]), (e_lo, per_step[1]), (e_hi, per_step[2]))]
+        v["overhead_pct"], v["overhead_pct_ci"] = est[0], est[1:]
         res["modes"][m] = v
     if prof_rounds:
         res["modes"]["torch.profiler"] = direct(prof_rounds, "torch.profiler", steps)
         # its own paired no-profiler cells, after the profiler ran: CUPTI left attached shows here
         res["none_after_torch_profiler_ms_per_step"] = statistics.median(
             r["none"]["total_s"] for r in prof_rounds) / steps * 1e3
-    res["parts"] = {p: {**per_step(blocks, p, block_steps), **robust_per_step(blocks, p, block_steps)} for p in PARTS}
     res["median_ms"] = {m: v["ms_per_step"] for m, v in res["modes"].items()}
     res["call_costs_us"] = costs
-    # a cell long enough for the one-line mode's NVML utilization read (cell_meter.UTIL_MIN_S)
+    # a whole cell: long enough for the one-line mode's NVML utilization read (cell_meter.UTIL_MIN_S)
     res["exit_breakdown_ms"] = {m: exit_breakdown(m, run, steps, device) for m in GPUNB_MODES[1:]}
-    res["cells"] = {"gpunb": cells, "torch.profiler": prof_rounds, "blocks": blocks}
+    res["cells"] = {"gpunb": cells, "torch.profiler": prof_rounds, "blocks": blocks, "toggled_pairs_us": pairs}
     return res
 
 
 def print_table(results: list[dict], meta: dict) -> None:
     print(f"profile overhead · {meta['device']} · torch {meta['torch']} · {meta['date']}"
           + (f" · pinned to CPUs {meta['cpus']}" if meta.get("cpus") else ""))
-    print("overhead % of a cell = per-step µs / step time + per-cell ms / cell length; per step: median of paired "
-          "short blocks [95 % bootstrap]; direct: whole cells, median paired ratio [min .. max]")
+    print("overhead % of a cell = (enter+exit F + start-up E + steps beyond the short cell x steady s) / cell length "
+          "[95 % bootstrap]; direct: whole cells, median paired ratio [min .. max]")
     for res in results:
-        host_bound = res["loop"] == "launch-bound"
+        lo, hi = res["steady_us_ci"]
         print(f"\n{res['loop']} · {res['step_ms']:.3f} ms/step · {res['cell_s']:.2f} s cells "
-              f"({res['steps_per_cell']} steps) · {res['block_rounds']} block rounds of {res['steps_per_block']} steps · "
-              f"{res['rounds']} whole-cell rounds (+{res['profiler_rounds']} torch.profiler)")
-        print(f"  {'mode':<30} {'per step µs':>24} {'capped steps µs':>24} {'per cell ms':>11} {'overhead %':>26} "
-              f"{'from capped steps':>26} {'direct whole cells %':>28}")
-        rows = [(m, v) for m, v in res["modes"].items() if m != "none"] + [(f"· {p}", v) for p, v in res["parts"].items()]
-        for m, v in rows:
-            ci = lambda key: f"{v[key]:+.2f} [{v[key + '_ci'][0]:+.2f} .. {v[key + '_ci'][1]:+.2f}]"  # noqa: E731
-            step = ci("per_step_us") if "per_step_us" in v else ""
-            capped = ci("capped_per_step_us") if "capped_per_step_us" in v else ""
-            fixed = f"{v['fixed_ms']:.2f}" if "fixed_ms" in v else ""
-            pct = ci("overhead_pct") if "overhead_pct" in v else ""
-            cpct = ci("capped_overhead_pct") if "capped_overhead_pct" in v else ""
-            spread = (f"{v['direct_pct']:+.2f} [{v['direct_pct_min']:+.2f} .. {v['direct_pct_max']:+.2f}]"
-                      if "direct_pct" in v else "")
-            mark = ""
-            if m in TARGETS:
-                judged = v["capped_overhead_pct" if host_bound else "overhead_pct"]
-                mark = "  ok" if judged < TARGETS[m] else f"  over the {TARGETS[m]} % target"
-            print(f"  {m:<30} {step:>24} {capped:>24} {fixed:>11} {pct:>26} {cpct:>26} {spread:>28}{mark}")
-        v = res["modes"]["gpuprofile"]
-        print(f"  steps capped per 1000: none {v['capped_per_1000_steps_none']:.1f}, "
-              + ", ".join(f"{m} {x['capped_per_1000_steps']:.1f}" for m, x in rows if "capped_per_1000_steps" in x)
-              + f" · target judged on {'capped steps (host-bound loop)' if host_bound else 'whole blocks'}")
+              f"({res['steps_per_cell']} steps) · steady s = {res['steady_us']:+.2f} µs/step [{lo:+.2f} .. {hi:+.2f}] "
+              f"from {res['toggle_pairs']} on/off pairs of {res['toggle_steps']} steps · {res['block_rounds']} "
+              f"short-cell rounds of {res['steps_per_block']} steps · {res['rounds']} whole-cell rounds "
+              f"(+{res['profiler_rounds']} torch.profiler)")
+        print(f"  {'mode':<15} {'F ms':>7} {'E ms':>24} {'E thread CPU':>13} {'overhead %':>26} {'direct %':>28}")
+        for m, v in res["modes"].items():
+            if m == "none":
+                continue
+            spread = f"{v['direct_pct']:+.2f} [{v['direct_pct_min']:+.2f} .. {v['direct_pct_max']:+.2f}]"
+            if "startup_ms" not in v:
+                print(f"  {m:<15} {v['fixed_ms']:>7.2f} {'':>24} {'':>13} {'':>26} {spread:>28}")
+                continue
+            e = f"{v['startup_ms']:+.2f} [{v['startup_ms_ci'][0]:+.2f} .. {v['startup_ms_ci'][1]:+.2f}]"
+            o = f"{v['overhead_pct']:+.3f} [{v['overhead_pct_ci'][0]:+.3f} .. {v['overhead_pct_ci'][1]:+.3f}]"
+            if v["overhead_pct_ci"][1] < TARGETS[m]:
+                mark = "  ok"
+            elif v["overhead_pct"] < TARGETS[m]:
+                mark = "  ok by the estimate, not by its upper bound"
+            else:
+                mark = f"  over the {TARGETS[m]} % target"
+            print(f"  {m:<15} {v['fixed_ms']:>7.2f} {e:>24} {v['startup_thread_cpu_ms']:>+13.2f} {o:>26} "
+                  f"{spread:>28}{mark}")
         if "none_after_torch_profiler_ms_per_step" in res:
             print(f"  (no profiler, after torch.profiler ran: {res['none_after_torch_profiler_ms_per_step']:.3f} ms/step)")
-        for m, rows_ in res["exit_breakdown_ms"].items():
-            print(f"  {m} exit, costliest calls (cumulative ms): " + "; ".join(f"{n} {ms:.2f}" for n, ms in rows_[:7]))
+        for m, rows in res["exit_breakdown_ms"].items():
+            print(f"  {m} exit, costliest calls (cumulative ms): " + "; ".join(f"{n} {ms:.2f}" for n, ms in rows[:7]))
     print("\nper-call costs on this machine (µs, median)")
     names = list(dict.fromkeys(k for res in results for k in res["call_costs_us"]))
     for name in names:
@@ -479,9 +468,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=None, help="whole-cell rounds of the gpunb variants (default 6, 2 on CPU)")
     ap.add_argument("--profiler-rounds", type=int, default=None,
                     help="rounds of torch.profiler vs none (default 2, 1 on CPU; 0 skips it)")
-    ap.add_argument("--block-s", type=float, default=None, help="seconds per short block (default 0.1, 0.02 on CPU)")
+    ap.add_argument("--block-s", type=float, default=None, help="seconds per short cell (default 0.1, 0.02 on CPU)")
     ap.add_argument("--block-budget-s", type=float, default=None,
-                    help="seconds of short blocks per loop (default 90, 2 on CPU)")
+                    help="seconds of short cells per loop (default 80, 2 on CPU)")
+    ap.add_argument("--toggle-steps", type=int, default=10, help="steps per hooks-on/off half (default 10)")
+    ap.add_argument("--toggle-budget-s", type=float, default=None,
+                    help="seconds of on/off pairs per loop (default 50, 2 on CPU)")
     ap.add_argument("--cpus", help="pin the measuring processes to these cores, e.g. 4-7 or 2,3")
     ap.add_argument("--loops", nargs="+", choices=LOOPS, default=list(LOOPS), help="which loops (default both)")
     ap.add_argument("--loop", choices=LOOPS, help=argparse.SUPPRESS)  # child process: one loop
@@ -509,12 +501,15 @@ def main(argv: list[str] | None = None) -> int:
         rounds = pick(args.rounds, 6, 2)
         profiler_rounds = pick(args.profiler_rounds, 2, 1)
         block_s = pick(args.block_s, 0.1, 0.02)
-        block_budget_s = pick(args.block_budget_s, 90.0, 2.0)
-        if rounds < 1 or profiler_rounds < 0 or min(cell_s, block_s, block_budget_s) <= 0:
-            print("profile_overhead: --rounds must be >= 1, --profiler-rounds >= 0, and the times > 0",
-                  file=sys.stderr)
+        block_budget_s = pick(args.block_budget_s, 80.0, 2.0)
+        toggle_budget_s = pick(args.toggle_budget_s, 50.0, 2.0)
+        if rounds < 1 or profiler_rounds < 0 or args.toggle_steps < 1 or min(
+                cell_s, block_s, block_budget_s, toggle_budget_s) <= 0:
+            print("profile_overhead: --rounds and --toggle-steps must be >= 1, --profiler-rounds >= 0, "
+                  "and the times > 0", file=sys.stderr)
             return 2
-        res = measure(args.loop, device, cell_s, rounds, profiler_rounds, block_s, block_budget_s)
+        res = measure(args.loop, device, cell_s, rounds, profiler_rounds, block_s, block_budget_s,
+                      args.toggle_steps, toggle_budget_s)
         import gpunb
 
         res["meta"] = {"device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
@@ -529,7 +524,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     results = []
     passed = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-              if k in ("device", "cell_s", "rounds", "profiler_rounds", "block_s", "block_budget_s", "cpus")
+              if k in ("device", "cell_s", "rounds", "profiler_rounds", "block_s", "block_budget_s", "toggle_steps",
+                       "toggle_budget_s", "cpus")
               and v is not None]
     for kind in args.loops:  # the parent never imports torch: each loop gets a fresh process
         part = out / f".profile_overhead_{kind}.json"

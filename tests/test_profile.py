@@ -90,6 +90,41 @@ def test_item_every_step_is_counted_as_host_reads():
     assert isinstance(first, float)
 
 
+def test_adam_step_counters_bypass_the_sync_wrappers(monkeypatch):
+    """foreach AdamW reads two CPU step counters per parameter per step with .item(); for the
+    cell they skip the wrapper (cheaper, and they are not the user's reads)."""
+    from gpunb.analysis.instruments import Instruments
+
+    entered = []
+    make_wrapper = Instruments._sync_wrapper
+
+    def counting(self, name, original):
+        wrapper = make_wrapper(self, name, original)
+
+        def counted(t, *args, **kwargs):
+            entered.append(name)
+            return wrapper(t, *args, **kwargs)
+
+        return counted
+
+    monkeypatch.setattr(Instruments, "_sync_wrapper", counting)
+    adam = sys.modules["torch.optim.adam"]
+    get_value = adam._get_value
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    x = torch.randn(8, 16)
+    with gpunb.profile(record=False, show=False) as p:
+        for _ in range(3):
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()  # 4 parameters: 8 counter reads per step, none through the wrapper
+        value = loss.item()  # the user's read: through the wrapper, counted
+    assert entered == ["item"] and p.result.shares.sync_n == 1 and isinstance(value, float)
+    assert p.result.steps.count == 3
+    assert adam._get_value is get_value  # restored after the cell
+
+
 def test_printing_is_timed_as_output(capsys):
     model, opt = _model()
     x, y = torch.randn(64, 16), torch.randn(64, 1)
@@ -123,6 +158,7 @@ def test_hooks_are_removed_after_the_block_even_when_it_raises():
     assert "item" not in torch.Tensor.__dict__ and torch.Tensor.item is torch._C.TensorBase.item
     assert _BaseDataLoaderIter.__dict__["__next__"] is before_next
     assert len(optim_module._global_optimizer_post_hooks) == hooks_before
+    assert sys.modules["torch.optim.adam"]._get_value is optim_module._get_value
     assert sys.stdout is stdout_before and getattr(sys.stdout, "__dict__", {}).get("write") is write_before
 
 

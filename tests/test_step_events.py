@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpunb.analysis.step_events import MIN_GAP_S, READ_BACK_EVERY, StepEvents, per_step_ms
+from gpunb.analysis.step_events import FIRST_READ_BACK, MIN_GAP_S, READ_BACK_EVERY, StepEvents, per_step_ms
 
 
 class SimulatedGpu:
@@ -73,8 +73,8 @@ def test_a_host_bound_loop_gets_sparse_events_and_exact_totals():
     host_ms = run_host_bound(gpu, events, n)
     events.finish()
     # every step until the first read-back shows the GPU keeping up, then one per MIN_GAP_S
-    expected = READ_BACK_EVERY + sum(step_ms(i) for i in range(READ_BACK_EVERY, n)) / 1000 / MIN_GAP_S
-    assert events.recorded <= expected + 2
+    expected = FIRST_READ_BACK + sum(step_ms(i) for i in range(FIRST_READ_BACK, n)) / 1000 / MIN_GAP_S
+    assert 0.9 * expected <= events.recorded <= expected + 2  # a gap overshoots by part of a step
     assert gpu.made <= READ_BACK_EVERY + 2  # reused after read-back, not one per event
     assert gpu.synchronized == 1  # only at the end of the cell
     times = per_step_ms(events.spans, host_ms)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from gpunb.readings import torch_state
 from gpunb.readings.gpu_activity import UtilWindow, now_us, nvml_index_for_uuid, read_util_since
@@ -25,18 +24,6 @@ from gpunb.readings.process import read_process_usage, reset_peak_rss
 # meter's cost stays under 0.13 % of any cell (2.5 ms of a 2 s cell; ~0.1 ms otherwise),
 # inside the one-line mode's 0.2 % budget, and a 1 s cell would have only ~5 samples.
 UTIL_MIN_S = 2.0
-
-
-def peak_allocated(torch: Any, device: int) -> int:
-    """``torch.cuda.max_memory_allocated`` without its Python flattening of every counter
-    (63 µs on the H200, research anchors §1.4): the same counter from the nested stats."""
-    nested = getattr(torch._C, "_cuda_memoryStats", None)
-    if nested is not None:
-        try:
-            return int(nested(device)["allocated_bytes"]["all"]["peak"])
-        except (KeyError, TypeError):  # another layout in some torch version: the public path
-            pass
-    return int(torch.cuda.max_memory_allocated(device))
 
 
 @dataclass(frozen=True)
@@ -64,7 +51,7 @@ class CellMeter:
             if self.reset_peak:
                 torch.cuda.reset_peak_memory_stats(dev)
             else:
-                self._peak_before = peak_allocated(torch, dev)
+                self._peak_before = torch_state.read_allocator(torch, dev).peak_allocated_bytes
         self._rss_reset = reset_peak_rss()
         self._since = now_us()
         self._t0 = time.perf_counter()
@@ -81,7 +68,7 @@ class CellMeter:
                 torch.cuda.synchronize()
                 synced = time.perf_counter() - self._t0
                 dev = torch_state.current_device(torch)
-                peak = peak_allocated(torch, dev)
+                peak = torch_state.read_allocator(torch, dev).peak_allocated_bytes
                 if self._peak_before is not None and peak <= self._peak_before:
                     peak, note = None, "peak VRAM not above the earlier peak"
                 nvml = self.nvml or default_session()

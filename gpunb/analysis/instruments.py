@@ -13,7 +13,7 @@ What each one measures, without changing the user's code:
   ``optimizer.step()`` they pass calls through uncounted (measured on a 2-core VM: +0.2 µs
   per call over the plain method; a counted read +1.2 µs). ``torch.Tensor`` is changed only
   when the cell starts and ends.
-- **memory timeline**: at a step end at most every 50 ms, torch's allocated/reserved bytes
+- **memory timeline**: at a step end at most every 100 ms, torch's allocated/reserved bytes
   and NVML's device "used".
 - **output**: ``sys.stdout.write`` / ``sys.stderr.write`` are timed.
 
@@ -30,6 +30,7 @@ import warnings
 from typing import Any, Callable
 
 from gpunb.analysis.step_events import StepEvents
+from gpunb.readings import torch_state
 
 # Tensor methods that copy a value to the host (a sync when the tensor is on a GPU).
 SYNC_METHODS = ("item", "tolist", "cpu", "__float__", "__int__", "__bool__", "__repr__", "__format__")
@@ -84,29 +85,10 @@ class _TimedStream:
         return getattr(self._stream, name)
 
 
-def _allocated_reserved(torch: Any) -> tuple[int, int]:
-    """torch's current allocated and reserved bytes on the current device.
-
-    ``torch.cuda.memory_stats()`` (and ``memory_allocated()``, which calls it) flattens and
-    sorts every allocator counter in Python: 63 µs per call on the H200 (research anchors
-    §1.4). The nested dict it is built from comes straight from C++; read that when torch
-    has it (benchmarks/profile_overhead.py times both on the device).
-    """
-    nested = getattr(torch._C, "_cuda_memoryStats", None)
-    if nested is not None:
-        try:
-            s = nested(torch.cuda.current_device())
-            return int(s["allocated_bytes"]["all"]["current"]), int(s["reserved_bytes"]["all"]["current"])
-        except (KeyError, TypeError):  # another layout in some torch version: the public path
-            pass
-    s = torch.cuda.memory_stats()
-    return int(s.get("allocated_bytes.all.current", 0)), int(s.get("reserved_bytes.all.current", 0))
-
-
 class Instruments:
     """Measurements of one profiled cell. ``install`` then ``remove`` (idempotent)."""
 
-    def __init__(self, torch: Any | None, *, memory_every_s: float | None = 0.05,
+    def __init__(self, torch: Any | None, *, memory_every_s: float | None = 0.1,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.torch = torch
         self.clock = clock
@@ -116,7 +98,9 @@ class Instruments:
         # optimizer would count every iteration twice)
         self.step_t: list[float] = []
         self.step_events: StepEvents | None = None  # made at the first step that finds CUDA up
-        self._events_failed = False
+        version = getattr(torch, "version", None)
+        # a CPU-only torch build never gets CUDA: skip the per-step "is CUDA up yet?" check
+        self._no_events = not (getattr(version, "cuda", None) or getattr(version, "hip", None))
         self.start_event: Any = None
         self._primary: int | None = None
         self._other_optimizers: set[int] = set()
@@ -198,8 +182,8 @@ class Instruments:
             try:
                 events.step(len(self.step_t) - 1, t)
             except RuntimeError:  # a broken CUDA context: the user's next CUDA call will say so
-                self.step_events, self._events_failed = None, True
-        elif not self._events_failed and self.torch.cuda.is_initialized():  # CUDA is up: time from here
+                self.step_events, self._no_events = None, True
+        elif not self._no_events and self.torch.cuda.is_initialized():  # CUDA is up: time from here
             self._start_step_events()
         if t - self._last_memory_t >= self._memory_every:
             self.sample_memory()
@@ -218,7 +202,7 @@ class Instruments:
             self.step_events = StepEvents(self.torch, self.torch.cuda.current_device(), self.start_event)
             self.step_events.step(len(self.step_t) - 1, self.step_t[-1])
         except RuntimeError:  # a broken CUDA context: the user's next CUDA call will say so
-            self.step_events, self._events_failed = None, True
+            self.step_events, self._no_events = None, True
 
     @property
     def step_spans(self) -> list[tuple[int, int, float]]:
@@ -291,6 +275,8 @@ class Instruments:
         for name, wrapper in self._wrapped.items():
             setattr(tensor, name, wrapper)
         self._undo.append(self._unwrap_tensor_syncs)
+        if originals["item"] is not None:
+            self._bypass_optimizer_item(torch, originals["item"])
         # Adam/AdamW/Adafactor call .item() on CPU step counters for every parameter inside
         # optimizer.step(): a flag set by a pre-step hook makes the wrappers pass those
         # straight through (one attribute test per call) instead of counting them.
@@ -300,6 +286,36 @@ class Instruments:
         except (ImportError, AttributeError):
             return
         self._undo.append(handle.remove)
+
+    def _bypass_optimizer_item(self, torch: Any, item: Callable) -> None:
+        """Adam, AdamW, NAdam, RAdam, Adamax, Adagrad and ASGD read each parameter's step
+        counter with ``torch.optim.optimizer._get_value`` (``.item()`` on a CPU tensor): twice
+        per parameter per step in the foreach versions. Through the wrapper each read costs
+        ~0.6 µs more (32 reads of an 8-layer MLP: ~20 µs a step, 0.7 % of a 2.6 ms step on
+        the H200 VM), so for the cell those modules get the same function calling the
+        unwrapped ``item``; the reads were never counted as syncs anyway."""
+        original = getattr(sys.modules.get("torch.optim.optimizer"), "_get_value", None)
+        compiler = getattr(torch, "compiler", None)
+        if original is None or compiler is None or not hasattr(compiler, "is_compiling"):
+            return  # another torch layout: the wrappers' pass-through still handles these reads
+        is_compiling, is_scripting, tensor = compiler.is_compiling, torch.jit.is_scripting, torch.Tensor
+
+        def _get_value(x: Any) -> Any:  # torch's own logic, with the C method for .item()
+            if not is_scripting() and is_compiling():
+                return x
+            return item(x) if isinstance(x, tensor) else x
+
+        patched = [m for name, m in list(sys.modules.items())
+                   if name.startswith("torch.optim") and getattr(m, "_get_value", None) is original]
+        for module in patched:
+            module._get_value = _get_value
+
+        def restore() -> None:
+            for module in patched:
+                if getattr(module, "_get_value", None) is _get_value:  # unless someone replaced ours
+                    module._get_value = original
+
+        self._undo.append(restore)
 
     def _unwrap_tensor_syncs(self) -> None:
         tensor = self._tensor
@@ -394,7 +410,8 @@ class Instruments:
                 self.device_used_peak = used
         try:
             if torch is not None and torch.cuda.is_initialized():
-                self.memory.append((t, *_allocated_reserved(torch)))
+                stats = torch_state.read_allocator(torch, torch.cuda.current_device())
+                self.memory.append((t, stats.allocated_bytes, stats.reserved_bytes))
             else:
                 from gpunb.readings.process import read_process_usage
 

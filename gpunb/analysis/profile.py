@@ -34,6 +34,9 @@ from gpunb.readings.nvml import NvmlSession, default_session, is_available
 from gpunb.readings.process import read_process_usage, reset_peak_rss
 
 
+TIMELINE_EVERY_S = 0.1  # a memory-timeline point at most this often (~30 µs each, at a step end)
+
+
 @dataclass(frozen=True)
 class StepStats:
     count: int  # optimizer steps seen (first optimizer only)
@@ -187,7 +190,7 @@ class ProfileSession:
             except Exception:  # a sticky CUDA error from an earlier cell: measure the host side only
                 self.cuda_at_start = cuda = False
         self.util_since_us = now_us()
-        self.instruments = Instruments(torch, memory_every_s=0.05 if self.timeline else None)
+        self.instruments = Instruments(torch, memory_every_s=TIMELINE_EVERY_S if self.timeline else None)
         if cuda:
             self.instruments.device_used = self._device_used_probe(torch)
         self.usage0 = read_process_usage()
@@ -370,7 +373,7 @@ class profile:
     ``p.to_dict()`` gives plain data). An exception in the block is recorded and then
     propagates unchanged. Options: ``warmup_steps`` (steps left out of median/p90),
     ``reset_peak`` (reset torch's global peak-memory counter; False leaves it untouched),
-    ``timeline`` (memory points at most every 50 ms at step ends), ``label``, ``show``
+    ``timeline`` (memory points at most every 100 ms at step ends), ``label``, ``show``
     (display the report when the block ends; default: when running in IPython/Jupyter),
     ``record`` (add it to ``%gpuprofile history``).
     """

@@ -4,9 +4,9 @@ A step end records a timing event on the current stream of the cell's device; th
 between two events is what the steps between them took. Events are read back in batches
 once they have completed, then used again (a bounded pool, not one event per step).
 
-How often: recording an event is a driver call that a host-bound loop pays in full (on the
-H200 VM ~7-10 µs alone and more amid a training step; benchmarks/profile_overhead.py).
-So each read-back also asks whether the GPU is keeping up with the host:
+How often: recording an event is a driver call (~7 µs on the H200 VM, per-call table of
+benchmarks/profile_overhead.py) that a host-bound loop pays in full. So each read-back
+(the first after ``FIRST_READ_BACK`` steps) also asks whether the GPU keeps up with the host:
 
 - the GPU is a step or more behind (GPU-bound): the host has slack, an event costs the loop
   nothing, so every step gets its own event;
@@ -14,8 +14,7 @@ So each read-back also asks whether the GPU is keeping up with the host:
   steps between two events share their GPU time in proportion to their host times (in a
   host-bound loop the GPU follows the host, so host step times have the right shape).
 
-An event costs the host then at most ~cost/MIN_GAP_S of the time (0.1-0.2 %), whatever the
-step length.
+Events then cost a host-bound loop at most ~7 µs per 20 ms (0.04 %), whatever the step length.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from collections import deque
 from typing import Any, Callable
 
 READ_BACK_EVERY = 64  # events between read-backs (a read-back costs ~1 µs per event)
+FIRST_READ_BACK = 8  # the first one comes early: it decides how often to record
 MIN_GAP_S = 0.02  # host time between events while the GPU keeps up with the host
 
 
@@ -61,6 +61,7 @@ class StepEvents:
         self._pending: deque = deque()  # (step index, event) recorded, not yet read back
         self.spans: list[tuple[int, int, float]] = []
         self.recorded = 0
+        self._read_back_at = FIRST_READ_BACK
 
     def step(self, index: int, t: float) -> None:
         if t - self._last_t < self._gap:
@@ -71,8 +72,9 @@ class StepEvents:
         self.recorded += 1
         pending = self._pending
         pending.append((index, event))
-        if len(pending) >= READ_BACK_EVERY:
+        if len(pending) >= self._read_back_at:
             self._read_back(block=False)
+            self._read_back_at = READ_BACK_EVERY
 
     def finish(self) -> None:
         """Read back every event (waits for the GPU once, at the end of the cell)."""

@@ -140,15 +140,15 @@ def test_gpu_bound_steps_each_get_an_event_across_read_backs_and_a_side_stream()
     from gpunb.analysis.step_events import READ_BACK_EVERY
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4096, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1))
-    model = model.cuda().to(torch.bfloat16)
+    layers = [m for _ in range(3) for m in (torch.nn.Linear(4096, 4096), torch.nn.ReLU())]  # ~2-7 ms GPU, ~1 ms host
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(4096, 1)).cuda().to(torch.bfloat16)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     side = torch.cuda.Stream()
     n = 5 * READ_BACK_EVERY
     truth: list = []
 
     def step(i: int) -> None:
-        x = torch.randn(2048 * (1 + i % 4), 4096, device="cuda", dtype=torch.bfloat16)  # uneven steps
+        x = torch.randn(4096 * (1 + i % 4), 4096, device="cuda", dtype=torch.bfloat16)  # uneven steps
         loss = model(x).float().pow(2).mean()
         opt.zero_grad()
         loss.backward()
@@ -294,3 +294,22 @@ def test_magic_on_gpu(ip, capsys):
     out = capsys.readouterr().out
     assert "GPU memory" in out and "optimizer steps" in out
     _save("magic", _summary(prof))
+
+
+def test_one_call_utilization_samples_match_the_bindings_two_calls():
+    from gpunb.readings.gpu_activity import GPU_UTILIZATION_SAMPLES, now_us
+    from gpunb.readings.nvml import default_session
+
+    nvml = default_session()
+    since = now_us() - 5_000_000
+    x = torch.randn(8192, 8192, device="cuda")
+    for _ in range(50):
+        x = x @ x.T / 8192  # something for the samples to show
+    torch.cuda.synchronize()
+    ours = nvml.device_samples(0, GPU_UTILIZATION_SAMPLES, since)
+    theirs = nvml.device_query(0, "nvmlDeviceGetSamples", GPU_UTILIZATION_SAMPLES, since)
+    assert ours[0] == theirs[0] and ours[1], (ours, theirs)
+    mine = {s.timeStamp: s.sampleValue.uiVal for s in ours[1]}
+    both = {s.timeStamp: s.sampleValue.uiVal for s in theirs[1] if s.timeStamp in mine}
+    assert len(both) >= len(ours[1]) - 2  # a sample or two may arrive between the calls
+    assert all(mine[t] == v for t, v in both.items())
