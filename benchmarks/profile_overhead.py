@@ -320,10 +320,8 @@ def call_costs(device: str, opt) -> dict:
             costs["NVML nvmlDeviceGetUtilizationRates"] = per_call_us(
                 lambda: nvml.device_query(index, "nvmlDeviceGetUtilizationRates"), max_n=500)
             since = now_us() - 2_000_000
-            costs["NVML util samples since 2 s ago (one call, nvml.device_samples)"] = per_call_us(
+            costs["NVML util samples since 2 s ago"] = per_call_us(
                 lambda: read_util_since(nvml, index, since), budget_s=0.2, max_n=100)
-            costs["NVML util samples since 2 s ago (pynvml's two calls)"] = per_call_us(
-                lambda: nvml.device_query(index, "nvmlDeviceGetSamples", 1, since), budget_s=0.2, max_n=100)
             costs["NVML device memory + process list"] = per_call_us(
                 lambda: read_device_memory(nvml, index), budget_s=0.2, max_n=100)
 

@@ -47,7 +47,7 @@ def _sample_value(sample: Any) -> int:
 
 
 def read_util_since(nvml: NvmlSession, index: int, since_us: int) -> UtilWindow | Unavailable:
-    got = nvml.device_samples(index, GPU_UTILIZATION_SAMPLES, since_us)
+    got = nvml.device_query(index, "nvmlDeviceGetSamples", GPU_UTILIZATION_SAMPLES, since_us)
     if not is_available(got):
         if got.code == 6:  # NVML_ERROR_NOT_FOUND: no sample newer than since_us (a very short cell)
             return UtilWindow(())

@@ -11,7 +11,6 @@ recorded H200 readings.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import threading
 from dataclasses import dataclass
@@ -25,8 +24,6 @@ DRIVER_NOT_LOADED = 9
 LIBRARY_NOT_FOUND = 12
 FUNCTION_NOT_FOUND = 13
 GPU_IS_LOST = 15
-INSUFFICIENT_SIZE = 7
-SAMPLE_CAPACITY = 256  # nvmlDeviceGetSamples buffer: ~40 s of 6 Hz samples; more takes the binding's path
 LIB_RM_VERSION_MISMATCH = 18
 
 _REASONS = {
@@ -178,29 +175,6 @@ class NvmlSession:
         if not is_available(h):
             return h
         return self.query(name, h, *args)
-
-    def device_samples(self, index: int, sampling_type: int, since_us: int) -> Any:
-        """``nvmlDeviceGetSamples`` as (value type, samples), in one driver call: the binding
-        makes two, the first only to size the buffer (each ~0.7-0.9 ms on the H200, per-call
-        table of benchmarks/profile_overhead.py). Any other binding layout, or a ring larger
-        than the buffer, takes the binding's own function."""
-        h = self.handle(index)
-        if not is_available(h):
-            return h
-        lib = self._lib
-        try:
-            fn = lib._nvmlGetFunctionPointer("nvmlDeviceGetSamples")
-            value_type, count = lib._nvmlValueType_t(), ctypes.c_uint(SAMPLE_CAPACITY)
-            samples = (lib.c_nvmlSample_t * SAMPLE_CAPACITY)()
-            code = fn(h, lib._nvmlSamplingType_t(sampling_type), ctypes.c_ulonglong(since_us),
-                      ctypes.byref(value_type), ctypes.byref(count), samples)
-        except Exception:  # not the pynvml layout this was written against (or a stand-in in tests)
-            code = INSUFFICIENT_SIZE
-        if code == INSUFFICIENT_SIZE:
-            return self.query("nvmlDeviceGetSamples", h, sampling_type, since_us)
-        if code != 0:
-            return Unavailable(_REASONS.get(code, f"NVML error {code}"), code)
-        return value_type.value, samples[:count.value]
 
     def device_count(self) -> int:
         n = self.query("nvmlDeviceGetCount")
