@@ -17,7 +17,7 @@ cells compared directly cannot resolve 1 %. A cell's overhead is measured in thr
 each where it can be seen, then added up:
 
 1. **steady per-step cost** ``s``: inside one running ``%%gpuprofile`` cell (past its first
-   100 steps), the cell's optimizer hooks are taken out and put back every
+   100 steps), the cell's optimizer-step hook is taken out and put back every
    ``--toggle-steps`` steps; each on/off pair runs back to back (~50 ms, over which the
    machine's speed barely moves). ``s`` = median of (on - off) per step, 95 % bootstrap
    interval. The Tensor wrappers stay in (a training step does not enter them: Adam's counter
@@ -181,21 +181,20 @@ def toggled_pairs(run, device: str, toggle_steps: int, budget_s: float, seed: in
     ctx = gpunb.profile(record=False, show=False)
     ctx.__enter__()
     ins = ctx._session.instruments
-    tables = (optimizer_module._global_optimizer_pre_hooks, optimizer_module._global_optimizer_post_hooks)
-    ours = [{k: h for k, h in table.items() if getattr(h, "__self__", None) is ins} for table in tables]
+    table = optimizer_module._global_optimizer_post_hooks
+    ours = {k: h for k, h in table.items() if getattr(h, "__self__", None) is ins}
     diffs: list[float] = []
 
     def hooks(on: bool) -> None:
-        for table, mine in zip(tables, ours):
-            for k, h in mine.items():
-                if on:
-                    table[k] = h
-                else:
-                    table.pop(k, None)
+        for k, h in ours.items():
+            if on:
+                table[k] = h
+            else:
+                table.pop(k, None)
 
     try:
-        if not all(ours):
-            raise RuntimeError("the profiled cell's optimizer hooks were not found")
+        if not ours:
+            raise RuntimeError("the profiled cell's optimizer step hook was not found")
         run(100)  # past the first read-back and the re-specialization after the Tensor change
         t_end = time.perf_counter() + budget_s
         gc.disable()
@@ -213,6 +212,42 @@ def toggled_pairs(run, device: str, toggle_steps: int, budget_s: float, seed: in
         sync(device)
         ctx.__exit__(None, None, None)
     return diffs
+
+
+def self_timed(run, steps: int = 1000) -> dict:
+    """Inside a running profiled cell: µs per step spent in each piece of gpunb's own code,
+    timed where it runs (amid the step's code, not in a tight loop)."""
+    import torch.optim.optimizer as optimizer_module
+
+    import gpunb
+
+    spent: dict[str, float] = {"step hook (all)": 0.0, "CUDA event": 0.0, "timeline point": 0.0}
+
+    def timed(name, fn):
+        def call(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[name] += time.perf_counter() - t0
+        return call
+
+    ctx = gpunb.profile(record=False, show=False)
+    ctx.__enter__()
+    ins = ctx._session.instruments
+    try:
+        run(100)  # steady state: events spaced, Tensor class re-specialized
+        table = optimizer_module._global_optimizer_post_hooks
+        for k, h in list(table.items()):
+            if getattr(h, "__self__", None) is ins:
+                table[k] = timed("step hook (all)", h)
+        if ins.step_events is not None:
+            ins.step_events.step = timed("CUDA event", ins.step_events.step)  # called only when one is due
+        ins.sample_memory = timed("timeline point", ins.sample_memory)
+        run(steps)
+    finally:
+        ctx.__exit__(None, None, None)
+    return {name: t / steps * 1e6 for name, t in spent.items()}
 
 
 def median_ci(values: list[float], resamples: int = 2000, seed: int = 1) -> tuple[float, float, float]:
@@ -273,16 +308,15 @@ def call_costs(device: str, opt) -> dict:
 
     cuda = device == "cuda"
     costs: dict[str, float] = {}
-    # the step hooks as a real cell runs them (pre + post hook, CUDA event on a GPU)
+    # the step hook as a real cell runs it (CUDA events spaced out once the GPU keeps up)
     ins = Instruments(torch, memory_every_s=None)
     ins.install(cuda)
     try:
-        costs["step hooks (pre + post, event record)"] = per_call_us(
-            lambda: (ins._before_step(opt, (), {}), ins._on_step(opt, (), {})), max_n=4000)
+        costs["step hook (event when due)"] = per_call_us(lambda: ins._on_step(opt, (), {}), max_n=4000)
         t = torch.tensor(1.5)
         costs["float(t) wrapped (a counted host read)"] = per_call_us(lambda: float(t))
         ins._quiet = True
-        costs["t.item() wrapped, inside optimizer.step()"] = per_call_us(lambda: t.item())
+        costs["t.item() wrapped, passed through (a nested read)"] = per_call_us(lambda: t.item())
         ins._quiet = False
         costs["timeline point (allocator read; NVML used is listed apart)"] = per_call_us(lambda: ins.sample_memory(force=True), max_n=500)
     finally:
@@ -375,24 +409,34 @@ def measure(kind: str, device: str, cell_s: float, rounds: int, profiler_rounds:
     steps = max(10, round(cell_s / step_s))
     block_steps = max(3, round(block_s / step_s))
     costs = call_costs(device, opt)
-    pairs = toggled_pairs(run, device, toggle_steps, toggle_budget_s)
-    blocks = blocks_of(GPUNB_MODES, block_budget_s, run, block_steps, device)
+    # Part 1 needs a host-bound loop: in a GPU-bound one the host runs ahead and a half's host
+    # time is the queue's back-pressure, not the loop's pace. There, whole cells vary by only
+    # ~0.1-0.3 % and the direct comparison is the measure (and short cells need less time).
+    host_bound = kind == "launch-bound"
+    pairs = toggled_pairs(run, device, toggle_steps, toggle_budget_s) if host_bound else []
+    in_situ = self_timed(run) if host_bound else {}
+    blocks = blocks_of(GPUNB_MODES, block_budget_s if host_bound else block_budget_s / 4, run, block_steps, device)
     cells = rounds_of(GPUNB_MODES, rounds, run, steps, device)
     prof_rounds = rounds_of(("none", "torch.profiler"), profiler_rounds, run, steps, device) if profiler_rounds else []
     none_ms = statistics.median(r["none"]["total_s"] for r in cells) / steps * 1e3
     cell_len = none_ms * steps / 1e3
-    s, s_lo, s_hi = median_ci(pairs)
-    res = {"loop": kind, "steps_per_cell": steps, "rounds": rounds, "profiler_rounds": profiler_rounds,
-           "steps_per_block": block_steps, "block_rounds": len(blocks), "toggle_steps": toggle_steps,
-           "toggle_pairs": len(pairs), "cell_s": cell_len, "step_ms": none_ms,
-           "steady_us": s, "steady_us_ci": [s_lo, s_hi], "modes": {"none": {"ms_per_step": none_ms}}}
+    s, s_lo, s_hi = median_ci(pairs) if pairs else (None, None, None)
+    res = {"loop": kind, "host_bound": host_bound, "steps_per_cell": steps, "rounds": rounds,
+           "profiler_rounds": profiler_rounds, "steps_per_block": block_steps, "block_rounds": len(blocks),
+           "toggle_steps": toggle_steps, "toggle_pairs": len(pairs), "cell_s": cell_len, "step_ms": none_ms,
+           "steady_us": s, "steady_us_ci": [s_lo, s_hi], "in_situ_us_per_step": in_situ,
+           "modes": {"none": {"ms_per_step": none_ms}}}
     for m in GPUNB_MODES[1:]:
         v = {**startup(blocks, m), **direct(cells, m, steps)}
-        per_step = (s, s_lo, s_hi) if m == "gpuprofile" else (0.0, 0.0, 0.0)  # the one-line mode has no hooks
-        e, (e_lo, e_hi) = v["startup_ms"], v["startup_ms_ci"]
-        est = [(v["fixed_ms"] + st + (steps - block_steps) * ps / 1e3) / (cell_len * 1e3) * 100
-               for st, ps in ((e, per_step[0]), (e_lo, per_step[1]), (e_hi, per_step[2]))]
-        v["overhead_pct"], v["overhead_pct_ci"] = est[0], est[1:]
+        if host_bound:
+            per_step = (s, s_lo, s_hi) if m == "gpuprofile" else (0.0, 0.0, 0.0)  # the one-line mode has no hooks
+            e, (e_lo, e_hi) = v["startup_ms"], v["startup_ms_ci"]
+            est = [(v["fixed_ms"] + st + (steps - block_steps) * ps / 1e3) / (cell_len * 1e3) * 100
+                   for st, ps in ((e, per_step[0]), (e_lo, per_step[1]), (e_hi, per_step[2]))]
+            v["overhead_pct"], v["overhead_pct_ci"], v["estimate"] = est[0], est[1:], "F + E + steps x s"
+        else:
+            v["overhead_pct"], v["estimate"] = v["direct_pct"], "whole cells"
+            v["overhead_pct_ci"] = [v["direct_pct_min"], v["direct_pct_max"]]
         res["modes"][m] = v
     if prof_rounds:
         res["modes"]["torch.profiler"] = direct(prof_rounds, "torch.profiler", steps)
@@ -413,13 +457,19 @@ def print_table(results: list[dict], meta: dict) -> None:
     print("overhead % of a cell = (enter+exit F + start-up E + steps beyond the short cell x steady s) / cell length "
           "[95 % bootstrap]; direct: whole cells, median paired ratio [min .. max]")
     for res in results:
-        lo, hi = res["steady_us_ci"]
+        steady = "whole cells compared directly (GPU-bound loop)"
+        if res["host_bound"]:
+            lo, hi = res["steady_us_ci"]
+            steady = (f"steady s = {res['steady_us']:+.2f} µs/step [{lo:+.2f} .. {hi:+.2f}] from {res['toggle_pairs']} "
+                      f"on/off pairs of {res['toggle_steps']} steps")
         print(f"\n{res['loop']} · {res['step_ms']:.3f} ms/step · {res['cell_s']:.2f} s cells "
-              f"({res['steps_per_cell']} steps) · steady s = {res['steady_us']:+.2f} µs/step [{lo:+.2f} .. {hi:+.2f}] "
-              f"from {res['toggle_pairs']} on/off pairs of {res['toggle_steps']} steps · {res['block_rounds']} "
-              f"short-cell rounds of {res['steps_per_block']} steps · {res['rounds']} whole-cell rounds "
-              f"(+{res['profiler_rounds']} torch.profiler)")
-        print(f"  {'mode':<15} {'F ms':>7} {'E ms':>24} {'E thread CPU':>13} {'overhead %':>26} {'direct %':>28}")
+              f"({res['steps_per_cell']} steps) · {steady} · {res['block_rounds']} short-cell rounds of "
+              f"{res['steps_per_block']} steps · {res['rounds']} whole-cell rounds (+{res['profiler_rounds']} torch.profiler)")
+        if res["in_situ_us_per_step"]:
+            print("  gpunb's own code timed in place, µs per step: "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in res["in_situ_us_per_step"].items()))
+        print(f"  {'mode':<15} {'F ms':>7} {'E ms':>24} {'E thread CPU':>13} {'overhead %':>26} {'direct %':>28}"
+              f"   (overhead from: {res['modes']['gpuprofile']['estimate']})")
         for m, v in res["modes"].items():
             if m == "none":
                 continue

@@ -125,6 +125,26 @@ def test_adam_step_counters_bypass_the_sync_wrappers(monkeypatch):
     assert adam._get_value is get_value  # restored after the cell
 
 
+def test_an_optimizers_own_reads_are_not_counted_as_the_users():
+    model = torch.nn.Linear(16, 1)
+    opt = torch.optim.LBFGS(model.parameters(), max_iter=4)
+    x, y = torch.randn(64, 16), torch.randn(64, 1)
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        return loss
+
+    with gpunb.profile(record=False, show=False) as p:
+        for _ in range(3):
+            opt.step(closure)  # LBFGS reads the loss and gradient norms itself (float(), bool())
+        final = closure().item()  # the user's one read
+    assert p.result.steps.count == 3
+    assert p.result.shares.sync_n == 1 and p.result.shares.sync_by_method == {"item": 1}
+    assert isinstance(final, float)
+
+
 def test_printing_is_timed_as_output(capsys):
     model, opt = _model()
     x, y = torch.randn(64, 16), torch.randn(64, 1)

@@ -2,19 +2,19 @@
 
 What each one measures, without changing the user's code:
 
-- **steps**: a global optimizer-step post hook (torch >= 2.0) notes the host time and records
-  a CUDA event on the current stream (``step_events.py``: pooled events, read back once
-  completed or at the end of the cell; never a synchronize per step, which cost +4-6 % on
-  the H200).
+- **steps**: a global optimizer-step post hook (torch >= 2.0) notes the host time and, when
+  one is due, records a CUDA event on the current stream (``step_events.py``: spaced out
+  while the GPU keeps up with the host, pooled, read back once completed; never a
+  synchronize per step, which cost +4-6 % on the H200). It is the only per-step code.
 - **data wait**: ``_BaseDataLoaderIter.__next__`` is wrapped; the time inside it is the time
   the loop waited for its next batch.
 - **host syncs**: ``Tensor.item/tolist/cpu/__float__/__int__/__bool__/__repr__/__format__`` are
-  wrapped; on a CUDA tensor each call waits for the GPU to finish the queued work. Inside
-  ``optimizer.step()`` they pass calls through uncounted (measured on a 2-core VM: +0.2 µs
-  per call over the plain method; a counted read +1.2 µs). ``torch.Tensor`` is changed only
-  when the cell starts and ends.
-- **memory timeline**: at a step end at most every 100 ms, torch's allocated/reserved bytes
-  and NVML's device "used".
+  wrapped; on a CUDA tensor each call waits for the GPU to finish the queued work. Reads made
+  by ``torch.optim`` code itself pass through uncounted (not the user's), and Adam's
+  per-parameter step-counter reads skip the wrapper altogether (``_bypass_optimizer_item``).
+  ``torch.Tensor`` is changed only when the cell starts and ends.
+- **memory timeline**: at a step end at most every 200 ms (``profile.TIMELINE_EVERY_S``),
+  torch's allocated/reserved bytes and NVML's device "used".
 - **output**: ``sys.stdout.write`` / ``sys.stderr.write`` are timed.
 
 Every wrapper marks its frame ``__tracebackhide__`` so IPython shows a user's exception
@@ -88,7 +88,7 @@ class _TimedStream:
 class Instruments:
     """Measurements of one profiled cell. ``install`` then ``remove`` (idempotent)."""
 
-    def __init__(self, torch: Any | None, *, memory_every_s: float | None = 0.1,
+    def __init__(self, torch: Any | None, *, memory_every_s: float | None = 0.2,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.torch = torch
         self.clock = clock
@@ -121,7 +121,7 @@ class Instruments:
         self.sync_s = 0.0
         self.sync_gpu_s = 0.0
         self.sync_by_method: dict[str, int] = {}
-        self._quiet = False  # True inside optimizer.step() and inside a counted read
+        self._quiet = False  # True inside a counted read (its own nested reads are not counted again)
         # output
         self.write_n = 0
         self.write_chars = 0
@@ -173,7 +173,6 @@ class Instruments:
         # Runs after every optimizer.step(): a launch-bound loop pays all of this per step
         # (benchmarks/profile_overhead.py), so the common path is a few attribute reads.
         t = self.clock()
-        self._quiet = False
         if id(optimizer) != self._primary and not self._first_step(optimizer):
             return
         self.step_t.append(t)
@@ -277,15 +276,6 @@ class Instruments:
         self._undo.append(self._unwrap_tensor_syncs)
         if originals["item"] is not None:
             self._bypass_optimizer_item(torch, originals["item"])
-        # Adam/AdamW/Adafactor call .item() on CPU step counters for every parameter inside
-        # optimizer.step(): a flag set by a pre-step hook makes the wrappers pass those
-        # straight through (one attribute test per call) instead of counting them.
-        try:
-            module = importlib.import_module("torch.optim.optimizer")
-            handle = module.register_optimizer_step_pre_hook(self._before_step)
-        except (ImportError, AttributeError):
-            return
-        self._undo.append(handle.remove)
 
     def _bypass_optimizer_item(self, torch: Any, item: Callable) -> None:
         """Adam, AdamW, NAdam, RAdam, Adamax, Adagrad and ASGD read each parameter's step
@@ -326,9 +316,6 @@ class Instruments:
             elif name in tensor.__dict__:
                 delattr(tensor, name)
 
-    def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self._quiet = True
-
     def _sync_wrapper(self, name: str, original: Callable) -> Callable:
         recorder = self
         # float(t)/int(t) warn about requires_grad from C++, at the calling Python frame
@@ -336,8 +323,10 @@ class Instruments:
 
         def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
             __tracebackhide__ = True  # noqa: F841
-            if recorder._quiet:  # inside optimizer.step(), or __format__ calling item(): not the user's read
+            if recorder._quiet:  # __format__ calling item(): one read, counted once
                 return original(self, *args, **kwargs)
+            if sys._getframe(1).f_globals.get("__name__", "").startswith("torch.optim"):
+                return original(self, *args, **kwargs)  # an optimizer's own read (LBFGS...): not the user's
             on_gpu = self.device.type != "cpu"
             if name == "cpu" and not on_gpu:
                 return original(self, *args, **kwargs)  # already on the host: no copy, no sync
