@@ -35,7 +35,7 @@ are also compared directly (rounds with rotated order, median of paired ratios [
 as a cross-check; torch.profiler only that way, in a later phase, so whatever it leaves
 attached cannot slow the others. Then a table of per-call costs on this machine.
 
-    python benchmarks/profile_overhead.py --out DIR                 # ~6 min on an H200
+    python benchmarks/profile_overhead.py --out DIR                 # ~5 min on an H200
     python benchmarks/profile_overhead.py --out DIR --device cpu    # CPU smoke run (tiny sizes)
 
 ``--cpus`` pins the measuring processes (and the threads torch starts) to those cores.
