@@ -145,6 +145,16 @@ def test_an_optimizers_own_reads_are_not_counted_as_the_users():
     assert isinstance(final, float)
 
 
+def test_a_scheduler_reading_the_users_metric_is_counted():
+    model, opt = _model()
+    sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt)
+    x, y = torch.randn(64, 16), torch.randn(64, 1)
+    with gpunb.profile(record=False, show=False) as p:
+        for _ in range(3):
+            sched.step(_step(model, opt, x, y))  # float(metric) inside the scheduler: a read of the user's tensor
+    assert p.result.shares.sync_by_method == {"__float__": 3}
+
+
 def test_printing_is_timed_as_output(capsys):
     model, opt = _model()
     x, y = torch.randn(64, 16), torch.randn(64, 1)

@@ -13,7 +13,7 @@ What each one measures, without changing the user's code:
   by ``torch.optim`` code itself pass through uncounted (not the user's), and Adam's
   per-parameter step-counter reads skip the wrapper altogether (``_bypass_optimizer_item``).
   ``torch.Tensor`` is changed only when the cell starts and ends.
-- **memory timeline**: at a step end at most every 200 ms (``profile.TIMELINE_EVERY_S``),
+- **memory timeline**: at a step end at most every ``TIMELINE_EVERY_S`` (200 ms),
   torch's allocated/reserved bytes and NVML's device "used".
 - **output**: ``sys.stdout.write`` / ``sys.stderr.write`` are timed.
 
@@ -34,6 +34,11 @@ from gpunb.readings import torch_state
 
 # Tensor methods that copy a value to the host (a sync when the tensor is on a GPU).
 SYNC_METHODS = ("item", "tolist", "cpu", "__float__", "__int__", "__bool__", "__repr__", "__format__")
+TIMELINE_EVERY_S = 0.2  # a memory-timeline point at most this often (~26 µs each alone, at a step end)
+# Reads made by optimizer code are not the user's (LBFGS reads its loss); the schedulers'
+# reads are of the user's tensors (ReduceLROnPlateau.step(val_loss)), so they count.
+_OPTIMIZER_CODE = "torch.optim."
+_USER_FACING_OPTIM = ("torch.optim.lr_scheduler", "torch.optim.swa_utils")
 
 
 def batch_length(batch: Any) -> int | None:
@@ -88,7 +93,7 @@ class _TimedStream:
 class Instruments:
     """Measurements of one profiled cell. ``install`` then ``remove`` (idempotent)."""
 
-    def __init__(self, torch: Any | None, *, memory_every_s: float | None = 0.2,
+    def __init__(self, torch: Any | None, *, memory_every_s: float | None = TIMELINE_EVERY_S,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.torch = torch
         self.clock = clock
@@ -325,8 +330,9 @@ class Instruments:
             __tracebackhide__ = True  # noqa: F841
             if recorder._quiet:  # __format__ calling item(): one read, counted once
                 return original(self, *args, **kwargs)
-            if sys._getframe(1).f_globals.get("__name__", "").startswith("torch.optim"):
-                return original(self, *args, **kwargs)  # an optimizer's own read (LBFGS...): not the user's
+            caller = sys._getframe(1).f_globals.get("__name__", "")
+            if caller.startswith(_OPTIMIZER_CODE) and not caller.startswith(_USER_FACING_OPTIM):
+                return original(self, *args, **kwargs)  # an optimizer's own read: not the user's
             on_gpu = self.device.type != "cpu"
             if name == "cpu" and not on_gpu:
                 return original(self, *args, **kwargs)  # already on the host: no copy, no sync

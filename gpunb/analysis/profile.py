@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpunb.analysis.advice import Advice
-from gpunb.analysis.instruments import Instruments
+from gpunb.analysis.instruments import TIMELINE_EVERY_S, Instruments
 from gpunb.analysis.step_events import per_step_ms
 from gpunb.readings import torch_state
 from gpunb.readings.gpu_activity import (
@@ -32,9 +32,6 @@ from gpunb.readings.gpu_activity import (
 )
 from gpunb.readings.nvml import NvmlSession, default_session, is_available
 from gpunb.readings.process import read_process_usage, reset_peak_rss
-
-
-TIMELINE_EVERY_S = 0.2  # a memory-timeline point at most this often (~35 µs each alone, at a step end)
 
 
 @dataclass(frozen=True)
