@@ -171,18 +171,23 @@ def blocks_of(modes: tuple[str, ...], budget_s: float, run, steps: int, device: 
     return out
 
 
-def toggled_pairs(run, device: str, toggle_steps: int, budget_s: float, seed: int = 2) -> list[float]:
-    """Part 1: in one running profiled cell, (hooks on - hooks off) µs per step, per pair."""
+def step_hook_entries(ins) -> tuple[dict, dict]:
+    """torch's table of global optimizer-step hooks, and the entries of it that are ``ins``'s."""
     import torch.optim.optimizer as optimizer_module
 
+    table = optimizer_module._global_optimizer_post_hooks
+    return table, {k: h for k, h in table.items() if getattr(h, "__self__", None) is ins}
+
+
+def toggled_pairs(run, device: str, toggle_steps: int, budget_s: float, seed: int = 2) -> list[float]:
+    """Part 1: in one running profiled cell, (hooks on - hooks off) µs per step, per pair."""
     import gpunb
 
     rng = random.Random(seed)
     ctx = gpunb.profile(record=False, show=False)
     ctx.__enter__()
     ins = ctx._session.instruments
-    table = optimizer_module._global_optimizer_post_hooks
-    ours = {k: h for k, h in table.items() if getattr(h, "__self__", None) is ins}
+    table, ours = step_hook_entries(ins)
     diffs: list[float] = []
 
     def hooks(on: bool) -> None:
@@ -217,8 +222,6 @@ def toggled_pairs(run, device: str, toggle_steps: int, budget_s: float, seed: in
 def self_timed(run, steps: int = 1000) -> dict:
     """Inside a running profiled cell: µs per step spent in each piece of gpunb's own code,
     timed where it runs (amid the step's code, not in a tight loop)."""
-    import torch.optim.optimizer as optimizer_module
-
     import gpunb
 
     spent: dict[str, float] = {"step hook (all)": 0.0, "CUDA event": 0.0, "timeline point": 0.0}
@@ -237,10 +240,9 @@ def self_timed(run, steps: int = 1000) -> dict:
     ins = ctx._session.instruments
     try:
         run(100)  # steady state: events spaced, Tensor class re-specialized
-        table = optimizer_module._global_optimizer_post_hooks
-        for k, h in list(table.items()):
-            if getattr(h, "__self__", None) is ins:
-                table[k] = timed("step hook (all)", h)
+        table, ours = step_hook_entries(ins)
+        for k, h in ours.items():
+            table[k] = timed("step hook (all)", h)
         if ins.step_events is not None:
             ins.step_events.step = timed("CUDA event", ins.step_events.step)  # called only when one is due
         ins.sample_memory = timed("timeline point", ins.sample_memory)

@@ -97,7 +97,7 @@ class Instruments:
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.torch = torch
         self.clock = clock
-        self.memory_every_s = memory_every_s
+        # None (no timeline) as an interval never reached: the per-step test stays one comparison
         self._memory_every = float("inf") if memory_every_s is None else memory_every_s
         # steps: host time of each step of the first optimizer seen (a GAN's second
         # optimizer would count every iteration twice)
@@ -394,7 +394,7 @@ class Instruments:
     # -- memory timeline ----------------------------------------------------------------------
     def sample_memory(self, force: bool = False) -> None:
         """One point of the memory timeline, at most every ``memory_every_s`` at a step end."""
-        if self.memory_every_s is None and not force:
+        if self._memory_every == float("inf") and not force:
             return
         t = self.clock()
         self._last_memory_t = t
