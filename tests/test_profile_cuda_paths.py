@@ -121,6 +121,7 @@ def test_steps_from_events_read_back_in_batches(fake_cuda):
         for _ in range(600):  # several read-back batches
             model(x).sum().backward()
             opt.step()
+            time.sleep(0.0003)  # ~0.2 s of steps on any host: several MIN_GAP_S spans after the first read-back
     r = p.result
     # host-bound (stand-in events complete at once): after the first read-back, events at most
     # every MIN_GAP_S, and the steps between two events split their time by the host clock
