@@ -382,14 +382,19 @@ def _free_after_oom(exc: BaseException, torch: Any) -> None:
 
 
 def _nvml_process_bytes(torch: Any, device: int) -> Callable[[], int | None]:
-    from gpunb.analysis.oom import nvml_index_for, process_memory
+    """This process's memory on ``cuda:device`` as NVML sees it (devices.py: by PID, or by
+    torch's reserve inside a container); None when NVML cannot say."""
+    from gpunb.readings.devices import read_device_map, read_ownership
     from gpunb.readings.nvml import default_session
 
     nvml = default_session()
     if not nvml.start().ok:
         return lambda: None
-    index = nvml_index_for(torch, device, nvml)
-    return lambda: process_memory(nvml, index, torch_reserved=int(torch.cuda.memory_reserved(device)))[0]
+    device_map = read_device_map(nvml, torch=torch)
+    index = device_map.nvml_index(device)
+    if index is None:
+        return lambda: None
+    return lambda: read_ownership(nvml, index, torch=torch, device_map=device_map, names=False).self_bytes
 
 
 def fit_batch_size(
@@ -440,7 +445,7 @@ def fit_batch_size(
     if index >= torch.cuda.device_count():
         return BatchFit(False, f"cuda:{index} does not exist: torch sees {torch.cuda.device_count()} GPU(s).")
 
-    from gpunb.readings.torch_memory import per_process_limit_bytes
+    from gpunb.readings.torch_state import per_process_limit_bytes
 
     gc.collect()
     torch.cuda.empty_cache()

@@ -16,8 +16,9 @@ from typing import Callable, Mapping
 from gpunb.analysis import checks_gpu, checks_host, checks_torch
 from gpunb.analysis.check_inputs import CheckInputs
 from gpunb.analysis.check_report import CheckReport, CheckResult
-from gpunb.analysis.visible_devices import resolve
+from gpunb.readings import torch_state
 from gpunb.readings.cuda_probe import run_probe
+from gpunb.readings.devices import map_devices, torch_device_uuids
 from gpunb.readings.gpu import read_snapshot
 from gpunb.readings.host import read_host_facts
 from gpunb.readings.nvml import NvmlSession, default_session
@@ -102,15 +103,18 @@ def check(
     t0 = time.monotonic()
     env = dict(os.environ if environ is None else environ)
     snapshot = read_snapshot(nvml or default_session())
-    visible = resolve(env, snapshot.gpus)
+    devices = map_devices(snapshot.gpus, env, torch_device_uuids(torch_state.imported_torch()))
+    visible = devices.visible
     if device is not None:
         if not isinstance(device, int) or isinstance(device, bool):
             raise DeviceChoiceError(f"device must be an integer CUDA ordinal, not {device!r}")
-        if not 0 <= device < len(visible.nvml_indices):
+        chosen = devices.nvml_index(device)
+        if chosen is None:
+            count = len(devices.devices)
             raise DeviceChoiceError(
-                f"device {device} does not exist: CUDA sees {len(visible.nvml_indices)} GPU(s)"
-                + (f" (cuda:0..cuda:{len(visible.nvml_indices) - 1})" if visible.nvml_indices else ""))
-        selected = (visible.nvml_indices[device],)
+                f"device {device} does not exist: CUDA sees {count} GPU(s)"
+                + (f" (cuda:0..cuda:{count - 1})" if count else ""))
+        selected = (chosen,)
     else:
         selected = tuple(g.index for g in snapshot.gpus)
     inputs = CheckInputs(
@@ -120,7 +124,7 @@ def check(
         torch=read_torch_build(),
         kernel_torch=read_kernel_torch_state(),
         in_kernel=_in_ipython() if in_kernel is None else in_kernel,
-        visible=visible,
+        devices=devices,
         selected=selected,
         quick=quick,
     )

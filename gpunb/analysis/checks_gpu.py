@@ -6,7 +6,7 @@ import os
 
 from gpunb.analysis.check_inputs import CheckInputs
 from gpunb.analysis.check_report import CheckResult, Status, worst
-from gpunb.analysis.visible_devices import VisibleDevices
+from gpunb.readings.visible_devices import VisibleDevices
 from gpunb.readings.gpu import SLOWDOWN_BITS, clock_event_explanations, clock_event_names
 from gpunb.readings.nvml import is_available
 from gpunb.units import gib, num
@@ -271,11 +271,17 @@ def check_visible_devices(inputs: CheckInputs) -> CheckResult:
                            measured, " ".join(vis.problems),
                            "Fix the value (indices, GPU-<uuid> or MIG-<uuid>, comma-separated), or unset it: "
                            "`%env CUDA_VISIBLE_DEVICES=0` in a notebook must run before torch touches CUDA.", link)
+    devices = inputs.devices
+    pairs = ", ".join(f"cuda:{d.cuda_index} = GPU{d.nvml_index}{'' if d.certain else ' (uncertain)'}"
+                      for d in devices.devices)
     if vis.raw is None:
-        summary = f"unset: CUDA sees all {len(vis.visible)} GPU(s)"
+        summary = f"unset: CUDA sees all {len(vis.visible)} GPU(s)" + (f" ({pairs})" if len(devices.devices) > 1 else "")
     else:
-        summary = f"CUDA_VISIBLE_DEVICES={vis.raw!r}: CUDA sees " + ", ".join(
-            f"cuda:{i} = GPU{n}" for i, n in enumerate(vis.nvml_indices))
-    return CheckResult("cuda_visible_devices", title, "warn" if vis.notes else "ok", summary, measured,
-                       " ".join(vis.notes), "Select devices by UUID (GPU-... or MIG-...), which names the same device "
-                       "for CUDA and NVML." if vis.notes else "", link)
+        summary = f"CUDA_VISIBLE_DEVICES={vis.raw!r}: CUDA sees {pairs}"
+    if devices.confirmed_by_torch:
+        summary += "; confirmed by torch's device UUIDs"
+    measured["cuda_to_nvml"] = {f"cuda:{d.cuda_index}": d.nvml_index for d in devices.devices}
+    cause = " ".join(vis.notes) if vis.notes and not devices.confirmed_by_torch else devices.uncertain
+    return CheckResult("cuda_visible_devices", title, "warn" if cause else "ok", summary, measured,
+                       cause, "Select devices by UUID (GPU-... or MIG-...), which names the same device "
+                       "for CUDA and NVML." if cause else "", link)

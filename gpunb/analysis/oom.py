@@ -16,7 +16,8 @@ from gpunb import units
 from gpunb.analysis.advice import Advice, ranked
 from gpunb.analysis.oom_message import OomMessage, find_oom, parse_oom_message
 from gpunb.analysis.tensor_census import EXCEPTION, NAMESPACE, Census, take_census
-from gpunb.readings.torch_memory import TorchDeviceMemory
+from gpunb.readings.devices import match_by_reserve
+from gpunb.readings.torch_state import AllocatorStats
 
 GiB = 2**30
 CUDA_NOTES = "https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf"
@@ -58,7 +59,7 @@ class OomDiagnosis:
     causes: list[Cause]
     fixes: list[Advice]
     census: Census | None = None
-    torch_memory: TorchDeviceMemory | None = None
+    torch_memory: AllocatorStats | None = None
     other_processes: tuple[OtherProcess, ...] = ()
     this_process_bytes: int | None = None  # NVML
     release: Any = None  # ReleaseReport, filled by the shell hook
@@ -107,7 +108,7 @@ def diagnose(
     exc: BaseException | None = None,
     *,
     message: str | None = None,
-    torch_memory: TorchDeviceMemory | None = None,
+    torch_memory: AllocatorStats | None = None,
     census: Census | None = None,
     other_processes: tuple[OtherProcess, ...] = (),
     this_process_bytes: int | None = None,
@@ -148,7 +149,7 @@ def diagnose(
     if not others and m.other_processes:
         others = [OtherProcess(pid, used) for pid, used in m.other_processes]
         if m.process_bytes is None and allocated is not None:  # PIDs seen from a container: find ourselves
-            me = own_process(others, allocated + (unalloc or 0))
+            me = match_by_reserve(others, allocated + (unalloc or 0))
             if me is not None:
                 others.remove(me)
                 process = me.used_bytes
@@ -359,64 +360,6 @@ def _notebook_namespace() -> tuple[dict | None, Any]:
     return (shell.user_ns if shell is not None else None), shell
 
 
-def nvml_index_for(torch: Any, device: int, nvml: Any) -> int | None:
-    """NVML's index of torch's CUDA device ``device`` (they differ under CUDA_VISIBLE_DEVICES)."""
-    try:
-        uuid = str(torch.cuda.get_device_properties(device).uuid).lower().removeprefix("gpu-")
-    except Exception:
-        uuid = ""
-    if uuid:
-        for i in range(nvml.device_count()):
-            u = nvml.device_query(i, "nvmlDeviceGetUUID")
-            if isinstance(u, str) and u.lower().removeprefix("gpu-") == uuid:
-                return i
-    if not os.environ.get("CUDA_VISIBLE_DEVICES"):
-        return device
-    return None
-
-
-def process_memory(nvml: Any, index: int | None, pid: int | None = None,
-                   torch_reserved: int | None = None) -> tuple[int | None, tuple[OtherProcess, ...]]:
-    """(this process's bytes, other processes) on NVML GPU ``index``.
-
-    Inside a container NVML may report host PIDs, so ``os.getpid()`` matches none. Then, if
-    ``torch_reserved`` is given, the process holding at least that much and at most
-    ``CONTEXT_SLACK`` more (CUDA context and libraries) is taken to be this one.
-    """
-    from gpunb.readings.gpu import read_processes
-    from gpunb.readings.nvml import is_available
-
-    if nvml is None or index is None:
-        return None, ()
-    procs = read_processes(nvml, index)
-    if not is_available(procs):
-        return None, ()
-    pid = os.getpid() if pid is None else pid
-    mine = None
-    others = []
-    for p in procs:
-        used = p.used_bytes if isinstance(p.used_bytes, int) else None
-        if p.pid == pid:
-            mine = used
-        else:
-            others.append(OtherProcess(p.pid, used, p.name))
-    if mine is None and torch_reserved is not None:
-        me = own_process(others, torch_reserved)
-        if me is not None:
-            others.remove(me)
-            mine = me.used_bytes
-    return mine, tuple(others)
-
-
-CONTEXT_SLACK = 4 * GiB  # a CUDA context with cuDNN/cuBLAS/NCCL loaded stays well under this
-
-
-def own_process(processes: list, torch_reserved: int) -> Any:
-    """The process whose memory is torch's reserve plus a context's worth, if exactly one fits."""
-    fits = [p for p in processes if p.used_bytes is not None and 0 <= p.used_bytes - torch_reserved <= CONTEXT_SLACK]
-    return fits[0] if len(fits) == 1 else None
-
-
 def relabel_earlier(census: Census, before_ids: dict[str, int] | None, namespace: dict | None) -> Census:
     """Mark namespace tensors that are not model/optimizer state and whose variable already
     held the same object before the failing cell started: leftovers from earlier cells."""
@@ -447,8 +390,9 @@ def gather_readings(
     devices: set[str] | None = None,
 ) -> OomDiagnosis:
     """Read torch, NVML and the namespace now, then :func:`diagnose`."""
+    from gpunb.readings.devices import read_device_map, read_ownership
     from gpunb.readings.nvml import default_session
-    from gpunb.readings.torch_memory import cuda_initialized, imported_torch, read_device
+    from gpunb.readings.torch_state import cuda_initialized, imported_torch, read_device_memory
 
     torch = imported_torch()
     if namespace is None:
@@ -459,7 +403,7 @@ def gather_readings(
     oom = find_oom(exc) or exc
     msg = parse_oom_message(str(oom))
     device = msg.device if msg is not None and msg.device is not None else 0
-    torch_mem = read_device(torch, device) if torch is not None else None
+    torch_mem = read_device_memory(torch, device) if torch is not None else None
     if devices is None:
         devices = {"cuda"} if cuda_initialized(torch) else None
     census = None
@@ -473,13 +417,22 @@ def gather_readings(
         census = relabel_earlier(census, before_ids, namespace)
     hint = batch_size_hint(exc, namespace)
     nvml = nvml if nvml is not None else default_session()
-    mine = None
+    mine = own = None
     others: tuple[OtherProcess, ...] = ()
-    if torch is not None and cuda_initialized(torch):
-        mine, others = process_memory(nvml, nvml_index_for(torch, device, nvml),
-                                      torch_reserved=torch_mem.reserved_bytes if torch_mem else None)
-    return diagnose(exc, torch_memory=torch_mem, census=census, other_processes=others, this_process_bytes=mine,
-                    batch_size=hint)
+    if torch is not None and cuda_initialized(torch) and nvml.start().ok:
+        device_map = read_device_map(nvml, torch=torch)
+        index = device_map.nvml_index(device)
+        if index is not None:
+            own = read_ownership(nvml, index, torch=torch, device_map=device_map)
+            mine = own.self_bytes
+            others = tuple(OtherProcess(p.pid, p.used_bytes if isinstance(p.used_bytes, int) else None, p.name)
+                           for p in own.others)
+    diagnosis = diagnose(exc, torch_memory=torch_mem, census=census, other_processes=others,
+                         this_process_bytes=mine, batch_size=hint)
+    if own is not None and own.children_bytes:
+        diagnosis.notes.append(f"this kernel's child processes (DataLoader workers, ranks) hold "
+                               f"{gib(own.children_bytes)} of this GPU")
+    return diagnosis
 
 
 BATCH_NAMES = ("batch_size", "bs", "batch", "micro_batch_size", "per_device_train_batch_size")

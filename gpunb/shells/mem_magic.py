@@ -68,7 +68,7 @@ class MemMagics(Magics):
                 return
         if args.release:
             from gpunb.analysis.release import release_failure
-            from gpunb.readings.torch_memory import cuda_initialized, imported_torch
+            from gpunb.readings.torch_state import cuda_initialized, imported_torch
             from gpunb.views.memory_view import release_lines
 
             torch = imported_torch()

@@ -36,6 +36,10 @@ class FakeGpu:
     lost_after_s: float | None = None  # every call raises GPU_IS_LOST after this time
     extra_processes: list[dict] = field(default_factory=list)  # other users' processes
     mig_devices: list[dict] = field(default_factory=list)  # [{"uuid":..., "memory_total":...}]
+    # The recorded PIDs as NVML would report them elsewhere: {412: os.getpid()} makes this
+    # process the recorded training process, a PID no process here has plays a container's
+    # host PID, None drops the process.
+    pid_map: dict[int, int | None] = field(default_factory=dict)
 
     def sample_at(self, t: float) -> dict:
         span = self.samples[-1]["t"] + 0.2
@@ -233,8 +237,12 @@ class FakePynvml:
 
     def nvmlDeviceGetComputeRunningProcesses(self, h: Any) -> list[Any]:
         gpu = self._gpu(h, "nvmlDeviceGetComputeRunningProcesses")
-        procs = self._now(gpu)["processes"] + gpu.extra_processes
-        return [SimpleNamespace(pid=p["pid"], usedGpuMemory=p["used_gpu_memory"]) for p in procs]
+        recorded = [{**p, "pid": gpu.pid_map.get(p["pid"], p["pid"])} for p in self._now(gpu)["processes"]]
+        procs = [p for p in recorded if p["pid"] is not None] + gpu.extra_processes
+        # MIG: NVML does not report per-process memory (pynvml gives None for "not available")
+        per_process = not (gpu.mig_devices and gpu.facts["mig_mode"][0])
+        return [SimpleNamespace(pid=p["pid"], usedGpuMemory=p["used_gpu_memory"] if per_process else None)
+                for p in procs]
 
     def nvmlDeviceGetSamples(self, h: Any, sampling_type: int, last_seen_us: int) -> tuple[int, list[Any]]:
         """Utilization samples newer than ``last_seen_us`` (CPU wall clock in µs, like NVML),

@@ -67,10 +67,10 @@ GiB = 2**30
 def shared():
     return get_ipython()._gpunb_extension_state.shared
 def nvml_proc():
-    from gpunb.analysis.oom import nvml_index_for, process_memory
+    from gpunb.readings.devices import read_device_map, read_ownership
     from gpunb.readings.nvml import default_session
     s = default_session()
-    return process_memory(s, nvml_index_for(torch, 0, s))[0]
+    return read_ownership(s, read_device_map(s, torch=torch).nvml_index(0)).self_bytes
 """
 
 MLP = """
