@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from gpunb.readings.cuda_probe import ProbeResult
-from gpunb.readings.devices import DeviceMap
+from gpunb.readings.devices import DeviceMap, GpuOwnership
 from gpunb.readings.gpu import GpuInfo, GpuSnapshot
 from gpunb.readings.host import HostFacts
 from gpunb.readings.torch_build import KernelTorchState, TorchBuild
@@ -23,6 +23,7 @@ class CheckInputs:
     in_kernel: bool  # running inside a notebook/IPython kernel
     devices: DeviceMap  # cuda:N <-> NVML GPU, from the environment (and torch, once CUDA is up here)
     selected: tuple[int, ...]  # NVML indices of the GPUs being checked
+    ownership: tuple[GpuOwnership, ...] = ()  # per NVML GPU: this kernel's processes and everyone else's
     probe: ProbeResult | None = None  # None with --quick
     probe_devices: tuple[int, ...] = ()  # CUDA ordinals measured by the probe, matching ``selected``
     frameworks: dict = field(default_factory=dict)  # "jax"/"tensorflow" -> report

@@ -18,7 +18,7 @@ from gpunb.analysis.check_inputs import CheckInputs
 from gpunb.analysis.check_report import CheckReport, CheckResult
 from gpunb.readings import torch_state
 from gpunb.readings.cuda_probe import run_probe
-from gpunb.readings.devices import map_devices, torch_device_uuids
+from gpunb.readings.devices import attribute_processes, kernel_pids, map_devices, torch_device_uuids, torch_reserved_on
 from gpunb.readings.gpu import read_snapshot
 from gpunb.readings.host import read_host_facts
 from gpunb.readings.nvml import NvmlSession, default_session
@@ -103,8 +103,12 @@ def check(
     t0 = time.monotonic()
     env = dict(os.environ if environ is None else environ)
     snapshot = read_snapshot(nvml or default_session())
-    devices = map_devices(snapshot.gpus, env, torch_device_uuids(torch_state.imported_torch()))
+    torch = torch_state.imported_torch()
+    devices = map_devices(snapshot.gpus, env, torch_device_uuids(torch))
     visible = devices.visible
+    me = kernel_pids()
+    ownership = tuple(attribute_processes(g.index, procs, me, torch_reserved_on(torch, devices, g.index))
+                      for g, procs in zip(snapshot.gpus, snapshot.processes))
     if device is not None:
         if not isinstance(device, int) or isinstance(device, bool):
             raise DeviceChoiceError(f"device must be an integer CUDA ordinal, not {device!r}")
@@ -125,6 +129,7 @@ def check(
         kernel_torch=read_kernel_torch_state(),
         in_kernel=_in_ipython() if in_kernel is None else in_kernel,
         devices=devices,
+        ownership=ownership,
         selected=selected,
         quick=quick,
     )

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
-
 from gpunb.analysis.check_inputs import CheckInputs
 from gpunb.analysis.check_report import CheckResult, Status, worst
-from gpunb.readings.visible_devices import VisibleDevices
 from gpunb.readings.gpu import SLOWDOWN_BITS, clock_event_explanations, clock_event_names
 from gpunb.readings.nvml import is_available
+from gpunb.readings.visible_devices import VisibleDevices
 from gpunb.units import gib, num
 
 NVIDIA_SMI_DOC = "https://docs.nvidia.com/deploy/nvidia-smi/index.html"
@@ -60,7 +58,6 @@ def check_other_processes(inputs: CheckInputs) -> CheckResult:
     skipped = _no_nvml("gpu_processes", title, inputs)
     if skipped:
         return skipped
-    me = os.getpid()
     statuses: list[Status] = []
     parts, measured = [], {}
     for g in inputs.gpus:
@@ -69,7 +66,7 @@ def check_other_processes(inputs: CheckInputs) -> CheckResult:
             statuses.append("ok")
             parts.append(f"GPU{g.index}: process list {procs}")
             continue
-        others = [p for p in procs if p.pid != me]
+        others = list(inputs.ownership[g.index].others)  # not this kernel nor its children (devices.py)
         held = sum(p.used_bytes for p in others if isinstance(p.used_bytes, int))
         measured[f"gpu{g.index}"] = [{"pid": p.pid, "name": p.name, "used_bytes": p.used_bytes} for p in others]
         sample = inputs.sample(g.index)
