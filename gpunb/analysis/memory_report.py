@@ -118,6 +118,8 @@ def _gpu_rows(torch: Any, nvml: Any) -> tuple[tuple[GpuMemoryRow, ...], list[str
                 name = torch.cuda.get_device_name(i)
             except Exception:
                 name = f"cuda:{i}"
+            if own is not None and own.note:
+                problems.append(f"cuda:{i} (NVML GPU {nidx}): {own.note}.")
             rows.append(GpuMemoryRow(i, name, total or (t.total_bytes if t else None), used,
                                      own.self_bytes if own else None, t.allocated_bytes if t else None,
                                      t.reserved_bytes if t else None, own.others_bytes if own else None,
@@ -130,6 +132,8 @@ def _gpu_rows(torch: Any, nvml: Any) -> tuple[tuple[GpuMemoryRow, ...], list[str
                                 "`dmesg` shows the Xid error, and a GPU reset or reboot (administrator) is needed.")
             name = nvml.device_query(i, "nvmlDeviceGetName")
             own = read_ownership(nvml, i, torch=torch)
+            if own.note:
+                problems.append(f"GPU {i}: {own.note}.")
             rows.append(GpuMemoryRow(
                 i, name if is_available(name) else f"GPU {i}",
                 s.memory_total_bytes if is_available(s.memory_total_bytes) else None,

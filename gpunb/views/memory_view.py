@@ -142,7 +142,11 @@ def diagnosis_html(d: Any, top: int = 8) -> str:
 # -- %gpumem ------------------------------------------------------------------------------------
 
 def _gpu_rows(report: Any) -> list[list[str]]:
-    return [[f"{g.index} {g.name}", size(g.total_bytes), size(g.used_bytes), size(g.process_bytes),
+    def kernel(g: Any) -> str:  # this process, plus its child processes (workers, ranks) when they hold some
+        children = getattr(g, "child_processes_bytes", None)
+        return size(g.process_bytes) + (f" + {size(children)} in child processes" if children else "")
+
+    return [[f"{g.index} {g.name}", size(g.total_bytes), size(g.used_bytes), kernel(g),
              size(g.torch_allocated_bytes), size(g.torch_reserved_bytes), size(g.non_torch_bytes),
              size(g.other_processes_bytes)] for g in report.gpus]
 

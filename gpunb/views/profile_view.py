@@ -6,6 +6,8 @@ from __future__ import annotations
 import html
 from typing import Any, Sequence
 
+from gpunb.readings.devices import OWN_BY_RESERVE
+
 
 def fmt_bytes(n: Any) -> str:
     if n is None:
@@ -71,8 +73,12 @@ def _rows(p: Any) -> list[tuple[str, str]]:
             rest = g.nvml_process_bytes - g.end_reserved_bytes
             if rest > 0:
                 m += f" (+{fmt_bytes(rest)} outside torch's cache: CUDA context, cuBLAS/cuDNN/NCCL workspaces, other libraries)"
+            if g.process_match == OWN_BY_RESERVE:
+                m += " (NVML lists it under a container's host PID: matched by torch's reserve)"
         else:
-            m += " · NVML: this process not listed (container PID namespace or no permission)"
+            m += " · NVML: this process's memory unknown (MIG, no permission, or a container PID it cannot match)"
+        if g.child_processes_bytes:
+            m += f" · its child processes {fmt_bytes(g.child_processes_bytes)}"
         if g.nvml_device_peak_bytes is not None:
             m += f" · NVML device peak {fmt_bytes(g.nvml_device_peak_bytes)} used (all processes)"
         m += f" · device {fmt_bytes(g.total_bytes)}"
