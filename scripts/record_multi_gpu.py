@@ -188,13 +188,24 @@ DDP_WORKER = textwrap.dedent("""
     ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank])
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-4)
     x = torch.randn(512, 4096, device="cuda")
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = ddp(x).float().pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
     def train(seconds):
-        end = time.time() + seconds; n = 0
-        while time.time() < end:
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = ddp(x).float().pow(2).mean()
-            opt.zero_grad(); loss.backward(); opt.step(); n += 1
-        torch.cuda.synchronize(); return n
+        # every rank must run the same number of steps (each backward is an all-reduce): time
+        # 5 steps on rank 0, agree on the count, then run exactly that many
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize(); t = time.time()
+        for _ in range(5):
+            step()
+        torch.cuda.synchronize()
+        n = torch.tensor([max(1, int(seconds / ((time.time() - t) / 5)))], device="cuda")
+        dist.broadcast(n, 0)
+        for _ in range(int(n.item())):
+            step()
+        torch.cuda.synchronize(); return int(n.item())
     marks = {}
     dist.barrier(); marks["balanced_start"] = time.time()
     n_bal = train(phase_s)
