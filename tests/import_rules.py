@@ -8,7 +8,13 @@ functions (a lazy import hides a dependency from the reader, not from the design
   layer or the ones below. Foundation modules (``units``, ``display``, ``_version``) import no
   layer; the entry points (the package ``__init__``, ``cli``, ``__main__``) may import any.
   One exception, the written rule: a record (a class built on the display base) may import
-  the view that renders it inside one of its own methods, never at module level.
+  the view that renders it inside one of its own methods, never at module level;
+- **the shell**: only the shells layer (and the entry points) imports IPython, ipykernel or
+  ipywidgets, or calls ``get_ipython``: analysis gets the namespace, a progress callback or an
+  in-kernel flag as arguments.
+
+Imports under ``if TYPE_CHECKING:`` never run: they count for the direction rules, not for
+cycles (a view may name the record type it renders while the record imports the view lazily).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ ENTRY_POINTS = ("", "cli", "__main__")  # "" is the package's own __init__
 # The fake NVML is what readings load instead of the driver (GPUNB_FAKE_NVML): the readings layer.
 SAME_AS = {"testing": "readings"}
 DISPLAY_BASE = "DisplayMixin"
+SHELL_PACKAGES = ("IPython", "ipykernel", "ipywidgets")
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,7 @@ class _Visitor(ast.NodeVisitor):
     def __init__(self, module: str, is_package: bool, known: set[str]) -> None:
         self.module, self.is_package, self.known = module, is_package, known
         self.found: list[Import] = []
+        self.shell_imports: list[Import] = []  # IPython & co., by this module
         self._functions: list[str] = []
         self._record_method: list[bool] = []
         self._classes: list[bool] = []  # per enclosing class: built on the display base?
@@ -85,6 +93,18 @@ class _Visitor(ast.NodeVisitor):
 
     visit_FunctionDef = _visit_function
 
+    def _shell_lookup(self, name: str, line: int) -> None:
+        if name == "get_ipython":  # finding the shell without importing it (sys.modules["IPython"])
+            self.shell_imports.append(Import(self.module, "IPython.get_ipython", line,
+                                             self._functions[-1] if self._functions else None, False))
+
+    def visit_Name(self, node: ast.Name) -> None:
+        self._shell_lookup(node.id, node.lineno)
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        self._shell_lookup(node.attr, node.lineno)
+        self.generic_visit(node)
+
     def visit_If(self, node: ast.If) -> None:
         test = node.test
         name = test.id if isinstance(test, ast.Name) else test.attr if isinstance(test, ast.Attribute) else ""
@@ -100,6 +120,10 @@ class _Visitor(ast.NodeVisitor):
     visit_AsyncFunctionDef = _visit_function
 
     def _add(self, target: str, line: int) -> None:
+        if target.split(".")[0] in SHELL_PACKAGES:
+            self.shell_imports.append(Import(self.module, target, line, self._functions[-1] if self._functions else None,
+                                             False, self._type_only > 0))
+            return
         # "from pkg.sub import name": name may be a submodule; else the edge goes to pkg.sub
         while target and target not in self.known:
             target = target.rpartition(".")[0]
@@ -117,16 +141,18 @@ class _Visitor(ast.NodeVisitor):
             self._add(f"{base}.{alias.name}" if alias.name != "*" else base, node.lineno)
 
 
-def imports(root: Path, package: str) -> list[Import]:
-    """Every import of a package module by a package module."""
+def imports(root: Path, package: str) -> tuple[list[Import], list[Import]]:
+    """(every import of a package module by a package module, every import of IPython & co.)"""
     modules = module_names(root, package)
     known = set(modules)
     found: list[Import] = []
+    shell: list[Import] = []
     for name, path in modules.items():
         visitor = _Visitor(name, path.name == "__init__.py", known)
         visitor.visit(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)))
         found += visitor.found
-    return found
+        shell += visitor.shell_imports
+    return found, shell
 
 
 def cycles(found: list[Import]) -> list[list[str]]:
@@ -199,6 +225,23 @@ def upward(found: list[Import], package: str) -> list[str]:
     return bad
 
 
+def shell_outside_shells(shell_imports: list[Import], package: str) -> list[str]:
+    """Imports of IPython, ipykernel or ipywidgets below the shells layer."""
+    shells = LAYERS.index("shells")
+    bad = []
+    for imp in shell_imports:
+        layer = layer_of(imp.source, package)
+        if layer is not None and layer < shells:
+            where = f"in {imp.function}()" if imp.function else "at module level"
+            bad.append(f"{imp.source}:{imp.line} imports {imp.target} {where} (only the shells layer talks to IPython)")
+    return bad
+
+
 def violations(root: Path, package: str) -> list[str]:
-    found = imports(root, package)
-    return [f"import cycle: {' <-> '.join(group)}" for group in cycles(found)] + upward(found, package)
+    """Every broken rule, in words; empty when the package keeps them all."""
+    for module in module_names(root, package):
+        layer_of(module, package)  # a new module outside every layer is named, not ignored
+    found, shell = imports(root, package)
+    found_all = ([f"import cycle: {' <-> '.join(group)}" for group in cycles(found)] + upward(found, package)
+                 + shell_outside_shells(shell, package))
+    return list(dict.fromkeys(found_all))  # "from m import a, b" is one import, said once
