@@ -31,6 +31,14 @@ class DisplayMixin:
     # Derived values (properties) that ``to_dict`` adds after the dataclass fields.
     _dict_extras: ClassVar[tuple[str, ...]] = ()
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # IPython's pretty printer walks the MRO and stops at the first class that defines
+        # __repr__, which @dataclass writes into every record: so each record carries the
+        # text-view printer in its own namespace, where it is found first.
+        if "_repr_pretty_" not in cls.__dict__:
+            cls._repr_pretty_ = DisplayMixin._repr_pretty_  # type: ignore[method-assign]
+
     def _repr_views_(self) -> Mapping[str, Render]:
         """mimetype -> renderer; ``text/plain`` is required. Import the view module here,
         lazily: views sit above the records they render."""
@@ -64,9 +72,10 @@ class DisplayMixin:
 
 
 def jsonable(value: Any) -> Any:
-    """``value`` as JSON-safe data: records through their own ``to_dict`` (else their fields),
-    mappings with string keys, tuples/lists/sets as lists, bytes decoded, non-finite floats as
-    None, anything else (an ``Unavailable`` NVML reading, a path) as its string."""
+    """``value`` as JSON-safe data: records through their own ``to_dict``, else their fields
+    (a record that only says how it reads, like an ``Unavailable`` NVML reading, as its
+    string); mappings with string keys, tuples/lists/sets as lists, bytes decoded, non-finite
+    floats as None, anything else (a path, an enum's value) as its string."""
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, float):
@@ -77,6 +86,8 @@ def jsonable(value: Any) -> Any:
     if callable(to_dict) and not isinstance(value, type):
         return jsonable(to_dict())
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        if type(value).__str__ is not object.__str__:  # a value with its own words (Unavailable)
+            return str(value)
         return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, Mapping):
         return {str(k): jsonable(v) for k, v in value.items()}

@@ -1,7 +1,7 @@
 """The import rules of README "Design", checked from the source with ``ast`` (nothing is imported).
 
 Every ``import``/``from ... import`` inside the package counts, at module level and inside
-functions (a lazy import hides a dependency from the reader, not from the design). Two checks:
+functions (a lazy import hides a dependency from the reader, not from the design). Three checks:
 
 - **cycles**: the graph of module -> module imports has no cycle;
 - **direction**: readings -> analysis -> views -> shells; a module imports only from its own
