@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 from typing import TYPE_CHECKING, Sequence
 
+from gpunb.analysis.profile_history import compare
 from gpunb.units import gib, milliseconds, seconds
 
 if TYPE_CHECKING:  # the records import this module lazily to display themselves
@@ -182,8 +183,6 @@ def one_line_text(line: CellLine) -> str:
 # -- history -----------------------------------------------------------------------------
 
 def history_rows(entries: Sequence[CellProfile]) -> list[list[str]]:
-    from gpunb.analysis.profile_history import compare
-
     rows = []
     for i, p in enumerate(entries):
         versus = compare(entries[i - 1], p).words() if i else ""
