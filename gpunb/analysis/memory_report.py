@@ -108,7 +108,8 @@ def memory(
     """Where GPU memory goes now (``%gpumem``). ``free=["x"]`` deletes variables first.
 
     ``namespace`` holds the variables to name tensors by (the notebook's, passed in by the
-    shells layer); ``shell``, when given, deletes variables like ``%xdel`` (output history too).
+    shells layer); ``shell``, when given, deletes variables like ``%xdel`` (from the output
+    history too).
     Tensors shown are CUDA tensors when this kernel uses CUDA; otherwise (or with
     ``all_devices``) tensors on every device, so it also explains a CPU session.
     """
@@ -116,7 +117,7 @@ def memory(
     from gpunb.readings.torch_memory import imported_torch
 
     if namespace is None:
-        namespace = shell.user_ns if shell is not None else {}
+        namespace = {}
     if isinstance(free, str):
         free = free.split()
     if not isinstance(top, int) or isinstance(top, bool) or top < 1:

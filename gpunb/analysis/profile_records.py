@@ -74,6 +74,9 @@ class Verdict:
 
 @dataclass(frozen=True)
 class CellProfile(DisplayMixin):
+    """One profiled cell (``%%gpuprofile``, ``gpunb.profile()``): what was measured, its verdict
+    and ranked advice."""
+
     label: str
     cell: int | None
     started: str  # local wall-clock time, ISO

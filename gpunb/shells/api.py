@@ -127,6 +127,8 @@ def memory(
     from gpunb.analysis.memory_report import memory as read_memory
 
     shell = shell if shell is not None else current_shell()
+    if namespace is None:
+        namespace = shell.user_ns if shell is not None else {}
     return read_memory(free=free, top=top, all_devices=all_devices, namespace=namespace, shell=shell, nvml=nvml)
 
 
