@@ -7,12 +7,55 @@ import textwrap
 import gpunb
 
 
+# The public surface, written out: adding, renaming or dropping a name must change this list.
+PUBLIC_API = [
+    "__version__",
+    "check",
+    "diagnose_oom",
+    "fit_batch_size",
+    "load_ipython_extension",
+    "memory",
+    "monitor",
+    "profile",
+    "unload_ipython_extension",
+]
+
+
 def test_public_api_is_pinned():
-    assert sorted(gpunb.__all__) == sorted([
-        "__version__", "load_ipython_extension", "unload_ipython_extension", *gpunb._LAZY])
-    assert {"check"} <= set(gpunb._LAZY)
-    for name in gpunb._LAZY:
-        assert callable(getattr(gpunb, name)), name
+    assert sorted(gpunb.__all__) == PUBLIC_API
+    assert sorted(dir(gpunb)) == PUBLIC_API
+    for name in PUBLIC_API:
+        value = getattr(gpunb, name)
+        assert isinstance(value, str) if name == "__version__" else callable(value), name
+
+
+# Parameters (name=default, * before keyword-only ones) of each API twin, as users call them.
+PUBLIC_SIGNATURES = {
+    "check": "(quick=False, device=None, *, environ=None, nvml=None, progress=None, in_kernel=None, "
+             "probe_timeout_s=180.0)",
+    "profile": "(label='', *, warmup_steps=1, reset_peak=True, timeline=True, show=None, record=True)",
+    "memory": "(*, free=(), top=20, all_devices=False, namespace=None, shell=None, nvml=None)",
+    "diagnose_oom": "(exc=None, *, release=False, namespace=None, nvml=None)",
+    "fit_batch_size": "(step_fn, *, start=2, max_batch=None, margin=0.05, device=None, steps=2, tolerance=0.05, "
+                      "max_trials=6, progress=True)",
+    "monitor": "(hz=2.0, window_s=120.0, device=None, *, frontend='auto')",
+}
+
+
+def test_public_signatures_are_pinned():
+    import inspect
+
+    for name, expected in PUBLIC_SIGNATURES.items():
+        sig = inspect.signature(getattr(gpunb, name))
+        plain = sig.replace(parameters=[p.replace(annotation=inspect.Parameter.empty) for p in sig.parameters.values()],
+                            return_annotation=inspect.Signature.empty)
+        assert str(plain) == expected, name
+
+
+def test_the_api_twins_live_in_the_shells_layer():
+    """They find the shell and display; the analysis layer below them only measures."""
+    for name in ("check", "profile", "memory", "diagnose_oom", "fit_batch_size", "monitor"):
+        assert getattr(gpunb, name).__module__.startswith("gpunb.shells."), name
 
 
 def test_load_imports_no_torch_and_creates_no_cuda_context():

@@ -152,7 +152,7 @@ def test_leftovers_from_earlier_cells_are_named_with_their_variable():
 
 
 def test_diagnose_oom_api_refuses_non_oom_with_a_clear_message():
-    from gpunb.analysis.oom import diagnose_oom
+    from gpunb import diagnose_oom
 
     with pytest.raises(ValueError, match="needs a CUDA out-of-memory error"):
         diagnose_oom(KeyError("x"))

@@ -36,53 +36,12 @@ import math
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from gpunb.analysis.batch_fit_records import BatchFit, Line, Trial
 from gpunb.analysis.oom_message import find_oom
 
 GiB = 2**30
-
-
-@dataclass(frozen=True)
-class Trial:
-    index: int
-    batch: int
-    ok: bool
-    purpose: str  # "probe", "probe (bound)", "scout", "prediction", "back off", "bisect", "refine", "smaller start"
-    peak_allocated_bytes: int | None = None
-    peak_reserved_bytes: int | None = None
-    non_torch_bytes: int | None = None  # NVML process memory outside torch's reserve
-    seconds: float = 0.0
-    error: str = ""
-    # Peak allocated up to the first optimizer.step() (forward + backward), read by a global
-    # optimizer pre-step hook while the trial runs; None without a torch optimizer.
-    peak_before_step_bytes: int | None = None
-    base_allocated_bytes: int | None = None  # allocated when the measured step started
-
-    def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in (
-            "index", "batch", "ok", "purpose", "peak_allocated_bytes", "peak_reserved_bytes", "non_torch_bytes",
-            "seconds", "error", "peak_before_step_bytes", "base_allocated_bytes")}
-
-
-@dataclass(frozen=True)
-class Line:
-    """peak(b) = intercept + slope * b (bytes)."""
-
-    intercept: float
-    slope: float
-
-    def at(self, batch: float) -> float:
-        return self.intercept + self.slope * batch
-
-    def largest_batch(self, capacity: float) -> float:
-        if self.slope <= 0:
-            return math.inf
-        return (capacity - self.intercept) / self.slope
-
-    def to_dict(self) -> dict:
-        return {"intercept_bytes": self.intercept, "slope_bytes_per_sample": self.slope}
 
 
 def fit_line(points: list[tuple[int, float]]) -> Line | None:
@@ -266,60 +225,6 @@ def next_trial(trials: list[Trial], *, capacity: int, start: int, max_batch: int
     return max(lo + 1, min(mid, upper)), "bisect"
 
 
-@dataclass
-class BatchFit:
-    """What :func:`fit_batch_size` found. ``ok`` False: ``problem`` says why and what to do."""
-
-    ok: bool
-    problem: str = ""
-    max_batch: int | None = None  # largest batch that ran (verified)
-    recommended: int | None = None  # max_batch less the safety margin
-    predicted: int | None = None  # the line's largest batch when the prediction was run (allocated bytes)
-    predicted_reserved: int | None = None  # the same from the reserved-bytes line (coarser, lower)
-    capacity_bytes: int | None = None
-    margin: float = 0.05
-    trials: tuple[Trial, ...] = ()
-    line_reserved: Line | None = None
-    line_allocated: Line | None = None
-    device: str = ""
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def trial_count(self) -> int:
-        return len(self.trials)
-
-    def to_dict(self) -> dict:
-        return {
-            "ok": self.ok, "problem": self.problem, "max_batch": self.max_batch, "recommended": self.recommended,
-            "predicted": self.predicted, "predicted_reserved": self.predicted_reserved,
-            "capacity_bytes": self.capacity_bytes, "margin": self.margin,
-            "trials": [t.to_dict() for t in self.trials], "trial_count": self.trial_count,
-            "line_reserved": self.line_reserved.to_dict() if self.line_reserved else None,
-            "line_allocated": self.line_allocated.to_dict() if self.line_allocated else None,
-            "device": self.device, "notes": list(self.notes),
-        }
-
-    def figure(self) -> Any:
-        """The memory curve as a matplotlib Figure (imports matplotlib only now)."""
-        from gpunb.views.memory_view import fit_figure
-
-        return fit_figure(self)
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
-        from gpunb.views.memory_view import fit_html, fit_png, fit_text
-
-        bundle = {"text/plain": fit_text(self), "text/html": fit_html(self)}
-        png = fit_png(self) if self.ok and self.trials else None
-        if png:
-            bundle["image/png"] = png
-        return bundle
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        from gpunb.views.memory_view import fit_text
-
-        p.text(fit_text(self))
-
-
 def search(run: Callable[[int, str, int], Trial], *, capacity: int, start: int, max_batch: int | None,
            margin: float, tolerance: float = 0.05, max_trials: int = 6,
            progress: Callable[[str], None] | None = None) -> BatchFit:
@@ -407,7 +312,7 @@ def fit_batch_size(
     steps: int = 2,
     tolerance: float = 0.05,
     max_trials: int = 6,
-    progress: Callable[[str], None] | bool | None = True,
+    progress: Callable[[str], None] | None = None,
 ) -> BatchFit:
     """The largest batch size ``step_fn(batch_size)`` runs with on this GPU (``%gpufit``).
 
@@ -415,7 +320,8 @@ def fit_batch_size(
     given batch size. Each trial runs it ``steps`` times and measures the last (the first
     step creates optimizer state). ``recommended`` keeps ``margin`` (5 %) below the
     largest batch that ran, for fragmentation over a long run and varying inputs.
-    Note: this resets torch's peak-memory counters of the device.
+    ``progress`` is called with a line of text as each trial starts and ends. Note: this
+    resets torch's peak-memory counters of the device.
     """
     if not callable(step_fn):
         return BatchFit(False, f"step_fn must be a function taking the batch size, got {type(step_fn).__name__}. "
@@ -458,7 +364,6 @@ def fit_batch_size(
         capacity = min(capacity, limit)
         notes.append(f"capped by set_per_process_memory_fraction at {limit / GiB:.2f} GiB")
     nvml_bytes = _nvml_process_bytes(torch, index)
-    say = progress if callable(progress) else (_default_progress() if progress else None)
 
     try:  # torch >= 2.0; torch.optim's namespace hides the submodule, so import it by name
         from torch.optim.optimizer import register_optimizer_step_pre_hook as register_pre_hook
@@ -507,34 +412,12 @@ def fit_batch_size(
                      peak_before_step_bytes=before_step[0] if before_step else None, base_allocated_bytes=base)
 
     result = search(run, capacity=capacity, start=start, max_batch=max_batch, margin=float(margin),
-                    tolerance=tolerance, max_trials=max_trials, progress=say)
+                    tolerance=tolerance, max_trials=max_trials, progress=progress)
     result.device = str(torch.device("cuda", index))
     result.notes[:0] = notes
     gc.collect()
     torch.cuda.empty_cache()
-    if say is not None:
+    if progress is not None:
         took = sum(t.seconds for t in result.trials)
-        say(f"done: {result.trial_count} trials in {took:.1f} s; largest batch that ran: {result.max_batch}")
+        progress(f"done: {result.trial_count} trials in {took:.1f} s; largest batch that ran: {result.max_batch}")
     return result
-
-
-class _default_progress:  # noqa: N801
-    """One updating line in a notebook (display_id), plain prints elsewhere."""
-
-    def __init__(self) -> None:
-        self.handle = None
-        try:
-            from IPython import get_ipython
-            from IPython.display import display
-
-            if get_ipython() is not None:
-                self.handle = display({"text/plain": "gpunb: fitting the batch size…"}, raw=True, display_id=True)
-        except Exception:
-            self.handle = None
-
-    def __call__(self, text: str) -> None:
-        if self.handle is not None:
-            self.handle.update({"text/plain": "gpunb %gpufit: " + text}, raw=True)
-        else:
-            print("gpunb %gpufit: " + text, flush=True)
-

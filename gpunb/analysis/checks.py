@@ -8,7 +8,6 @@ and the checks that need its measurements complete the report.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 from typing import Callable, Mapping
@@ -68,11 +67,6 @@ class DeviceChoiceError(ValueError):
     """``device=N`` names no GPU CUDA can see."""
 
 
-def _in_ipython() -> bool:
-    ipython = sys.modules.get("IPython")
-    return ipython is not None and ipython.get_ipython() is not None
-
-
 def _one(fn: Callable[[CheckInputs], CheckResult], inputs: CheckInputs) -> CheckResult:
     try:
         return fn(inputs)
@@ -89,7 +83,7 @@ def check(
     environ: Mapping[str, str] | None = None,
     nvml: NvmlSession | None = None,
     progress: ProgressFn | None = None,
-    in_kernel: bool | None = None,
+    in_kernel: bool = False,
     probe_timeout_s: float = 180.0,
 ) -> CheckReport:
     """Run the setup checklist and return a :class:`CheckReport`.
@@ -97,8 +91,9 @@ def check(
     quick: skip the subprocess measurements (CUDA smoke test, matmul and copy speed).
     device: check only ``cuda:N`` (numbered as CUDA sees GPUs under CUDA_VISIBLE_DEVICES).
     progress: called with the partial report whenever a step starts or finishes.
-    in_kernel: whether to report this process's CUDA state as a notebook kernel's (default:
-        inside IPython); it is reported anyway once this process has imported torch.
+    in_kernel: whether to report this process's CUDA state as a notebook kernel's (the
+        shells layer says so inside IPython); it is reported anyway once this process has
+        imported torch.
     """
     t0 = time.monotonic()
     env = dict(os.environ if environ is None else environ)
@@ -127,7 +122,7 @@ def check(
         host=read_host_facts(),
         torch=read_torch_build(),
         kernel_torch=read_kernel_torch_state(),
-        in_kernel=_in_ipython() if in_kernel is None else in_kernel,
+        in_kernel=in_kernel,
         devices=devices,
         ownership=ownership,
         selected=selected,

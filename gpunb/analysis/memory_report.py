@@ -10,83 +10,11 @@ from __future__ import annotations
 
 import gc
 import sys
-from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from gpunb.analysis.release import MemoryPoint, measure
+from gpunb.analysis.memory_records import FreedVariables, GpuMemoryRow, MemoryReport
+from gpunb.analysis.release import measure
 from gpunb.analysis.tensor_census import Census, take_census
-
-
-@dataclass(frozen=True)
-class GpuMemoryRow:
-    index: int  # torch device index (NVML's index when this kernel has no CUDA)
-    name: str
-    total_bytes: int | None
-    used_bytes: int | None  # NVML, all processes
-    process_bytes: int | None  # NVML, this kernel's process
-    torch_allocated_bytes: int | None
-    torch_reserved_bytes: int | None
-    other_processes_bytes: int | None  # NVML, processes that are not this kernel's
-    nvml_index: int | None = None
-    child_processes_bytes: int | None = None  # NVML, this kernel's child processes (workers, ranks)
-    process_match: str = ""  # how NVML's processes were matched to this kernel (devices.OWN_*)
-
-    @property
-    def non_torch_bytes(self) -> int | None:
-        if self.process_bytes is None or self.torch_reserved_bytes is None:
-            return None
-        return max(0, self.process_bytes - self.torch_reserved_bytes)
-
-    def to_dict(self) -> dict:
-        return {
-            "index": self.index, "name": self.name, "total_bytes": self.total_bytes, "used_bytes": self.used_bytes,
-            "process_bytes": self.process_bytes, "torch_allocated_bytes": self.torch_allocated_bytes,
-            "torch_reserved_bytes": self.torch_reserved_bytes, "other_processes_bytes": self.other_processes_bytes,
-            "non_torch_bytes": self.non_torch_bytes, "nvml_index": self.nvml_index,
-            "child_processes_bytes": self.child_processes_bytes, "process_match": self.process_match,
-        }
-
-
-@dataclass(frozen=True)
-class FreedVariables:
-    names: tuple[str, ...]
-    missing: tuple[str, ...]
-    before: MemoryPoint
-    after: MemoryPoint
-    freed_tensor_bytes: int  # census before minus after (works on CPU too)
-
-    def to_dict(self) -> dict:
-        return {"names": list(self.names), "missing": list(self.missing), "before": self.before.to_dict(),
-                "after": self.after.to_dict(), "freed_tensor_bytes": self.freed_tensor_bytes}
-
-
-@dataclass
-class MemoryReport:
-    gpus: tuple[GpuMemoryRow, ...]
-    census: Census | None
-    problems: list[str] = field(default_factory=list)  # what is missing, with the fix
-    freed: FreedVariables | None = None
-    top: int = 20
-    devices_shown: str = "cuda"
-
-    def to_dict(self) -> dict:
-        return {
-            "gpus": [g.to_dict() for g in self.gpus],
-            "census": self.census.to_dict() if self.census else None,
-            "problems": list(self.problems),
-            "freed": self.freed.to_dict() if self.freed else None,
-            "devices_shown": self.devices_shown,
-        }
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
-        from gpunb.views.memory_view import memory_html, memory_text
-
-        return {"text/plain": memory_text(self), "text/html": memory_html(self)}
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        from gpunb.views.memory_view import memory_text
-
-        p.text(memory_text(self))
 
 
 def _gpu_rows(torch: Any, nvml: Any) -> tuple[tuple[GpuMemoryRow, ...], list[str]]:
@@ -184,17 +112,17 @@ def memory(
 ) -> MemoryReport:
     """Where GPU memory goes now (``%gpumem``). ``free=["x"]`` deletes variables first.
 
+    ``namespace`` holds the variables to name tensors by (the notebook's, passed in by the
+    shells layer); ``shell``, when given, deletes variables like ``%xdel`` (from the output
+    history too).
     Tensors shown are CUDA tensors when this kernel uses CUDA; otherwise (or with
     ``all_devices``) tensors on every device, so it also explains a CPU session.
     """
     from gpunb.readings.nvml import default_session
     from gpunb.readings.torch_state import imported_torch
 
-    if shell is None:
-        ipy = sys.modules.get("IPython")
-        shell = ipy.get_ipython() if ipy is not None else None
     if namespace is None:
-        namespace = shell.user_ns if shell is not None else {}
+        namespace = {}
     if isinstance(free, str):
         free = free.split()
     if not isinstance(top, int) or isinstance(top, bool) or top < 1:

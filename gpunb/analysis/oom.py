@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, field
 from typing import Any
 
 from gpunb import units
 from gpunb.analysis.advice import Advice, ranked
 from gpunb.analysis.oom_message import OomMessage, find_oom, parse_oom_message
+from gpunb.analysis.oom_records import Cause, OomDiagnosis, OtherProcess
 from gpunb.analysis.tensor_census import EXCEPTION, NAMESPACE, Census, take_census
 from gpunb.readings.devices import match_by_reserve
 from gpunb.readings.torch_state import AllocatorStats
@@ -28,70 +28,6 @@ OTHER_PROCESSES = "other-processes"
 LEFTOVERS = "leftovers"
 FRAGMENTATION = "fragmentation"
 WORKING_SET = "working-set"  # the cell itself needs more than is free: batch/activations
-
-
-@dataclass(frozen=True)
-class Cause:
-    code: str
-    summary: str  # one line, with the numbers
-    bytes: int | None = None  # how much memory this cause accounts for
-
-    def to_dict(self) -> dict:
-        return {"code": self.code, "summary": self.summary, "bytes": self.bytes}
-
-
-@dataclass(frozen=True)
-class OtherProcess:
-    pid: int
-    used_bytes: int | None
-    name: str = ""
-
-    def to_dict(self) -> dict:
-        return {"pid": self.pid, "used_bytes": self.used_bytes, "name": self.name}
-
-
-@dataclass
-class OomDiagnosis:
-    """What one OOM was, why, what to change; and (after release) what came back."""
-
-    exception_type: str
-    message: OomMessage | None
-    causes: list[Cause]
-    fixes: list[Advice]
-    census: Census | None = None
-    torch_memory: AllocatorStats | None = None
-    other_processes: tuple[OtherProcess, ...] = ()
-    this_process_bytes: int | None = None  # NVML
-    release: Any = None  # ReleaseReport, filled by the shell hook
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def primary_cause(self) -> str | None:
-        return self.causes[0].code if self.causes else None
-
-    def to_dict(self) -> dict:
-        return {
-            "exception_type": self.exception_type,
-            "message": self.message.to_dict() if self.message else None,
-            "causes": [c.to_dict() for c in self.causes],
-            "fixes": [f.to_dict() for f in self.fixes],
-            "census": self.census.to_dict() if self.census else None,
-            "torch_memory": self.torch_memory.to_dict() if self.torch_memory else None,
-            "other_processes": [p.to_dict() for p in self.other_processes],
-            "this_process_bytes": self.this_process_bytes,
-            "release": self.release.to_dict() if self.release is not None else None,
-            "notes": list(self.notes),
-        }
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
-        from gpunb.views.memory_view import diagnosis_html, diagnosis_text
-
-        return {"text/plain": diagnosis_text(self), "text/html": diagnosis_html(self)}
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        from gpunb.views.memory_view import diagnosis_text
-
-        p.text(diagnosis_text(self))
 
 
 def gib(n: int | None) -> str:
@@ -354,10 +290,6 @@ def _fixes(causes: list[Cause], *, needed: int | None, requested: int | None, fr
     return ranked(out)
 
 
-def _notebook_namespace() -> tuple[dict | None, Any]:
-    ipy = sys.modules.get("IPython")
-    shell = ipy.get_ipython() if ipy is not None else None
-    return (shell.user_ns if shell is not None else None), shell
 
 
 def relabel_earlier(census: Census, before_ids: dict[str, int] | None, namespace: dict | None) -> Census:
@@ -389,14 +321,13 @@ def gather_readings(
     before_ids: dict[str, int] | None = None,
     devices: set[str] | None = None,
 ) -> OomDiagnosis:
-    """Read torch, NVML and the namespace now, then :func:`diagnose`."""
+    """Read torch, NVML and ``namespace`` (the notebook's variables, given by the caller) now,
+    then :func:`diagnose`."""
     from gpunb.readings.devices import read_device_map, read_ownership
     from gpunb.readings.nvml import default_session
     from gpunb.readings.torch_state import cuda_initialized, imported_torch, read_device_memory
 
     torch = imported_torch()
-    if namespace is None:
-        namespace, shell = _notebook_namespace()
     if output_history is None and namespace is not None:
         oh = namespace.get("Out")
         output_history = oh if isinstance(oh, dict) else None
@@ -454,22 +385,3 @@ def batch_size_hint(exc: BaseException, namespace: dict | None = None) -> tuple[
         if found:
             return f"{fn}() {found[0]}", found[1]
     return pick(namespace or {})
-
-
-def diagnose_oom(exc: BaseException | None = None, *, namespace: dict | None = None, nvml: Any = None) -> OomDiagnosis:
-    """Public API: explain a CUDA out-of-memory error (``gpunb.diagnose_oom(exc)``).
-
-    Without ``exc`` it uses the last error of this session (``sys.last_value``). It reads
-    torch's allocator and NVML now, and names the live tensors of ``namespace`` (the
-    notebook's by default). It frees nothing: the automatic hook does that after an OOM,
-    and ``%gpumem --release`` does it on demand.
-    """
-    if exc is None:
-        exc = getattr(sys, "last_value", None)
-    if not isinstance(exc, BaseException) or find_oom(exc) is None:
-        raise ValueError(
-            "gpunb.diagnose_oom needs a CUDA out-of-memory error: "
-            + ("no error was raised in this session yet." if exc is None else f"got {type(exc).__name__}: {exc}")
-            + " Pass the exception: `except torch.OutOfMemoryError as e: gpunb.diagnose_oom(e)`."
-        )
-    return gather_readings(exc, namespace=namespace, nvml=nvml)

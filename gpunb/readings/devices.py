@@ -168,24 +168,23 @@ def map_devices(gpus: Sequence[Any], environ: Mapping[str, str],
     by_index = {g.index: g for g in gpus}
     order_differs = len(gpus) > 1 and mixed_models(gpus) and not bus_order(environ)
     mig_picked = vis.raw is None and any(g.mig_enabled is True for g in gpus)
-    reasons = []
-    if mig_picked:
-        reasons.append("MIG is enabled and CUDA_VISIBLE_DEVICES is unset, so CUDA picks the MIG instances itself")
     guessed = []
     for i, (uuid, nvml_index) in enumerate(zip(vis.visible, vis.nvml_indices)):
         how = vis.how[i] if i < len(vis.how) else BY_ORDER
         gpu = by_index.get(nvml_index)
         gpu_uuid = gpu.uuid if gpu is not None and isinstance(gpu.uuid, str) else None
-        by_order = how in (BY_INDEX, BY_ORDER) and order_differs
-        if by_order and not any("fastest-first" in r for r in reasons):
-            reasons.append("GPUs of different models without CUDA_DEVICE_ORDER=PCI_BUS_ID: CUDA numbers them "
-                           "fastest-first, NVML by PCI bus")
+        by_order = how in (BY_INDEX, BY_ORDER) and order_differs  # a UUID names one GPU whatever the order
         guessed.append(CudaDevice(i, nvml_index, gpu_uuid, uuid if uuid.startswith("MIG-") else None,
                                   vis.entries[i] if i < len(vis.entries) else None, MATCH_BY[how],
                                   not (by_order or mig_picked)))
+    reasons = []
+    if mig_picked:
+        reasons.append("MIG is enabled and CUDA_VISIBLE_DEVICES is unset, so CUDA picks the MIG instances itself")
+    if order_differs and any(d.matched_by in (MATCH_BY[BY_INDEX], MATCH_BY[BY_ORDER]) for d in guessed):
+        reasons.append("GPUs of different models without CUDA_DEVICE_ORDER=PCI_BUS_ID: CUDA numbers them "
+                       "fastest-first, NVML by PCI bus")
     if torch_uuids is None:
-        return DeviceMap(tuple(guessed), vis, len(gpus), "; ".join(reasons) if not all(
-            d.certain for d in guessed) else "")
+        return DeviceMap(tuple(guessed), vis, len(gpus), "; ".join(reasons))
     confirmed = []
     for i, uuid in enumerate(torch_uuids):
         entry = guessed[i].visible_entry if i < len(guessed) else None

@@ -49,7 +49,8 @@ class CheckMagics(Magics):
         show_progress = not args.json
         handle = _ProgressDisplay(self.shell) if show_progress else None
         try:
-            report = check(quick=args.quick, device=args.device, progress=handle.update if handle else None)
+            report = check(quick=args.quick, device=args.device, progress=handle.update if handle else None,
+                           in_kernel=True)
         except DeviceChoiceError as exc:
             if handle:
                 handle.clear()

@@ -57,7 +57,7 @@ class FitMagics(Magics):
                              "Define `def step(batch_size): ...` first.") from None
         if not callable(step):
             raise UsageError(f"STEP {args.step!r} is a {type(step).__name__}, not a function of the batch size.")
-        from gpunb.analysis.batch_fit import fit_batch_size
+        from gpunb.shells.api import fit_batch_size
 
         result = fit_batch_size(step, start=args.start, max_batch=args.max_batch, margin=args.margin,
                                 device=args.device, steps=args.steps, max_trials=args.max_trials)

@@ -81,7 +81,8 @@ class MemMagics(Magics):
                             + release_lines(report)))
         from gpunb.analysis.memory_report import memory
 
-        report = memory(free=args.free or (), top=args.top, all_devices=args.all_devices, shell=self.shell)
+        report = memory(free=args.free or (), top=args.top, all_devices=args.all_devices,
+                        namespace=self.shell.user_ns, shell=self.shell)
         if args.output:
             self.shell.user_ns[args.output] = report
         from IPython.display import display

@@ -13,12 +13,13 @@ frontend (terminal IPython, plain Python) it shows one text line per GPU.
 from __future__ import annotations
 
 import math
-import sys
 import threading
 import time
 from typing import Any, Iterable
 
 from gpunb.analysis.sampler import HISTORY_TICKS, HZ_DEFAULT, Sampler, Window, clamp_hz, gpu_column
+from gpunb.display import DisplayMixin, Render
+from gpunb.shells.session import current_shell
 from gpunb.views.sparkline import SparkPanel, caption, monitor_html, monitor_text, panel_notes
 
 # Used when the extension is not loaded (``import gpunb; gpunb.monitor()``, plain Python).
@@ -29,14 +30,6 @@ FALLBACK_REFRESH_S = 30.0
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 # Redraw at most this often; faster sampling still records every reading.
 MIN_DRAW_INTERVAL_S = 0.2
-
-
-def _current_shell() -> Any:
-    if "IPython" not in sys.modules:  # never import IPython just to find out there is none
-        return None
-    from IPython import get_ipython
-
-    return get_ipython()
 
 
 def registry_for(shell: Any) -> dict[str, Any]:
@@ -54,7 +47,7 @@ def registry_for(shell: Any) -> dict[str, Any]:
 def stop_all(registry: dict[str, Any] | None = None) -> int:
     """Stop every monitor (each leaves its snapshot) and the sampler thread.
     Returns how many monitors were live."""
-    registry = registry if registry is not None else registry_for(_current_shell())
+    registry = registry if registry is not None else registry_for(current_shell())
     monitors = list(registry.get("monitors", ()))
     for m in monitors:
         m.stop()
@@ -124,7 +117,7 @@ def _check_devices(device: Any, sampler: Sampler) -> tuple[int, ...] | None:
     return tuple(wanted)
 
 
-class Monitor:
+class Monitor(DisplayMixin):
     """One live view of the sampler: ``samples()``/``to_pandas()`` give the data,
     ``stop()`` (or ``close()``) ends it and leaves a static snapshot in the output."""
 
@@ -231,14 +224,12 @@ class Monitor:
         }
 
     # -- display ----------------------------------------------------------------
-    def _static_bundle(self) -> dict[str, str]:
-        return {"text/plain": self.text(), "text/html": self.html()}
+    def _static_bundle(self) -> dict[str, Any]:
+        return self._repr_mimebundle_()
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        return self._static_bundle()
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(self.text())
+    def _repr_views_(self) -> dict[str, Render]:
+        # the snapshot: what a saved notebook, print() and a widget-less frontend show
+        return {"text/plain": Monitor.text, "text/html": Monitor.html}
 
     def __repr__(self) -> str:
         where = "all GPUs" if self.devices is None else f"GPU {', '.join(map(str, self.devices))}"
@@ -409,7 +400,7 @@ def monitor(
     if frontend not in ("auto", "widget", "text"):
         raise ValueError(f"frontend must be 'auto', 'widget' or 'text', got {frontend!r}")
     hz, hz_message = clamp_hz(hz)
-    shell = _current_shell()
+    shell = current_shell()
     registry = registry_for(shell)
     sampler = registry.get("sampler")
     if sampler is None:

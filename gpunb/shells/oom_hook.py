@@ -97,32 +97,6 @@ def handle_oom(shell: Any, exc: BaseException, *, before_ids: dict[str, int] | N
     return diagnosis
 
 
-def diagnose_oom(exc: BaseException | None = None, *, release: bool = False, **kwargs: Any) -> Any:
-    """Explain a CUDA out-of-memory error (``gpunb.diagnose_oom(exc)``); with ``release=True``
-    also give back the memory it pins, as the automatic doctor does after a failed cell
-    (for an error you caught yourself: ``except torch.OutOfMemoryError as e``).
-    Without ``exc`` it uses the session's last error (``sys.last_value``)."""
-    from gpunb.analysis.oom import diagnose_oom as explain
-
-    if not release:
-        return explain(exc, **kwargs)
-    from IPython import get_ipython
-
-    shell = get_ipython()
-    if shell is None:
-        raise RuntimeError("diagnose_oom(release=True) needs an IPython/Jupyter session: it releases what the "
-                           "notebook's traceback and output history pin. Outside one, `del` the exception and "
-                           "call torch.cuda.empty_cache().")
-    exc = exc if exc is not None else getattr(sys, "last_value", None)
-    if not isinstance(exc, BaseException) or find_oom(exc) is None:
-        return explain(exc, **kwargs)  # raises the ValueError that says what it needs
-    from gpunb.shells.extension import state_of
-
-    state = state_of(shell)
-    keep = keep_traceback(state) if state is not None else keep_traceback_default()
-    return handle_oom(shell, exc, keep=keep)
-
-
 def register(shell: Any, state: Any) -> None:
     hook = OomHook(shell, state)
     state.shared["oom_hook"] = hook

@@ -19,7 +19,8 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from gpunb.analysis.cell_meter import CellMeter
 from gpunb.analysis.profile import ProfileSession
 from gpunb.analysis.profile_history import HISTORY
-from gpunb.views.profile_view import HistoryReport, one_line_text
+from gpunb.analysis.profile_records import HistoryReport
+from gpunb.views.profile_view import one_line_text
 
 
 class _OneLineMode:

@@ -1,0 +1,57 @@
+"""The records of the OOM doctor, filled by :mod:`gpunb.analysis.oom`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gpunb.analysis.advice import Advice
+from gpunb.analysis.oom_message import OomMessage
+from gpunb.analysis.release import ReleaseReport
+from gpunb.analysis.tensor_census import Census
+from gpunb.display import DisplayMixin, Render
+from gpunb.readings.torch_state import AllocatorStats
+
+
+@dataclass(frozen=True)
+class Cause:
+    code: str
+    summary: str  # one line, with the numbers
+    bytes: int | None = None  # how much memory this cause accounts for
+
+    def to_dict(self) -> dict:
+        return {"code": self.code, "summary": self.summary, "bytes": self.bytes}
+
+
+@dataclass(frozen=True)
+class OtherProcess:
+    pid: int
+    used_bytes: int | None
+    name: str = ""
+
+    def to_dict(self) -> dict:
+        return {"pid": self.pid, "used_bytes": self.used_bytes, "name": self.name}
+
+
+@dataclass
+class OomDiagnosis(DisplayMixin):
+    """What one OOM was, why, what to change; and (after release) what came back."""
+
+    exception_type: str
+    message: OomMessage | None
+    causes: list[Cause]
+    fixes: list[Advice]
+    census: Census | None = None
+    torch_memory: AllocatorStats | None = None
+    other_processes: tuple[OtherProcess, ...] = ()
+    this_process_bytes: int | None = None  # NVML
+    release: ReleaseReport | None = None  # filled when the memory was given back
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def primary_cause(self) -> str | None:
+        return self.causes[0].code if self.causes else None
+
+    def _repr_views_(self) -> dict[str, Render]:
+        from gpunb.views.memory_view import diagnosis_html, diagnosis_text
+
+        return {"text/plain": diagnosis_text, "text/html": diagnosis_html}
