@@ -8,9 +8,11 @@ processes as this kernel's, gives a different number than the others and than th
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -107,6 +109,24 @@ def test_mixed_models_are_uncertain_until_torch_confirms():
                                                 "aaaa0000-0000-0000-0000-000000000000"])
     assert [d.nvml_index for d in fixed.devices] == [1, 0] and fixed.confirmed_by_torch
     assert {d.matched_by for d in fixed.devices} == {MATCH_TORCH_UUID} and fixed.uncertain == ""
+
+
+H200X2 = json.loads((Path(__file__).parent / "data" / "h200x2_identity.json").read_text())
+
+
+@pytest.mark.parametrize("visible", list(H200X2["torch_uuids_by_cuda_visible_devices"]))
+def test_the_map_predicts_what_torch_saw_on_two_h200s(visible):
+    """Recorded on two H200s: torch's device UUIDs under each CUDA_VISIBLE_DEVICES value. The map
+    from NVML and the environment alone (no CUDA) must name the same GPUs in the same order, and
+    torch's UUIDs (bare, as torch prints them) must confirm it."""
+    gpus = tuple(gpu(g["index"], g["uuid"], g["name"]) for g in H200X2["nvml_gpus"])
+    env = {} if visible == "None" else {"CUDA_VISIBLE_DEVICES": visible}
+    torch_saw = H200X2["torch_uuids_by_cuda_visible_devices"][visible]
+    guess = map_devices(gpus, env)
+    assert [devices.uuid_key(d.gpu_uuid) for d in guess.devices] == torch_saw and not guess.uncertain
+    confirmed = map_devices(gpus, env, torch_uuids=torch_saw)
+    assert [d.nvml_index for d in confirmed.devices] == [d.nvml_index for d in guess.devices]
+    assert confirmed.confirmed_by_torch and all(d.matched_by == MATCH_TORCH_UUID for d in confirmed.devices)
 
 
 def test_an_invalid_entry_ends_the_map_there():
