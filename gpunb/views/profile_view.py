@@ -7,13 +7,12 @@ import html
 from typing import TYPE_CHECKING, Sequence
 
 from gpunb.analysis.profile_history import compare
+from gpunb.readings.devices import OWN_BY_RESERVE
 from gpunb.units import gib, milliseconds, seconds
 
 if TYPE_CHECKING:  # the records import this module lazily to display themselves
     from gpunb.analysis.cell_meter import CellLine
     from gpunb.analysis.profile_records import CellProfile
-
-from gpunb.readings.devices import OWN_BY_RESERVE
 
 
 def fmt_bytes(n: int | float | None) -> str:
