@@ -15,7 +15,7 @@ from gpunb._version import __version__
 _LAZY = {
     "check": "gpunb.analysis.checks:check",
     "monitor": "gpunb.shells.monitor:monitor",
-    "profile": "gpunb.analysis.profile:profile",
+    "profile": "gpunb.shells.profile_api:profile",
     "memory": "gpunb.analysis.memory_report:memory",
     "diagnose_oom": "gpunb.shells.oom_hook:diagnose_oom",
     "fit_batch_size": "gpunb.analysis.batch_fit:fit_batch_size",

@@ -45,7 +45,7 @@ def test_gpumem_bad_flags_show_usage(ip):
         ip.run_line_magic("gpumem", "-o 1x")
     with pytest.raises(UsageError):
         ip.run_line_magic("gpumem", "--keep-traceback maybe")
-    with pytest.raises(UsageError, match="positive"):
+    with pytest.raises(UsageError, match=r"--top: 0 is out of range \(allowed: 1 or more\)"):
         ip.run_line_magic("gpumem", "--top 0")
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from gpunb.analysis.advice import Advice
 from gpunb.analysis.instruments import TIMELINE_EVERY_S, Instruments
+from gpunb.analysis.profile_history import ProfileHistory
 from gpunb.analysis.step_events import per_step_ms
 from gpunb.readings import torch_state
 from gpunb.readings.gpu_activity import (
@@ -372,17 +373,18 @@ class profile:
     ``reset_peak`` (reset torch's global peak-memory counter; False leaves it untouched),
     ``timeline`` (memory points at most every 200 ms at step ends), ``label``, ``show``
     (display the report when the block ends; default: when running in IPython/Jupyter),
-    ``record`` (add it to ``%gpuprofile history``).
+    ``history`` (the :class:`ProfileHistory` the result is added to; ``gpunb.profile()``
+    passes the kernel's, the one ``%gpuprofile history`` shows).
     """
 
     def __init__(self, label: str = "", *, warmup_steps: int = 1, reset_peak: bool = True,
-                 timeline: bool = True, show: bool | None = None, record: bool = True) -> None:
+                 timeline: bool = True, show: bool | None = None, history: ProfileHistory | None = None) -> None:
         if not isinstance(label, str):
             raise TypeError(f"label must be a string, got {type(label).__name__}")
         self._session = ProfileSession(label=label, warmup_steps=warmup_steps, reset_peak=reset_peak,
                                        timeline=timeline)
         self.show = show
-        self.record = record
+        self.history = history
         self.result: CellProfile | None = None
 
     def __enter__(self) -> "profile":
@@ -391,10 +393,8 @@ class profile:
 
     def __exit__(self, etype: Any, exc: BaseException | None, tb: Any) -> bool:
         self.result = self._session.stop(exc)
-        if self.record:
-            from gpunb.analysis.profile_history import HISTORY
-
-            HISTORY.add(self.result)
+        if self.history is not None:
+            self.history.add(self.result)
         show = self.show
         if show is None:  # in a notebook the report appears like %%gpuprofile's; in scripts only on request
             ipython = sys.modules.get("IPython")
