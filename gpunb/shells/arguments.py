@@ -90,6 +90,14 @@ def variable_name(text: str) -> str:
     return text
 
 
+def free_text(value: str) -> str:
+    """An argparse type for free text: IPython splits magic lines keeping the quotes
+    (``--label "big batch"`` arrives as ``"big batch"``), so one enclosing pair is dropped."""
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+        return value[1:-1]
+    return value
+
+
 def cuda_device(text: str) -> str:
     """An argparse type: ``cuda``, ``cuda:N`` or ``N`` (a CUDA device index), as ``cuda[:N]``."""
     match = re.fullmatch(r"(?:cuda:)?(\d+)|cuda", text.strip())
@@ -123,9 +131,9 @@ def parse_args(magic: Any, line: str) -> argparse.Namespace:
         raise usage_error(magic, f"cannot read the arguments ({exc})") from None
 
 
-def given(args: argparse.Namespace, *names: str) -> list[str]:
-    """Of ``names`` (options whose default is None or False), those the user gave."""
-    return [name for name in names if getattr(args, name, None) not in (None, False)]
+def given(magic: Any, args: argparse.Namespace, *names: str) -> list[str]:
+    """Of the options ``names`` (their ``dest``), those set to something other than their default."""
+    return [name for name in names if getattr(args, name, None) != magic.parser.get_default(name)]
 
 
 def option_words(names: list[str]) -> str:

@@ -54,7 +54,7 @@ class MonitorMagics(Magics):
 
         args = parse_args(self.gpumonitor, line)
         if args.stop:
-            others = given(args, "hz", "window", "device", "output")
+            others = given(self.gpumonitor, args, "hz", "window", "device", "output")
             if others:
                 raise usage_error(self.gpumonitor, f"--stop takes no other options (got {option_words(others)})")
             n = stop_all(self.kernel)

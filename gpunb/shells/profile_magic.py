@@ -16,7 +16,9 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from gpunb.analysis.cell_meter import CellMeter
 from gpunb.analysis.profile import ProfileSession
-from gpunb.shells.arguments import given, option_words, output_option, parse_args, usage_error, whole_number
+from gpunb.shells.arguments import (
+    free_text, given, option_words, output_option, parse_args, usage_error, whole_number,
+)
 from gpunb.shells.cell_numbers import running_cell_number
 from gpunb.shells.kernel_state import KernelState
 from gpunb.views.profile_view import HistoryReport, one_line_text
@@ -68,7 +70,7 @@ class ProfileMagics(Magics):
               help="draw the memory timeline (default)")
     @argument("--no-timeline", dest="timeline", action="store_const", const=False,
               help="no memory timeline (no memory reads at step ends)")
-    @argument("--label", default=None, metavar="TEXT",
+    @argument("--label", type=free_text, default=None, metavar="TEXT",
               help="a name for this run in the history table (default: the cell's first line of code)")
     @argument("--clear", action="store_true", help="with `history`: forget the profiled cells")
     @output_option("the result object (CellProfile; with `history` the HistoryReport)")
@@ -109,7 +111,7 @@ class ProfileMagics(Magics):
             raise usage_error(self.gpuprofile, f"say what to do: on, off or history (one-line mode is {state}); "
                                                "to profile a cell, start it with %%gpuprofile")
         allowed = _LINE_OPTIONS[args.action]
-        wrong = [name for name in given(args, *_CELL_OPTIONS, "clear") if name not in allowed]
+        wrong = [name for name in given(self.gpuprofile, args, *_CELL_OPTIONS, "clear") if name not in allowed]
         if wrong:
             takes = f"takes only {option_words(list(allowed))}" if allowed else "takes no options"
             raise usage_error(self.gpuprofile, f"`%gpuprofile {args.action}` {takes} (got {option_words(wrong)})")
