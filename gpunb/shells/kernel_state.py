@@ -43,13 +43,14 @@ class KernelState:
     extra_oom_types: tuple[type, ...] = ()
 
     def take_over(self, other: KernelState) -> None:
-        """Move the sampler, the live monitors and the profiled cells of ``other`` here."""
-        if other.sampler is not None and self.sampler is None:
+        """Move the sampler with its live monitors (unless this state has a sampler of its
+        own) and the profiled cells of ``other`` here."""
+        if self.sampler is None:
             self.sampler, other.sampler = other.sampler, None
-        for monitor in other.monitors:
-            monitor.kernel_state = self
-            self.monitors.append(monitor)
-        other.monitors.clear()
+            for monitor in other.monitors:
+                monitor.kernel_state = self
+                self.monitors.append(monitor)
+            other.monitors.clear()
         for profile in other.profile_history.entries():
             self.profile_history.add(profile)
         other.profile_history.clear()

@@ -8,7 +8,7 @@ from typing import Any
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from gpunb.shells.arguments import output_option, parse_args, whole_number
+from gpunb.shells.arguments import given, output_option, parse_args, whole_number
 from gpunb.shells.kernel_state import KernelState
 
 
@@ -59,8 +59,8 @@ class MemMagics(Magics):
             else:
                 print("gpunb: after an OOM the failed cell's frames are released (memory comes back; "
                       "%debug has no frames for that error).")
-            if not (args.free or args.release):
-                return
+            if not given(self.gpumem, args, "free", "release", "all_devices", "top", "output"):
+                return  # only the setting; any other option asks for the report as well
         if args.release:
             from gpunb.analysis.release import release_failure
             from gpunb.readings.torch_memory import cuda_initialized, imported_torch
