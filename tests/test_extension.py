@@ -52,8 +52,8 @@ def test_unload_removes_every_event_and_magic(ip):
 def test_kernel_state_is_one_typed_object_owned_by_the_extension(ip):
     import dataclasses
 
-    from gpunb.shells.extension import state_of
-    from gpunb.shells.kernel_state import STANDALONE_STATE, KernelState, kernel_state
+    from gpunb.shells.extension import kernel_state, state_of
+    from gpunb.shells.kernel_state import STANDALONE_STATE, KernelState
 
     extension = state_of(ip)
     assert isinstance(extension.kernel, KernelState) and kernel_state(ip) is extension.kernel
@@ -87,7 +87,8 @@ def test_unload_empties_the_kernel_state_and_stops_its_thread(ip, fake_nvml):
 
 
 def test_profiled_cells_stay_with_the_kernel_across_unload_and_reload(ip):
-    from gpunb.shells.kernel_state import STANDALONE_STATE, kernel_state
+    from gpunb.shells.extension import kernel_state
+    from gpunb.shells.kernel_state import STANDALONE_STATE
 
     def labels(state):
         return [p.label for p in state.profile_history]

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 import gpunb  # noqa: E402
 from gpunb.analysis.profile_history import Comparison, compare  # noqa: E402
-from gpunb.shells.kernel_state import kernel_state  # noqa: E402
+from gpunb.shells.extension import kernel_state  # noqa: E402
 
 
 class SlowDataset(Dataset):

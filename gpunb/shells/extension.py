@@ -9,6 +9,7 @@ all of it on ``%unload_ext`` / ``%reload_ext``. What the features keep between c
 
 from __future__ import annotations
 
+import sys
 from importlib import import_module
 from typing import Any, Callable
 
@@ -74,6 +75,23 @@ class ExtensionState:
 
 def state_of(shell: Any) -> ExtensionState | None:
     return getattr(shell, _STATE_ATTR, None)
+
+
+def current_shell() -> Any:
+    """The running IPython shell, or None; never imports IPython to find out there is none."""
+    if "IPython" not in sys.modules:
+        return None
+    from IPython import get_ipython
+
+    return get_ipython()
+
+
+def kernel_state(shell: Any = None) -> KernelState:
+    """What gpunb keeps for ``shell`` (default: the current one): the extension's state when
+    it is loaded there, else :data:`~gpunb.shells.kernel_state.STANDALONE_STATE`."""
+    shell = shell if shell is not None else current_shell()
+    extension = state_of(shell) if shell is not None else None
+    return extension.kernel if extension is not None else STANDALONE_STATE
 
 
 def load(shell: Any) -> None:

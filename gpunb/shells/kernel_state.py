@@ -1,8 +1,9 @@
 """Everything gpunb keeps for one kernel, in one typed object.
 
 The extension owns one :class:`KernelState` per IPython shell (made by ``%load_ext``,
-emptied by ``%unload_ext``). Without the extension (``import gpunb`` in plain Python or
-in a notebook that did not load it) the API twins use :data:`STANDALONE_STATE`. On load
+emptied by ``%unload_ext``; ``gpunb.shells.extension.kernel_state(shell)`` finds it).
+Without the extension (``import gpunb`` in plain Python or in a notebook that did not
+load it) the API twins use :data:`STANDALONE_STATE`. On load
 the extension takes over what the standalone state already holds (a monitor started by
 ``gpunb.monitor()``, cells profiled by ``gpunb.profile()``); on unload the profiled cells
 go back to it, so ``%reload_ext gpunb`` keeps the history.
@@ -10,9 +11,8 @@ go back to it, so ``%reload_ext gpunb`` keeps the history.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 from gpunb.analysis.profile_history import ProfileHistory
 
@@ -20,7 +20,17 @@ if TYPE_CHECKING:  # only for the annotations: importing these costs %load_ext t
     from gpunb.analysis.cell_meter import CellMeter
     from gpunb.analysis.oom import OomDiagnosis
     from gpunb.analysis.sampler import Sampler
-    from gpunb.shells.monitor import Monitor
+
+
+class LiveMonitor(Protocol):
+    """What the state asks of a monitor (``gpunb.shells.monitor.Monitor``, which imports
+    this module, so it is described here rather than imported)."""
+
+    kernel_state: KernelState  # the state whose ``monitors`` list holds it
+
+    def stop(self) -> None: ...
+
+    def refresh_fallback(self) -> None: ...
 
 
 @dataclass(eq=False)
@@ -28,7 +38,7 @@ class KernelState:
     # %gpumonitor / gpunb.monitor(): the kernel's one sampler thread (None until the first
     # monitor) and the monitors drawing from it.
     sampler: Sampler | None = None
-    monitors: list[Monitor] = field(default_factory=list)
+    monitors: list[LiveMonitor] = field(default_factory=list)
     # %%gpuprofile / gpunb.profile(): the profiled cells, for %gpuprofile history.
     profile_history: ProfileHistory = field(default_factory=ProfileHistory)
     # %gpuprofile on: the meter timing every cell; None while the one-line mode is off.
@@ -59,21 +69,3 @@ class KernelState:
 # The state of plain-Python use (no %load_ext gpunb on the current shell).
 STANDALONE_STATE = KernelState()
 
-
-def current_shell() -> Any:
-    """The running IPython shell, or None; never imports IPython to find out there is none."""
-    if "IPython" not in sys.modules:
-        return None
-    from IPython import get_ipython
-
-    return get_ipython()
-
-
-def kernel_state(shell: Any = None) -> KernelState:
-    """The state of ``shell`` (default: the current one) when the extension is loaded on
-    it, else :data:`STANDALONE_STATE`."""
-    from gpunb.shells.extension import state_of
-
-    shell = shell if shell is not None else current_shell()
-    extension = state_of(shell) if shell is not None else None
-    return extension.kernel if extension is not None else STANDALONE_STATE

@@ -18,7 +18,8 @@ import time
 from typing import Any, Iterable
 
 from gpunb.analysis.sampler import HZ_DEFAULT, WINDOW_MAX_S, WINDOW_MIN_S, Sampler, Window, clamp_hz, gpu_column
-from gpunb.shells.kernel_state import KernelState, current_shell, kernel_state
+from gpunb.shells.extension import current_shell, kernel_state
+from gpunb.shells.kernel_state import KernelState
 from gpunb.views.sparkline import SparkPanel, caption, monitor_html, monitor_text, panel_notes
 
 # Refresh the saved-notebook fallback of a live widget at most this often (each refresh
@@ -407,7 +408,8 @@ def monitor(
     monitors = state.monitors
     replaced = [
         old for old in monitors
-        if cell is not None and old._cell_id is not None and old._cell_id[0] == cell[0] and old._cell_id[1] != cell[1]
+        if isinstance(old, Monitor) and cell is not None and old._cell_id is not None
+        and old._cell_id[0] == cell[0] and old._cell_id[1] != cell[1]
     ]
     monitors.append(m)
     sampler.add_listener(m._on_tick)

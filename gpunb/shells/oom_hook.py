@@ -15,7 +15,8 @@ from typing import Any
 
 from gpunb.analysis.oom_message import find_oom
 from gpunb.analysis.release import keep_traceback_default
-from gpunb.shells.kernel_state import KernelState, kernel_state
+from gpunb.shells.extension import kernel_state
+from gpunb.shells.kernel_state import KernelState
 
 
 def keep_traceback(kernel: KernelState) -> bool:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpunb.analysis.profile import profile as _Profile
-from gpunb.shells.kernel_state import kernel_state
+from gpunb.shells.extension import kernel_state
 
 
 def profile(label: str = "", *, warmup_steps: int = 1, reset_peak: bool = True, timeline: bool = True,
