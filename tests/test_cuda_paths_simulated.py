@@ -106,7 +106,7 @@ def test_oom_hook_reads_allocator_and_nvml_on_the_cuda_path(monkeypatch, fake_nv
     ip.run_cell("import torch\ndef f():\n    raise torch.OutOfMemoryError(_gpunb_test['msg'])\nf()")
     out = capsys.readouterr().out
     assert "gpunb OOM doctor" in out and "could not diagnose" not in out
-    d = ip._gpunb_extension_state.shared["last_oom"]
+    d = ip._gpunb_extension_state.kernel.last_oom
     assert d.torch_memory is not None and d.torch_memory.reserved_bytes == TRACE[
         "memory_stats_after_train"]["reserved_bytes.all.current"]
     assert d.release.before.torch_allocated_bytes == 6 * GiB

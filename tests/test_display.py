@@ -13,6 +13,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.lib.pretty import pretty
 
 import gpunb
+from gpunb.shells.kernel_state import STANDALONE_STATE
 from gpunb.analysis.batch_fit import search
 from gpunb.analysis.checks import check
 from gpunb.analysis.oom import diagnose
@@ -70,7 +71,7 @@ def result(request, fake_nvml):
     build, mimetypes = RESULTS[request.param]
     obj = build()
     yield obj, mimetypes
-    monitor_module.stop_all(monitor_module._STANDALONE)
+    monitor_module.stop_all(STANDALONE_STATE)
 
 
 def test_the_bundle_has_the_views_and_honours_include_and_exclude(result):

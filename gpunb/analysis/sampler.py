@@ -37,6 +37,9 @@ PROCESS_REFRESH_S = 5.0
 MEMORY_JUMP_MIB = 256.0
 # A day at the default rate; with one GPU that is ~6 MB (see ``bytes_per_tick``).
 HISTORY_TICKS = 24 * 3600 * int(HZ_DEFAULT)
+# The longest and shortest window a monitor can show (the buffer holds a day at 2 Hz).
+WINDOW_MAX_S = HISTORY_TICKS / HZ_DEFAULT
+WINDOW_MIN_S = 1.0
 THREAD_NAME = "gpunb-sampler"
 MIB = 2**20
 
@@ -209,7 +212,7 @@ _FIELD_WORDS = {
 class Sampler:
     """Reads all GPUs (NVML) and the host every ``1/hz`` seconds into ring buffers.
 
-    One per kernel (the extension stores it in ``ExtensionState.shared["sampler"]``).
+    One per kernel (``KernelState.sampler``, see ``gpunb.shells.kernel_state``).
     ``start()`` runs a fresh thread each time; ``stop()`` is idempotent and joins it.
     """
 

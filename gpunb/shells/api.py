@@ -62,7 +62,8 @@ class profile(DisplayMixin):  # noqa: N801  (used like a function: `with gpunb.p
     of median/p90), ``reset_peak`` (reset torch's global peak-memory counter; False leaves it
     untouched), ``timeline`` (memory points at most every 200 ms at step ends), ``label``,
     ``show`` (display the report when the block ends; default: when running in
-    IPython/Jupyter), ``record`` (add it to ``%gpuprofile history``).
+    IPython/Jupyter), ``record`` (add it to ``%gpuprofile history``; without the extension
+    loaded, to the history ``%load_ext gpunb`` takes over).
     """
 
     def __init__(self, label: str = "", *, warmup_steps: int = 1, reset_peak: bool = True,
@@ -84,9 +85,9 @@ class profile(DisplayMixin):  # noqa: N801  (used like a function: `with gpunb.p
     def __exit__(self, etype: Any, exc: BaseException | None, tb: Any) -> bool:
         self.result = self._session.stop(exc)
         if self.record:
-            from gpunb.analysis.profile_history import HISTORY
+            from gpunb.shells.extension import kernel_state
 
-            HISTORY.add(self.result)
+            kernel_state().profile_history.add(self.result)
         # in a notebook the report appears like %%gpuprofile's; in scripts only on request
         if self.show if self.show is not None else current_shell() is not None:
             display_or_print(self.result)
@@ -159,13 +160,10 @@ def diagnose_oom(exc: BaseException | None = None, *, release: bool = False, nam
             + " Pass the exception: `except torch.OutOfMemoryError as e: gpunb.diagnose_oom(e)`."
         )
     if release:
-        from gpunb.analysis.release import keep_traceback_default
-        from gpunb.shells.extension import state_of
+        from gpunb.shells.extension import kernel_state
         from gpunb.shells.oom_hook import handle_oom, keep_traceback
 
-        state = state_of(shell)
-        keep = keep_traceback(state) if state is not None else keep_traceback_default()
-        return handle_oom(shell, exc, keep=keep)
+        return handle_oom(shell, exc, keep=keep_traceback(kernel_state(shell)))
     if namespace is None and shell is not None:
         namespace = shell.user_ns
     return gather_readings(exc, namespace=namespace, nvml=nvml)

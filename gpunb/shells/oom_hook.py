@@ -15,46 +15,46 @@ from typing import Any
 
 from gpunb.analysis.oom_message import find_oom
 from gpunb.analysis.release import keep_traceback_default
+from gpunb.shells.extension import kernel_state
+from gpunb.shells.kernel_state import KernelState
 
-KEEP_KEY = "oom_keep_traceback"
-LAST_KEY = "last_oom"
 
-
-def keep_traceback(state: Any) -> bool:
-    value = state.shared.get(KEEP_KEY)
-    return keep_traceback_default() if value is None else bool(value)
+def keep_traceback(kernel: KernelState) -> bool:
+    """Keep a failed cell's frames for %debug? ``%gpumem --keep-traceback``, else the environment."""
+    return keep_traceback_default() if kernel.oom_keep_traceback is None else kernel.oom_keep_traceback
 
 
 class OomHook:
-    def __init__(self, shell: Any, state: Any) -> None:
+    """The pre/post_run_cell callbacks; what they keep between cells is in ``kernel``."""
+
+    def __init__(self, shell: Any, kernel: KernelState) -> None:
         self.shell = shell
-        self.state = state
-        self.before_ids: dict[str, int] | None = None
-        self.extra_types: tuple[type, ...] = ()  # more exception classes to treat as OOM (tests, libraries)
+        self.kernel = kernel
 
     def pre(self, info: Any = None) -> None:
         if "torch" not in sys.modules:
-            self.before_ids = None
+            self.kernel.names_before_cell = None
             return
-        self.before_ids = {k: id(v) for k, v in list(self.shell.user_ns.items())
-                           if isinstance(k, str) and not k.startswith("_")}
+        self.kernel.names_before_cell = {k: id(v) for k, v in list(self.shell.user_ns.items())
+                                         if isinstance(k, str) and not k.startswith("_")}
 
     def post(self, result: Any) -> None:
         exc = getattr(result, "error_in_exec", None)
         if exc is None:
             return
-        if "torch" not in sys.modules and not self.extra_types:
+        extra_types = self.kernel.extra_oom_types
+        if "torch" not in sys.modules and not extra_types:
             return
-        if find_oom(exc, self.extra_types) is None:
+        if find_oom(exc, extra_types) is None:
             return
         try:
-            diagnosis = handle_oom(self.shell, exc, before_ids=self.before_ids,
-                                   keep=keep_traceback(self.state))
+            diagnosis = handle_oom(self.shell, exc, before_ids=self.kernel.names_before_cell,
+                                   keep=keep_traceback(self.kernel))
         except Exception as err:  # the doctor must never add a traceback of its own
             print(f"gpunb: could not diagnose this out-of-memory error ({type(err).__name__}: {err}); "
                   "%gpumem shows what holds memory.")
             return
-        self.state.shared[LAST_KEY] = diagnosis
+        self.kernel.last_oom = diagnosis
         from IPython.display import display
 
         display(diagnosis)
@@ -98,7 +98,6 @@ def handle_oom(shell: Any, exc: BaseException, *, before_ids: dict[str, int] | N
 
 
 def register(shell: Any, state: Any) -> None:
-    hook = OomHook(shell, state)
-    state.shared["oom_hook"] = hook
+    hook = OomHook(shell, state.kernel)
     state.on("pre_run_cell", hook.pre)
     state.on("post_run_cell", hook.post)
