@@ -302,7 +302,7 @@ def test_every_feature_gives_the_same_answer(name, monkeypatch, request, ip):
         assert (sum(others) if None not in others else None) == others_bytes
         ip.user_ns["_gpunb_test"] = {"msg": message}
         ip.run_cell("import torch\nraise torch.OutOfMemoryError(_gpunb_test['msg'])")
-        hooked = ip._gpunb_extension_state.shared["last_oom"]
+        hooked = ip._gpunb_extension_state.kernel.last_oom
         assert hooked.this_process_bytes == self_bytes and hooked.release.before.nvml_process_bytes == self_bytes
 
         # %gpufit's NVML reader
