@@ -134,3 +134,27 @@ def stray_processes():
         if p.poll() is None:
             p.send_signal(signal.SIGKILL)
             p.wait(10)
+
+
+async def start_cell(serverapp, kernel_id: str, code: str):
+    """Start ``code`` in a kernel without waiting for it; the client (stop its channels)."""
+    from jupyter_client import AsyncKernelClient
+
+    kc = AsyncKernelClient()
+    kc.load_connection_info(serverapp.kernel_manager.get_kernel(kernel_id).get_connection_info())
+    kc.start_channels()
+    await kc.wait_for_ready(timeout=60)
+    kc.execute(code)
+    return kc
+
+
+async def wait_for_state(serverapp, kernel_id: str, state: str, timeout: float = 30) -> None:
+    """Until the server itself records ``state`` for the kernel."""
+    import asyncio
+    import time
+
+    deadline = time.monotonic() + timeout
+    while serverapp.kernel_manager.kernel_model(kernel_id)["execution_state"] != state:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"kernel never became {state}")
+        await asyncio.sleep(0.05)
