@@ -95,6 +95,10 @@ def _stop_on_unload(shared: dict[str, Any]):
 
         stop_all(shared)
         shared.pop("sampler", None)  # a reload starts a fresh one with the reloaded code
+        if "gpunb.readings.server_sessions" in sys.modules:  # the monitors' server link: its thread ends
+            from gpunb.readings.server_sessions import set_default_sessions
+
+            set_default_sessions(None)
 
     return stop
 
