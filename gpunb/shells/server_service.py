@@ -24,6 +24,7 @@ from gpunb.readings.server_kernels import read_server_kernels
 REPORT_MAX_AGE_S = 1.0
 REPORT_TIMEOUT_S = 10.0
 BUSY_STATES = ("busy", "starting", "restarting")
+EXIT_WAIT_S = 5.0
 
 
 class Refusal(Exception):
@@ -139,11 +140,22 @@ class GpuReportService:
         result = km.shutdown_kernel(kernel_id)
         if inspect.isawaitable(result):
             await result
-        after_report = await self.report(fresh=True)
+        after_report = await self._after_exit(use.gpu_pids)
         after = {d.index: d.memory_used_bytes for d in after_report.devices}
         touched = set(use.gpu_bytes) or set(before)
         return ShutdownResult(kernel_id, use.kernel.path, state, dict(use.gpu_bytes),
                               {i: before.get(i) for i in touched}, {i: after.get(i) for i in touched})
+
+    async def _after_exit(self, pids: tuple[int, ...]) -> HoldersReport:
+        """A report read once NVML no longer lists ``pids`` (the driver frees an exited
+        process's memory shortly after it exits), or after EXIT_WAIT_S."""
+        deadline = time.monotonic() + EXIT_WAIT_S
+        while True:
+            report = await self.report(fresh=True)
+            listed = {h.pid for h in report.holders()}
+            if not listed.intersection(pids) or time.monotonic() >= deadline:
+                return report
+            await asyncio.sleep(0.2)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

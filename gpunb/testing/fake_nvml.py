@@ -54,8 +54,10 @@ class FakeGpu:
 
     def listed_processes(self, index: int) -> list[dict]:
         """``extra_processes`` plus GPU ``index``'s rows of ``processes_file``."""
-        rows = self.extra_processes + [r for r in self.file_rows() if r.get("gpu", 0) == index]
-        return [r for r in rows if _running(r["pid"])] if self.drop_exited else rows
+        # The file lists real processes: like a driver, forget those that exited.
+        listed = [r for r in self.file_rows() if r.get("gpu", 0) == index and _running(r["pid"])]
+        extra = [r for r in self.extra_processes if _running(r["pid"])] if self.drop_exited else self.extra_processes
+        return extra + listed
 
     def sample_at(self, t: float) -> dict:
         span = self.samples[-1]["t"] + 0.2
