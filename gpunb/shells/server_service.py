@@ -104,6 +104,9 @@ class GpuReportService:
         except asyncio.TimeoutError:
             raise Refusal(503, f"the NVIDIA driver (NVML) did not answer within {self.timeout_s:g} s; "
                                "check `nvidia-smi` on the server machine") from None
+        except Exception as exc:  # a bug or an odd host: say so in the answer, keep the server serving
+            raise Refusal(500, f"gpunb could not read the GPUs and kernels ({type(exc).__name__}: {exc}); "
+                               "the server log has details") from exc
 
     async def _new_report(self) -> HoldersReport:
         kernels = await read_server_kernels(self.kernel_manager, self.session_manager)

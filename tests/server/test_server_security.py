@@ -30,6 +30,15 @@ async def test_nothing_without_a_valid_login(jp_fetch, fake_gpu, auth):
         assert await _code(jp_fetch, method, parts, body, headers={"Authorization": auth}) == 403, parts
 
 
+@pytest.mark.parametrize("jp_server_config", [{"ServerApp": {
+    "jpserver_extensions": {"gpunb": True, "jupyter_server_terminals": False},  # (its websocket would warn)
+    "allow_unauthenticated_access": False}}])
+async def test_the_same_where_the_server_forbids_any_unauthenticated_handler(jp_fetch, fake_gpu):
+    for method, parts, body in ENDPOINTS:
+        assert await _code(jp_fetch, method, parts, body, headers={"Authorization": ""}) == 403, parts
+    assert await _code(jp_fetch, *ENDPOINTS[0]) == 200
+
+
 async def test_a_cookie_login_can_read_but_acts_only_with_the_xsrf_token(jp_fetch, fake_gpu):
     r = await jp_fetch("gpunb", "api", "gpus")  # token login: the server sets its login cookie
     login = next(c.split(";")[0] for c in r.headers.get_list("Set-Cookie") if c.startswith("username-"))
