@@ -7,14 +7,11 @@ standing in for the NVIDIA device files (see ``conftest.py``).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import time
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from tornado.httpclient import HTTPClientError
 
 from gpunb.analysis.gpu_holders import NAMESPACE_NOTE
 
