@@ -112,7 +112,7 @@ def diagnose(
                             f"{'allowed budget' if allowed else 'GPU'} ({gib(limit)}): no freeing can make it fit",
                             requested))
     if total and other_bytes > 0.05 * total:
-        names = ", ".join(f"PID {p.pid}{' (' + p.name + ')' if p.name else ''}: {gib(p.used_bytes)}" for p in others[:4])
+        names = ", ".join(f"{p.label}: {gib(p.used_bytes)}" for p in others[:4])
         causes.append(Cause(OTHER_PROCESSES, f"other processes hold {gib(other_bytes)} of this GPU ({names})",
                             other_bytes))
     if leftover_bytes and (  # before fragmentation: freeing needs no code change
@@ -219,11 +219,13 @@ def _fixes(causes: list[Cause], *, needed: int | None, requested: int | None, fr
             e.name for e in leftover_entries[:4]), "\n".join(how) or "del <name>; then %gpumem", g, severity=sev))
     if OTHER_PROCESSES in codes:
         other = sum(p.used_bytes or 0 for p in others)
-        pids = ", ".join(str(p.pid) for p in others[:5])
+        held_by = ", ".join(p.label if p.holder else str(p.pid) for p in others[:5])
+        if not any(p.holder for p in others[:5]):
+            held_by = f"PID {held_by} (another kernel or job)"
         g, sev = freeing(OTHER_PROCESSES, other)
         short = "" if sev == 2 else " (freeing them alone would not have been enough)"
         out.append(Advice("Free the GPU from other processes",
-                          f"{gib(other)} held by PID {pids} (another kernel or job){short}",
+                          f"{gib(other)} held by {held_by}{short}",
                           "Shut down idle kernels (JupyterLab: Running tab) or use another GPU "
                           "(`CUDA_VISIBLE_DEVICES`); `nvidia-smi` lists them.", g, severity=sev))
     if FRAGMENTATION in codes and not expandable_on:
@@ -338,6 +340,19 @@ def process_memory(nvml: Any, index: int | None, pid: int | None = None,
     return mine, tuple(others)
 
 
+def name_holders(others: tuple[OtherProcess, ...]) -> tuple[OtherProcess, ...]:
+    """Name other processes by notebook when this kernel's Jupyter server can say (a short,
+    bounded wait; without a server the PIDs stay as they are)."""
+    if not others:
+        return others
+    from dataclasses import replace
+
+    from gpunb.analysis.server_holders import ask_server, names_by_pid
+
+    names = names_by_pid(ask_server(wait=True))
+    return tuple(replace(p, holder=names.get(p.pid, "")) for p in others)
+
+
 CONTEXT_SLACK = 4 * GiB  # a CUDA context with cuDNN/cuBLAS/NCCL loaded stays well under this
 
 
@@ -407,6 +422,7 @@ def gather_readings(
     if torch is not None and cuda_initialized(torch):
         mine, others = process_memory(nvml, nvml_index_for(torch, device, nvml),
                                       torch_reserved=torch_mem.reserved_bytes if torch_mem else None)
+        others = name_holders(others)
     return diagnose(exc, torch_memory=torch_mem, census=census, other_processes=others, this_process_bytes=mine,
                     batch_size=hint)
 

@@ -247,6 +247,7 @@ class Sampler:
         self._own_mib: dict[int, float | None] = {}  # from the last process list
         self._other_mib: dict[int, float] = {}  # other processes at that moment
         self._used_at_list: dict[int, float] = {}  # used memory at that moment
+        self.processes: dict[int, tuple] = {}  # GPU index -> the last process list (GpuProcess)
         self._last_process_t: float | None = None
         self._host_thread: int | None = None
         self.thread_cpu_s = 0.0  # CPU time the sampler thread(s) used, all runs together
@@ -382,7 +383,9 @@ class Sampler:
             procs = read_processes(self.nvml, info.index)
             if not is_available(procs):
                 self._own_mib[info.index] = None
+                self.processes[info.index] = ()
                 continue
+            self.processes[info.index] = procs
             own = [p.used_bytes for p in procs if p.pid in self.own_pids]
             known = [b for b in own if isinstance(b, int)]
             # MIG and some drivers do not give per-process memory: unknown, not zero.
