@@ -59,6 +59,11 @@ class Table:
             chain.append(pid)
         return tuple(chain)
 
+    def holds_gpu(self, pid):
+        return None if pid not in self.no_gpu else False
+
+    no_gpu: frozenset = frozenset()
+
 
 def gpu(index, uuid, name="NVIDIA H200", migs=()):
     return GpuIdentity(index, name, uuid, bool(migs), tuple(MigDevice(u, 71 * GiB) for u in migs))
@@ -173,6 +178,11 @@ def test_in_a_container_the_process_holding_torchs_reserve_is_this_one():
     # a visible process of another user is never taken for this one, whatever it holds
     visible = attribute_processes(0, procs((77, 9 * GiB)), {ME}, int(8.5 * GiB), Table({ME: 1, 77: 1}))
     assert visible.how == OWN_UNKNOWN and [p.pid for p in visible.others] == [77]
+    # ...unless it holds no NVIDIA device: then its number is a host PID that also exists here
+    lookalike = Table({ME: 1, 77: 1})
+    lookalike.no_gpu = frozenset({77})
+    matched = attribute_processes(0, procs((77, 9 * GiB)), {ME}, int(8.5 * GiB), lookalike)
+    assert matched.how == OWN_BY_RESERVE and matched.self_bytes == 9 * GiB and matched.others == ()
     # torch has no CUDA here: this process holds nothing on the GPU
     idle = attribute_processes(0, listed, {ME}, None, table)
     assert idle.how == OWN_NOT_LISTED and idle.self_bytes == 0 and idle.others_bytes == 49 * GiB

@@ -134,6 +134,32 @@ def test_other_processes_from_fake_nvml_busy_scenario():
     assert "999001" in d.fixes[0].reason
 
 
+def test_other_processes_are_named_by_notebook_when_the_jupyter_server_says():
+    import time
+
+    from gpunb.readings import server_sessions as ss
+    from gpunb.views.memory_view import diagnosis_text
+
+    now = time.time()
+    row = {"gpu_index": 0, "pid": 999_001, "used_bytes": 40 * GiB, "kind": "kernel", "kernel_id": "k1",
+           "path": "lesson3.ipynb", "execution_state": "idle", "last_activity_unix": now - 40 * 60}
+    answer = {"t_unix": now, "gpus": [{"index": 0, "processes": [row]}], "kernels": [], "notes": []}
+    link = ss.ServerLink("http://127.0.0.1:1/", "t", None, "k2", "parent process")
+    ss.set_default_sessions(ss.ServerSessions(find=lambda: link, fetch=lambda *args: answer))
+    try:
+        others = oom_mod.name_holders((oom_mod.OtherProcess(999_001, 40 * GiB, "python3"),
+                                       oom_mod.OtherProcess(31_337, GiB, "python3")))
+    finally:
+        ss.set_default_sessions(None)
+    assert [p.holder for p in others] == ["lesson3.ipynb (idle 40 min)", ""]
+    d = diagnose(message=_msg(30 * GiB, 12 * GiB, 139.8 * GiB, 80 * GiB, 0), other_processes=others)
+    assert d.primary_cause == OTHER_PROCESSES
+    assert "lesson3.ipynb (idle 40 min): 40.00 GiB, PID 31337 (python3): 1.00 GiB" in d.causes[0].summary
+    assert "held by lesson3.ipynb (idle 40 min), 31337" in d.fixes[0].reason
+    assert "PID 999001 python3 = lesson3.ipynb (idle 40 min): 40.00 GiB" in diagnosis_text(d)
+    assert oom_mod.name_holders(()) == ()  # nothing to name: the server is not asked
+
+
 def test_leftovers_from_earlier_cells_are_named_with_their_variable():
     ns = {"model": torch.nn.Linear(256, 256), "junk": torch.zeros(1024, 1024)}
     census = oom_mod.relabel_earlier(take_census(ns, torch=torch), {"junk": id(ns["junk"])}, ns)

@@ -113,7 +113,7 @@ def diagnose(
                             f"{'allowed budget' if allowed else 'GPU'} ({gib(limit)}): no freeing can make it fit",
                             requested))
     if total and other_bytes > 0.05 * total:
-        names = ", ".join(f"PID {p.pid}{' (' + p.name + ')' if p.name else ''}: {gib(p.used_bytes)}" for p in others[:4])
+        names = ", ".join(f"{p.label}: {gib(p.used_bytes)}" for p in others[:4])
         causes.append(Cause(OTHER_PROCESSES, f"other processes hold {gib(other_bytes)} of this GPU ({names})",
                             other_bytes))
     if leftover_bytes and (  # before fragmentation: freeing needs no code change
@@ -220,11 +220,13 @@ def _fixes(causes: list[Cause], *, needed: int | None, requested: int | None, fr
             e.name for e in leftover_entries[:4]), "\n".join(how) or "del <name>; then %gpumem", g, severity=sev))
     if OTHER_PROCESSES in codes:
         other = sum(p.used_bytes or 0 for p in others)
-        pids = ", ".join(str(p.pid) for p in others[:5])
+        held_by = ", ".join(p.label if p.holder else str(p.pid) for p in others[:5])
+        if not any(p.holder for p in others[:5]):
+            held_by = f"PID {held_by} (another kernel or job)"
         g, sev = freeing(OTHER_PROCESSES, other)
         short = "" if sev == 2 else " (freeing them alone would not have been enough)"
         out.append(Advice("Free the GPU from other processes",
-                          f"{gib(other)} held by PID {pids} (another kernel or job){short}",
+                          f"{gib(other)} held by {held_by}{short}",
                           "Shut down idle kernels (JupyterLab: Running tab) or use another GPU "
                           "(`CUDA_VISIBLE_DEVICES`); `nvidia-smi` lists them.", g, severity=sev))
     if FRAGMENTATION in codes and not expandable_on:
@@ -290,6 +292,17 @@ def _fixes(causes: list[Cause], *, needed: int | None, requested: int | None, fr
     return ranked(out)
 
 
+def name_holders(others: tuple[OtherProcess, ...]) -> tuple[OtherProcess, ...]:
+    """Name other processes by notebook when this kernel's Jupyter server can say (a short,
+    bounded wait; without a server the PIDs stay as they are)."""
+    if not others:
+        return others
+    from dataclasses import replace
+
+    from gpunb.analysis.server_holders import ask_server, names_by_pid
+
+    names = names_by_pid(ask_server(wait=True))
+    return tuple(replace(p, holder=names.get(p.pid, "")) for p in others)
 
 
 def relabel_earlier(census: Census, before_ids: dict[str, int] | None, namespace: dict | None) -> Census:
@@ -356,8 +369,8 @@ def gather_readings(
         if index is not None:
             own = read_ownership(nvml, index, torch=torch, device_map=device_map)
             mine = own.self_bytes
-            others = tuple(OtherProcess(p.pid, p.used_bytes if isinstance(p.used_bytes, int) else None, p.name)
-                           for p in own.others)
+            others = name_holders(tuple(OtherProcess(p.pid, p.used_bytes if isinstance(p.used_bytes, int) else None,
+                                                     p.name) for p in own.others))
     diagnosis = diagnose(exc, torch_memory=torch_mem, census=census, other_processes=others,
                          this_process_bytes=mine, batch_size=hint)
     if own is not None and own.children_bytes:

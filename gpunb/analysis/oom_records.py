@@ -27,9 +27,14 @@ class OtherProcess:
     pid: int
     used_bytes: int | None
     name: str = ""
+    holder: str = ""  # whose it is, from the Jupyter server: "lesson3.ipynb (idle 40 min)"
+
+    @property
+    def label(self) -> str:
+        return self.holder or f"PID {self.pid}{' (' + self.name + ')' if self.name else ''}"
 
     def to_dict(self) -> dict:
-        return {"pid": self.pid, "used_bytes": self.used_bytes, "name": self.name}
+        return {"pid": self.pid, "used_bytes": self.used_bytes, "name": self.name, "holder": self.holder}
 
 
 @dataclass

@@ -249,6 +249,8 @@ class Sampler:
         self._own_mib: dict[int, float | None] = {}  # from the last process list
         self._other_mib: dict[int, float] = {}  # other processes at that moment
         self._used_at_list: dict[int, float] = {}  # used memory at that moment
+        self.processes: dict[int, tuple] = {}  # GPU index -> the last process list (GpuProcess)
+        self.kernel_processes: dict[int, frozenset[int]] = {}  # GPU index -> PIDs of this kernel's processes there
         self._last_process_t: float | None = None
         self._host_thread: int | None = None
         self.thread_cpu_s = 0.0  # CPU time the sampler thread(s) used, all runs together
@@ -383,8 +385,10 @@ class Sampler:
         for info in self.gpus:
             # this kernel and its child processes (devices.py); MIG and some drivers do not give
             # per-process memory: unknown (None), not zero
-            own = read_ownership(self.nvml, info.index, pids=self.own_pids, names=False).own_bytes
-            own_mib = own / MIB if own is not None else None
+            own = read_ownership(self.nvml, info.index, pids=self.own_pids)
+            self.processes[info.index] = own.processes + own.others
+            self.kernel_processes[info.index] = frozenset(p.pid for p in own.processes)
+            own_mib = own.own_bytes / MIB if own.own_bytes is not None else None
             self._own_mib[info.index] = own_mib
             now_used = used.get(info.index)
             if now_used is not None:

@@ -251,7 +251,7 @@ def namespace_pids(pid: int) -> frozenset[int]:
 
 
 class ProcessTable:
-    """Processes as this PID namespace sees them (psutil); a fake one is passed in tests."""
+    """Processes as this PID namespace sees them (psutil, /proc); a fake one is passed in tests."""
 
     def ancestors(self, pid: int) -> tuple[int, ...] | None:
         """``pid``'s parent chain, nearest first; None when no process ``pid`` is visible here
@@ -262,6 +262,15 @@ class ProcessTable:
             return tuple(p.pid for p in psutil.Process(pid).parents())
         except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
             return None
+
+    def holds_gpu(self, pid: int) -> bool | None:
+        """Whether ``pid`` has an NVIDIA device file open (every CUDA process does); None when
+        its files cannot be read. A local process without one is not the process NVML means:
+        its number is a host PID that happens to exist here too (process_facts.py)."""
+        from gpunb.readings.process_facts import nvidia_files
+
+        files = nvidia_files(pid)
+        return None if files is None else bool(files)
 
 
 @dataclass(frozen=True)
@@ -331,6 +340,8 @@ def attribute_processes(nvml_index: int, procs: Sequence[GpuProcess] | Unavailab
             hidden.append(p)
         elif mine.intersection(chain):
             children.append(p)
+        elif table.holds_gpu(p.pid) is False:  # the same number, another process: NVML means a host PID
+            hidden.append(p)
         else:
             others.append(p)
     note = ""

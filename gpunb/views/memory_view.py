@@ -62,7 +62,8 @@ def diagnosis_text(d: Any, top: int = 8) -> str:
         if facts:
             lines.append("  " + ", ".join(facts))
     for p in d.other_processes:
-        lines.append(f"  other process PID {p.pid} {p.name}: {size(p.used_bytes)}")
+        lines.append(f"  other process PID {p.pid} {p.name}{' = ' + p.holder if p.holder else ''}: "
+                     f"{size(p.used_bytes)}")
     lines.append("Why:")
     for c in d.causes:
         lines.append(f"  - [{c.code}] {c.summary}")
@@ -118,8 +119,8 @@ def diagnosis_html(d: Any, top: int = 8) -> str:
         if rows:
             parts.append(_table(["", "bytes"], rows))
     if d.other_processes:
-        parts.append(_table(["other process", "name", "memory"],
-                            [[str(p.pid), p.name, size(p.used_bytes)] for p in d.other_processes]))
+        parts.append(_table(["other process", "name", "whose", "memory"],
+                            [[str(p.pid), p.name, p.holder, size(p.used_bytes)] for p in d.other_processes]))
     parts.append("<b>Why</b><ul>" + "".join(f"<li><code>{escape(c.code)}</code> {escape(c.summary)}</li>"
                                             for c in d.causes) + "</ul>")
     if d.census is not None and d.census.entries:
