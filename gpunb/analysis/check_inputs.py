@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from gpunb.readings.allreduce import AllReduceRun
 from gpunb.readings.cuda_probe import ProbeResult
 from gpunb.readings.devices import DeviceMap, GpuOwnership
 from gpunb.readings.gpu import GpuInfo, GpuSnapshot
 from gpunb.readings.host import HostFacts
+from gpunb.readings.links import LinkMap
 from gpunb.readings.torch_build import KernelTorchState, TorchBuild
 from gpunb.readings.visible_devices import VisibleDevices
 
@@ -28,6 +30,9 @@ class CheckInputs:
     probe_devices: tuple[int, ...] = ()  # CUDA ordinals measured by the probe, matching ``selected``
     frameworks: dict = field(default_factory=dict)  # "jax"/"tensorflow" -> report
     quick: bool = False
+    deep: bool = False  # the slow multi-GPU measurements (the NCCL all-reduce)
+    links: LinkMap | None = None  # NVLink and PCIe between the GPUs (NVML)
+    allreduce: AllReduceRun | None = None  # None unless deep, with two or more GPUs and a CUDA torch
 
     @property
     def visible(self) -> VisibleDevices:

@@ -47,6 +47,7 @@ class CheckReport(DisplayMixin):
     quick: bool
     device: int | None = None
     in_progress: str | None = None  # set on partial reports shown while checks still run
+    deep: bool = False  # the slow multi-GPU measurements ran (``--deep``)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -77,6 +78,7 @@ class CheckReport(DisplayMixin):
             "summary": self.counts,
             "ok": self.ok,
             "quick": self.quick,
+            "deep": self.deep,
             "device": self.device,
             "duration_s": round(self.duration_s, 3),
             "checks": jsonable(self.checks),

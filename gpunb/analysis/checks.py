@@ -8,18 +8,22 @@ and the checks that need its measurements complete the report.
 from __future__ import annotations
 
 import os
+import queue
 import threading
 import time
 from typing import Callable, Mapping
 
-from gpunb.analysis import checks_gpu, checks_host, checks_torch
+from gpunb.analysis import checks_gpu, checks_host, checks_multi_gpu, checks_torch
 from gpunb.analysis.check_inputs import CheckInputs
 from gpunb.analysis.check_report import CheckReport, CheckResult
 from gpunb.readings import torch_state
+from gpunb.readings.allreduce import TIMEOUT_S as ALLREDUCE_TIMEOUT_S
+from gpunb.readings.allreduce import AllReduceLaunch
 from gpunb.readings.cuda_probe import run_probe
 from gpunb.readings.devices import attribute_processes, kernel_pids, map_devices, torch_device_uuids, torch_reserved_on
 from gpunb.readings.gpu import read_snapshot
 from gpunb.readings.host import read_host_facts
+from gpunb.readings.links import read_link_map
 from gpunb.readings.nvml import NvmlSession, default_session
 from gpunb.readings.torch_build import read_kernel_torch_state, read_torch_build
 
@@ -36,6 +40,8 @@ CHECKS: tuple[tuple[Callable[[CheckInputs], CheckResult], bool], ...] = (
     (checks_torch.check_matmul, True),
     (checks_torch.check_copy, True),
     (checks_torch.check_kernel_cuda_state, False),
+    (checks_multi_gpu.check_gpu_links, False),
+    (checks_multi_gpu.check_nccl, True),
     (checks_gpu.check_temperature, False),
     (checks_gpu.check_power, False),
     (checks_gpu.check_clock_events, False),
@@ -63,8 +69,16 @@ _STEP_WORDS = {
 ProgressFn = Callable[[CheckReport], None]
 
 
-class DeviceChoiceError(ValueError):
+class CheckOptionError(ValueError):
+    """Options that cannot go together."""
+
+
+class DeviceChoiceError(CheckOptionError):
     """``device=N`` names no GPU CUDA can see."""
+
+
+# gloo between CPU processes (the fake NVML's stand-in) moves ~1 GB/s: small sizes suffice.
+GLOO_SIZES_MIB = (1, 8)
 
 
 def _one(fn: Callable[[CheckInputs], CheckResult], inputs: CheckInputs) -> CheckResult:
@@ -76,34 +90,51 @@ def _one(fn: Callable[[CheckInputs], CheckResult], inputs: CheckInputs) -> Check
                            {"error": repr(exc)}, f"gpunb bug: {exc!r}", "Please report it with this output.")
 
 
+def _allreduce_backend(inputs: CheckInputs, nvml: NvmlSession) -> str | None:
+    """NCCL on real GPUs with a CUDA build of torch; gloo between CPU processes when the GPUs are
+    the recorded fake (tests, CI notebooks: the subprocess path runs for real, the figures are
+    not GPU figures and the report says so); None when it cannot run."""
+    if len(inputs.devices.devices) < 2 or len(inputs.gpus) < 2 or not inputs.torch.installed:
+        return None
+    if any(g.mig_enabled is True for g in inputs.gpus):
+        return None
+    if nvml.fake:
+        return "gloo"
+    return "nccl" if inputs.torch.cuda else None
+
+
 def check(
     quick: bool = False,
     device: int | None = None,
     *,
+    deep: bool = False,
     environ: Mapping[str, str] | None = None,
     nvml: NvmlSession | None = None,
     progress: ProgressFn | None = None,
     in_kernel: bool = False,
     probe_timeout_s: float = 180.0,
+    allreduce_timeout_s: float = ALLREDUCE_TIMEOUT_S,
 ) -> CheckReport:
     """Run the setup checklist and return a :class:`CheckReport`.
 
     quick: skip the subprocess measurements (CUDA smoke test, matmul and copy speed).
     device: check only ``cuda:N`` (numbered as CUDA sees GPUs under CUDA_VISIBLE_DEVICES).
+    deep: also the slow multi-GPU measurement: an NCCL all-reduce across every GPU, one
+        subprocess per GPU, with a hard timeout (``allreduce_timeout_s``).
     progress: called with the partial report whenever a step starts or finishes.
     in_kernel: whether to report this process's CUDA state as a notebook kernel's (the
         shells layer says so inside IPython); it is reported anyway once this process has
         imported torch.
     """
+    if quick and deep:
+        raise CheckOptionError("quick and deep exclude each other: --quick skips the measurements --deep adds to")
     t0 = time.monotonic()
     env = dict(os.environ if environ is None else environ)
-    snapshot = read_snapshot(nvml or default_session())
+    nvml = nvml or default_session()
+    snapshot = read_snapshot(nvml)
     torch = torch_state.imported_torch()
     devices = map_devices(snapshot.gpus, env, torch_device_uuids(torch))
     visible = devices.visible
-    me = kernel_pids()
-    ownership = tuple(attribute_processes(g.index, procs, me, torch_reserved_on(torch, devices, g.index))
-                      for g, procs in zip(snapshot.gpus, snapshot.processes))
     if device is not None:
         if not isinstance(device, int) or isinstance(device, bool):
             raise DeviceChoiceError(f"device must be an integer CUDA ordinal, not {device!r}")
@@ -116,46 +147,86 @@ def check(
         selected = (chosen,)
     else:
         selected = tuple(g.index for g in snapshot.gpus)
+    build = read_torch_build()
+
+    # The slow parts start first, and run while the rest is read: the CUDA probe (a subprocess
+    # importing torch, ~4 s of its time) and, for --deep, the all-reduce ranks (importing torch
+    # too, then waiting until the probe has left the GPUs).
+    probe_events: queue.Queue = queue.Queue()
+    probe_box: dict = {}
+    prober = None
+    if not quick and build.installed and visible.visible:
+        def probe() -> None:
+            probe_box["result"] = run_probe(environ=env, devices=[device] if device is not None else None,
+                                            timeout_s=probe_timeout_s,
+                                            on_step=lambda step, dev: probe_events.put((step, dev)))
+
+        prober = threading.Thread(target=probe, name="gpunb-check-probe", daemon=True)
+        prober.start()
+
     inputs = CheckInputs(
         environ=env,
         snapshot=snapshot,
         host=read_host_facts(),
-        torch=read_torch_build(),
+        torch=build,
         kernel_torch=read_kernel_torch_state(),
         in_kernel=in_kernel,
         devices=devices,
-        ownership=ownership,
         selected=selected,
         quick=quick,
+        deep=deep,
     )
+    launch = None
+    backend = _allreduce_backend(inputs, nvml) if deep else None
+    if backend is not None:
+        launch = AllReduceLaunch(len(devices.devices), backend=backend, environ=env, timeout_s=allreduce_timeout_s,
+                                 **({"sizes_mib": GLOO_SIZES_MIB} if backend == "gloo" else {})).start()
+    try:
+        me = kernel_pids()
+        inputs.ownership = tuple(attribute_processes(g.index, procs, me, torch_reserved_on(torch, devices, g.index))
+                                 for g, procs in zip(snapshot.gpus, snapshot.processes))
+        if len(snapshot.gpus) > 1:
+            inputs.links = read_link_map(nvml, snapshot.gpus)
 
-    # The fast checks do not depend on the probe: computed once, shown in every partial report.
-    fast = {fn: _one(fn, inputs) for fn, needs_probe in CHECKS if not needs_probe}
+        # The fast checks do not depend on the probe: computed once, shown in every partial report.
+        fast = {fn: _one(fn, inputs) for fn, needs_probe in CHECKS if not needs_probe}
 
-    def show(message: str) -> None:
-        if progress is not None:
-            progress(CheckReport(tuple(fast.values()), time.monotonic() - t0, quick, device, message))
+        def show(message: str) -> None:
+            if progress is not None:
+                progress(CheckReport(tuple(fast.values()), time.monotonic() - t0, quick, device, message, deep))
 
-    # JAX/TF answer from their own subprocesses while the CUDA probe runs (seconds each).
-    frameworks: dict = {}
-    asker = None
-    if checks_host.frameworks_installed():
-        asker = threading.Thread(target=lambda: frameworks.update(checks_host.probe_frameworks(quick)),
-                                 name="gpunb-check-frameworks", daemon=True)
-        asker.start()
-    if not quick and inputs.torch.installed and visible.visible:
-        show("starting the CUDA probe (a subprocess, so this kernel gets no CUDA context)")
-
-        def on_step(step: str, dev: int | None) -> None:
-            where = f" on cuda:{dev}" if dev is not None else ""
-            show(f"running: {_STEP_WORDS.get(step, step)}{where}")
-
-        inputs.probe = run_probe(environ=env, devices=[device] if device is not None else None,
-                                 timeout_s=probe_timeout_s, on_step=on_step)
-    if asker is not None:
-        if asker.is_alive() and not quick:
-            show("waiting for JAX/TensorFlow to list their devices (subprocess)")
-        asker.join()
-    inputs.frameworks = frameworks
+        # JAX/TF answer from their own subprocesses while the CUDA probe runs (seconds each).
+        frameworks: dict = {}
+        asker = None
+        if checks_host.frameworks_installed():
+            asker = threading.Thread(target=lambda: frameworks.update(checks_host.probe_frameworks(quick)),
+                                     name="gpunb-check-frameworks", daemon=True)
+            asker.start()
+        if prober is not None:
+            show("running the CUDA probe (a subprocess, so this kernel gets no CUDA context)")
+            # progress is shown from this thread: output from another thread may land in another cell
+            while prober.is_alive() or not probe_events.empty():
+                try:
+                    step, dev = probe_events.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+                where = f" on cuda:{dev}" if dev is not None else ""
+                show(f"running: {_STEP_WORDS.get(step, step)}{where}")
+            prober.join()
+            inputs.probe = probe_box.get("result")
+        if launch is not None:
+            show(f"running: an all-reduce across {launch.world_size} GPUs, one subprocess each "
+                 f"(stopped after {allreduce_timeout_s:.0f} s)")
+            launch.go()
+            inputs.allreduce = launch.wait()
+            launch = None
+        if asker is not None:
+            if asker.is_alive() and not quick:
+                show("waiting for JAX/TensorFlow to list their devices (subprocess)")
+            asker.join()
+        inputs.frameworks = frameworks
+    finally:
+        if launch is not None:  # an error above: the waiting ranks must not outlive the check
+            launch.cancel()
     results = tuple(fast[fn] if fn in fast else _one(fn, inputs) for fn, _ in CHECKS)
-    return CheckReport(results, time.monotonic() - t0, quick, device)
+    return CheckReport(results, time.monotonic() - t0, quick, device, deep=deep)

@@ -142,6 +142,11 @@ class NvmlSession:
     def lib(self) -> Any:
         return self._lib
 
+    @property
+    def fake(self) -> bool:
+        """True when the library is gpunb's recorded fake (tests, ``GPUNB_FAKE_NVML``), not a driver."""
+        return bool(getattr(self._lib, "FAKE", False))
+
     # -- queries ----------------------------------------------------------------
     def query(self, name: str, *args: Any) -> Any:
         """Call ``pynvml.<name>(*args)``; NVML errors come back as :class:`Unavailable`."""

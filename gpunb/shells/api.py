@@ -29,6 +29,7 @@ def check(
     quick: bool = False,
     device: int | None = None,
     *,
+    deep: bool = False,
     environ: Mapping[str, str] | None = None,
     nvml: NvmlSession | None = None,
     progress: Callable[[CheckReport], None] | None = None,
@@ -39,13 +40,15 @@ def check(
 
     quick: skip the subprocess measurements (CUDA smoke test, matmul and copy speed).
     device: check only ``cuda:N`` (numbered as CUDA sees GPUs under CUDA_VISIBLE_DEVICES).
+    deep: also an NCCL all-reduce across every GPU (one subprocess each, killed after 90 s),
+        its sum checked and its bus bandwidth compared with the links between the GPUs.
     progress: called with the partial report whenever a step starts or finishes.
     in_kernel: whether to report this process's CUDA state as a notebook kernel's (default:
         inside IPython); it is reported anyway once this process has imported torch.
     """
     from gpunb.analysis.checks import check as run_checks
 
-    return run_checks(quick, device, environ=environ, nvml=nvml, progress=progress,
+    return run_checks(quick, device, deep=deep, environ=environ, nvml=nvml, progress=progress,
                       in_kernel=current_shell() is not None if in_kernel is None else in_kernel,
                       probe_timeout_s=probe_timeout_s)
 

@@ -9,7 +9,7 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from gpunb.analysis.check_report import CheckReport
-from gpunb.analysis.checks import DeviceChoiceError, check
+from gpunb.analysis.checks import CheckOptionError, check
 from gpunb.shells.arguments import output_option, parse_args, usage_error, whole_number
 
 
@@ -18,6 +18,10 @@ class CheckMagics(Magics):
     @magic_arguments()
     @argument("--quick", action="store_true",
               help="Skip the subprocess measurements (CUDA smoke test, matmul and copy speed): well under a second.")
+    @argument("--deep", action="store_true",
+              help="Also the slow multi-GPU measurement: an NCCL all-reduce across every GPU, one subprocess "
+                   "each, its sum checked and its bus bandwidth compared with the links (about 10 s more; "
+                   "killed after 90 s if it hangs).")
     @argument("--device", type=whole_number(0), default=None, metavar="N",
               help="Check only cuda:N (numbered as CUDA sees GPUs under CUDA_VISIBLE_DEVICES).")
     @argument("--json", action="store_true", help="Print the report as JSON instead of the formatted checklist.")
@@ -29,8 +33,10 @@ class CheckMagics(Magics):
         Checks the NVIDIA driver and GPUs, other processes, the torch build against the driver
         and the GPU architecture, cuDNN/NCCL, CUDA_VISIBLE_DEVICES, a CUDA smoke test with
         matmul and copy speed (in a subprocess, so this kernel gets no CUDA context), this
-        kernel's CUDA state, temperature, power, throttling, ECC, persistence/MIG/compute
-        modes, TF32/bf16, host CPU/RAM, /dev/shm, disk, PYTORCH_CUDA_ALLOC_CONF, JAX/TF.
+        kernel's CUDA state, how the GPUs are joined (NVLink or PCIe, peer access),
+        temperature, power, throttling, ECC, persistence/MIG/compute modes, TF32/bf16, host
+        CPU/RAM, /dev/shm, disk, PYTORCH_CUDA_ALLOC_CONF, JAX/TF. ``--deep`` adds an NCCL
+        all-reduce across the GPUs (subprocesses, hard timeout).
 
         The same report: ``gpunb.check()`` in Python, ``gpunb check`` in a terminal.
 
@@ -38,16 +44,20 @@ class CheckMagics(Magics):
 
             %gpucheck
             %gpucheck --quick
+            %gpucheck --deep
             %gpucheck --device 1 -o report
             %gpucheck --json
         """
         args = parse_args(self.gpucheck, line)
+        if args.quick and args.deep:
+            raise usage_error(self.gpucheck, "--quick and --deep exclude each other (--quick skips the "
+                                             "measurements that --deep adds to)")
         show_progress = not args.json
         handle = _ProgressDisplay(self.shell) if show_progress else None
         try:
-            report = check(quick=args.quick, device=args.device, progress=handle.update if handle else None,
-                           in_kernel=True)
-        except DeviceChoiceError as exc:
+            report = check(quick=args.quick, device=args.device, deep=args.deep,
+                           progress=handle.update if handle else None, in_kernel=True)
+        except CheckOptionError as exc:
             if handle:
                 handle.clear()
             raise usage_error(self.gpucheck, str(exc)) from None

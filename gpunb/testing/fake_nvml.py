@@ -21,10 +21,22 @@ from typing import Any, Callable
 import pynvml as _real  # constants and error classes only; no NVML call is made
 
 TRACE_PATH = Path(__file__).with_name("h200_trace.json")
+# Two H200s on an NVSwitch board: NVLink per link, field values, P2P status and topology of
+# each pair, and the NCCL all-reduce figures, from benchmarks/results/h200x2_record.json.
+NVLINK_PAIR_PATH = Path(__file__).with_name("h200x2_nvlink.json")
 
 
 def load_trace() -> dict:
     return json.loads(TRACE_PATH.read_text())
+
+
+def load_nvlink_pair() -> dict:
+    return json.loads(NVLINK_PAIR_PATH.read_text())
+
+
+# nvmlDeviceGetP2PStatus's p2pIndex (nvml.h nvmlGpuP2PCapsIndex_t). pynvml's
+# NVML_P2P_CAPS_INDEX_READ is the tuple ``(0,)`` (a trailing comma), so the numbers are spelt out.
+P2P_INDEX_NAMES = {0: "read", 1: "write", 2: "nvlink", 3: "atomics", 4: "prop"}
 
 
 @dataclass
@@ -43,6 +55,11 @@ class FakeGpu:
     pid_map: dict[int, int | None] = field(default_factory=dict)
     processes_file: str | None = None  # JSON list of {"gpu", "pid", "used_gpu_memory"}, read per call
     drop_exited: bool = False  # like a real driver: an exited process holds no memory
+    # NVLink as recorded: per link {"link", "state", "version", "remote_bus_id",
+    # "remote_device_type", "cap_p2p"}; empty: a GPU without NVLink (NVML says NOT_SUPPORTED)
+    nvlinks: list[dict] = field(default_factory=list)
+    # nvmlDeviceGetFieldValues answers by field id (str): {"value", "type"} or {"nvml_return"}
+    fields: dict[str, dict] = field(default_factory=dict)
 
     def file_rows(self) -> list[dict]:
         """The rows of ``processes_file`` (tests that start real processes write their PIDs
@@ -85,6 +102,8 @@ def _running(pid: int) -> bool:
 class FakePynvml:
     """Drop-in for the ``pynvml`` module over :class:`FakeGpu` devices."""
 
+    FAKE = True  # what NvmlSession.fake reads: readings replayed, not a driver's
+
     def __init__(
         self,
         gpus: list[FakeGpu],
@@ -94,8 +113,11 @@ class FakePynvml:
         cuda_driver_version: int = 13000,
         clock: Callable[[], float] | None = None,
         process_names: dict[int, str] | None = None,
+        pairs: list[dict] | None = None,
     ) -> None:
         self.gpus = gpus
+        # GPU pairs as recorded: {"a", "b", "p2p": {"read": 0, ...}, "topology_common_ancestor"}
+        self.pairs = {(p["a"], p["b"]): p for p in pairs or ()}
         self.init_error = init_error
         self.driver_version = driver_version
         self.cuda_driver_version = cuda_driver_version
@@ -279,6 +301,61 @@ class FakePynvml:
         return [SimpleNamespace(pid=p["pid"], usedGpuMemory=p["used_gpu_memory"] if per_process else None)
                 for p in procs]
 
+    # -- links between GPUs -------------------------------------------------------------
+    def _link(self, h: Any, link: int, name: str) -> dict:
+        gpu = self._gpu(h, name)
+        if not gpu.nvlinks:
+            raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
+        if not 0 <= link < len(gpu.nvlinks):
+            raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
+        return gpu.nvlinks[link]
+
+    def nvmlDeviceGetNvLinkState(self, h: Any, link: int) -> int:
+        return self._link(h, link, "nvmlDeviceGetNvLinkState")["state"]
+
+    def nvmlDeviceGetNvLinkVersion(self, h: Any, link: int) -> int:
+        return self._link(h, link, "nvmlDeviceGetNvLinkVersion")["version"]
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, h: Any, link: int) -> Any:
+        return SimpleNamespace(busId=self._link(h, link, "nvmlDeviceGetNvLinkRemotePciInfo")["remote_bus_id"])
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, h: Any, link: int) -> int:
+        return self._link(h, link, "nvmlDeviceGetNvLinkRemoteDeviceType")["remote_device_type"]
+
+    def nvmlDeviceGetNvLinkCapability(self, h: Any, link: int, capability: int) -> int:
+        return self._link(h, link, "nvmlDeviceGetNvLinkCapability")["cap_p2p"]
+
+    def nvmlDeviceGetFieldValues(self, h: Any, field_ids: list) -> list[Any]:
+        """Like pynvml: one value per requested id (an int or a (field id, scope id) pair), each
+        with its own ``nvmlReturn``; the recorded value of a field is given for every scope."""
+        gpu = self._gpu(h, "nvmlDeviceGetFieldValues")
+        out = []
+        for requested in field_ids:
+            fid, scope = requested if isinstance(requested, tuple) else (requested, 0)
+            row = gpu.fields.get(str(fid), {"nvml_return": _real.NVML_ERROR_NOT_SUPPORTED})
+            vtype = row.get("type", 1)
+            raw = row.get("value", 0)
+            value = SimpleNamespace(dVal=float(raw), uiVal=int(raw), ulVal=int(raw), ullVal=int(raw),
+                                    sllVal=int(raw), siVal=int(raw), usVal=int(raw))
+            out.append(SimpleNamespace(fieldId=fid, scopeId=scope, nvmlReturn=row.get("nvml_return", 0),
+                                       valueType=vtype, value=value, timestamp=int(time.time() * 1e6)))
+        return out
+
+    def _pair(self, h1: Any, h2: Any, name: str) -> dict:
+        self._gpu(h1, name)
+        self._gpu(h2, name)
+        pair = self.pairs.get((h1.index, h2.index))
+        if pair is None:
+            raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
+        return pair
+
+    def nvmlDeviceGetP2PStatus(self, h1: Any, h2: Any, index: int) -> int:
+        pair = self._pair(h1, h2, "nvmlDeviceGetP2PStatus")
+        return pair["p2p"][P2P_INDEX_NAMES[index]]
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, h1: Any, h2: Any) -> int:
+        return self._pair(h1, h2, "nvmlDeviceGetTopologyCommonAncestor")["topology_common_ancestor"]
+
     def nvmlDeviceGetSamples(self, h: Any, sampling_type: int, last_seen_us: int) -> tuple[int, list[Any]]:
         """Utilization samples newer than ``last_seen_us`` (CPU wall clock in µs, like NVML),
         replayed from the recorded trace rows of the last 20 s of the fake clock."""
@@ -319,6 +396,14 @@ def scenario(name: str, clock: Callable[[], float] | None = None) -> FakePynvml:
     ``second-gpu-lost``  two GPUs, the second lost
     ``mig``              MIG enabled with two MIG devices
     ``busy``             another user's process holds 40 GiB
+    ``h200x2-nvlink``    the two H200s of the lent 2-GPU machine, joined through an NVSwitch
+                         (NV18): their recorded NVLink links, field values, P2P status and
+                         topology (``h200x2_nvlink.json``)
+    ``pcie-pair``        the same two H200s without NVLink: NVML answers NOT_SUPPORTED for every
+                         NVLink query, the pair's common ancestor is NODE (PCIe host bridges of
+                         one NUMA node) and peer-to-peer is refused for that topology
+                         (P2P status 3, IOH_TOPOLOGY_NOT_SUPPORTED). Built from the recording
+                         with NVML's documented codes, not recorded on such a machine.
 
     ``GPUNB_FAKE_NVML_PROCESSES=<file.json>`` replaces the recorded process list with the
     rows of that file, re-read on every call (``[{"gpu": 0, "pid": 123,
@@ -358,10 +443,25 @@ def _scenario(name: str, clock: Callable[[], float] | None) -> FakePynvml:
         ])
         gpu.facts["mig_mode"] = [1, 1]
         return FakePynvml([gpu], clock=clock)
+    if name in ("h200x2-nvlink", "pcie-pair"):
+        return _pair_scenario(name, trace, clock)
     if name == "busy":
         gpu = _h200(trace, extra_processes=[{"pid": 999_001, "used_gpu_memory": 40 * 2**30}])
         return FakePynvml([gpu], clock=clock, process_names={999_001: "python3"})
     raise ValueError(f"unknown fake NVML scenario {name!r}; see gpunb.testing.fake_nvml.scenario")
+
+
+def _pair_scenario(name: str, trace: dict, clock: Callable[[], float] | None) -> FakePynvml:
+    recorded = load_nvlink_pair()
+    gpus = [FakeGpu(facts={**trace["facts"], **g["facts"]}, samples=trace["samples"]) for g in recorded["gpus"]]
+    if name == "h200x2-nvlink":
+        for gpu, g in zip(gpus, recorded["gpus"]):
+            gpu.nvlinks = [dict(link) for link in g["nvlinks"]]
+            gpu.fields = {k: dict(v) for k, v in g["nvlink_fields"].items()}
+        return FakePynvml(gpus, clock=clock, pairs=recorded["pairs"])
+    refused = {"read": 3, "write": 3, "nvlink": 5, "atomics": 3, "prop": 5}
+    pairs = [{"a": a, "b": b, "p2p": dict(refused), "topology_common_ancestor": 40} for a, b in ((0, 1), (1, 0))]
+    return FakePynvml(gpus, clock=clock, pairs=pairs)
 
 
 def replay_probe(path: str | Path, on_step: Callable[[str, int | None], None] | None = None):
@@ -372,3 +472,15 @@ def replay_probe(path: str | Path, on_step: Callable[[str, int | None], None] | 
     for line in Path(path).read_text().splitlines():
         _handle(line, out, on_step)
     return out
+
+
+def replay_allreduce():
+    """The NCCL all-reduce the H200 pair ran (``h200x2_nvlink.json``) as an ``AllReduceRun``."""
+    from gpunb.readings.allreduce import AllReduceRun, AllReduceSize
+
+    recorded = load_nvlink_pair()["allreduce"]
+    run = AllReduceRun("nccl", recorded["world_size"], nccl_version=recorded["nccl"])
+    for r in recorded["results"]:
+        run.sizes.append(AllReduceSize(r["bytes"], r["ms"], r["algbw_gbs"], r["busbw_gbs"], 0 if r["sum_ok"] else 1))
+    run.last_step = {rank: "destroy_process_group" for rank in range(run.world_size)}
+    return run

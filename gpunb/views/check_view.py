@@ -23,6 +23,8 @@ def headline(report: CheckReport) -> str:
     line = f"gpunb check · {report.summary_line() or 'no checks yet'} · {seconds(report.duration_s)}"
     if report.quick:
         line += " · --quick"
+    if report.deep:
+        line += " · --deep"
     return line
 
 
@@ -86,7 +88,8 @@ def render_html(report: CheckReport) -> str:
     pills = " · ".join(f'<span style="color:{COLOR[s]};font-weight:600">{n} {s}</span>'
                        for s, n in counts.items() if n)
     head = (f'<div style="font-weight:600;margin-bottom:4px">gpunb check · {pills or "no checks yet"} · '
-            f'{escape(seconds(report.duration_s))}{" · --quick" if report.quick else ""}</div>')
+            f'{escape(seconds(report.duration_s))}{" · --quick" if report.quick else ""}'
+            f'{" · --deep" if report.deep else ""}</div>')
     progress = (f'<div style="color:#0969da;margin-bottom:4px">⏳ {escape(report.in_progress)}…</div>'
                 if report.in_progress else "")
     rows = "".join(render_check_html(c) for c in report.checks)
