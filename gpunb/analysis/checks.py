@@ -61,6 +61,7 @@ CHECKS: tuple[tuple[Callable[[CheckInputs], CheckResult], bool], ...] = (
 _STEP_WORDS = {
     "import torch": "importing torch in a subprocess",
     "cuda init": "starting CUDA in a subprocess",
+    "context": "creating the CUDA context",
     "smoke": "training-step smoke test",
     "matmul": "matrix-multiply throughput",
     "copy": "host-to-device copy bandwidth",

@@ -220,16 +220,33 @@ def _per_device(check_id: str, title: str, inputs: CheckInputs, step: str, judge
                        " ".join(dict.fromkeys(fixes)), tip=" ".join(dict.fromkeys(tips)))
 
 
+def _first_step_words(r: dict) -> str:
+    """The first step's cost and, where the probe timed its parts, what it went to."""
+    parts = [(label, r.get(key)) for label, key in (("forward", "first_forward_ms"), ("backward", "first_backward_ms"),
+                                                    ("AdamW", "first_optimizer_step_ms"))]
+    words = f"first step {num(r['first_step_ms'], 'ms')}"
+    if all(v is not None for _, v in parts):
+        words += " (" + ", ".join(f"{label} {num(v, 'ms')}" for label, v in parts) + \
+                 ": cuBLAS set-up and CUDA loading each kernel on first use)"
+    else:
+        words += " (kernel loading)"
+    return words
+
+
 def _judge_smoke(g, r, inputs):
     context = f"CUDA context {num(r['context_ms'], 'ms')}, " if "context_ms" in r else ""
-    part = (f"forward+backward+AdamW step ok: {context}first step {num(r['first_step_ms'], 'ms')} (kernel loading), "
-            f"then {num(r['step_ms_median'], 'ms', 2)}/step")
+    part = f"forward+backward+AdamW step ok: {context}{_first_step_words(r)}, then {num(r['step_ms_median'], 'ms', 2)}/step"
+    tip = ""
+    if r.get("optimizer_import_ms"):
+        tip = (f"torch.optim's first optimizer imports torch._dynamo: {num(r['optimizer_import_ms'] / 1000, 's', 1)} of "
+               "Python, once per process (the probe overlapped it with the GPU measurements); in a notebook the "
+               "first cell that creates an optimizer pays it.")
     if not r.get("params_on_gpu"):
-        return "fail", part, "Model parameters did not land on the GPU.", "Check `.to('cuda')` support.", ""
+        return "fail", part, "Model parameters did not land on the GPU.", "Check `.to('cuda')` support.", tip
     if not r.get("loss_finite"):
         return "fail", part, "The loss of a tiny model was not finite: arithmetic on this GPU is wrong.", \
-            "Tell the administrator (hardware fault or broken driver).", ""
-    return "ok", part, "", "", ""
+            "Tell the administrator (hardware fault or broken driver).", tip
+    return "ok", part, "", "", tip
 
 
 def check_smoke(inputs: CheckInputs) -> CheckResult:

@@ -15,8 +15,9 @@ Protocol: one JSON object per line on stdout, flushed as soon as it is known:
 from __future__ import annotations
 
 import json
-import statistics
+import os
 import sys
+import threading
 import time
 
 
@@ -74,27 +75,108 @@ def torch_facts(torch) -> dict:
     return facts
 
 
-def timed(torch, fn, iters: int, warmup: int = 2) -> list[float]:
-    """Per-iteration milliseconds from CUDA events, one sync at the end."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-    for start, end in events:
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    return [s.elapsed_time(e) for s, e in events]
+class OptimizerImport:
+    """``import torch._dynamo`` in a background thread, timed.
+
+    torch.optim's first optimizer imports it (``Optimizer.add_param_group`` is wrapped by
+    ``torch._disable_dynamo``, which imports ``torch._dynamo`` on its first call): 2.0-2.5 s of
+    Python on this project's CPU box, more than a third of what used to be reported as the
+    smoke test's "first step". It is no GPU cost, so it runs here while the GPU measurements
+    run, which wait on the GPU (releasing the GIL) most of the time; :func:`gpu_timed` keeps
+    the GIL it takes from distorting them."""
+
+    def __init__(self) -> None:
+        self.ms: float | None = None
+        self.error: str | None = None
+        self._thread = threading.Thread(target=self._run, name="probe-optimizer-import", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            import torch._dynamo  # noqa: F401
+        except Exception as exc:  # noqa: BLE001 (an old or trimmed torch: the smoke test pays it, or not)
+            self.error = f"{type(exc).__name__}: {exc}"
+        self.ms = (time.perf_counter() - t0) * 1e3
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def join(self) -> float:
+        """Wait for the import; the milliseconds waited."""
+        t0 = time.perf_counter()
+        self._thread.join()
+        return (time.perf_counter() - t0) * 1e3
 
 
-def smoke(torch, dev) -> dict:
-    """One small success: a model and a batch on the GPU, forward, backward, optimizer step."""
+class GpuClock:
+    """GPU-timed work that stays right while this process's host thread is slowed down.
+
+    A CUDA-event pair around work measures the GPU from the first event to the last; if the
+    host is late to queue the next launch (the import thread holding the GIL), the GPU idles
+    in between and the idle time counts. So the work is queued behind a spin kernel
+    (``torch.cuda._sleep``) that keeps the GPU busy meanwhile; an event after the spin says
+    whether it ended before everything was queued, and then the measurement is repeated with
+    a longer spin."""
+
+    def __init__(self, torch, dev) -> None:
+        self.torch = torch
+        self.sleep = getattr(torch.cuda, "_sleep", None)
+        self.cycles_per_ms = None
+        if self.sleep is not None:  # how many spin cycles make a millisecond on this GPU
+            with torch.cuda.device(dev):
+                for lead in (50_000_000, 400_000_000):  # a lead spin (~20 ms at 2.5 GHz) covers the queueing
+                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    guard = torch.cuda.Event()
+                    self.sleep(lead)
+                    guard.record()
+                    a.record()
+                    self.sleep(1_000_000)
+                    b.record()
+                    starved = guard.query()
+                    b.synchronize()
+                    if not starved:
+                        break
+                self.cycles_per_ms = 1_000_000 / max(a.elapsed_time(b), 1e-3)
+
+    def time(self, fn, iters: int, warmup: int = 1, busy: bool = False) -> float:
+        """Milliseconds per call of ``fn``, ``iters`` calls back to back. ``busy``: another
+        thread of this process competes for the GIL (a longer spin from the start)."""
+        torch = self.torch
+        for _ in range(warmup):
+            fn()
+        torch.cuda.synchronize()
+        spin_ms = (10.0 + (6.0 * iters if busy else 0.0)) if self.cycles_per_ms else 0.0
+        for _ in range(4):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            guard = torch.cuda.Event()
+            if spin_ms:
+                self.sleep(int(spin_ms * self.cycles_per_ms))
+            guard.record()
+            start.record()
+            for _ in range(iters):
+                fn()
+            end.record()
+            starved = bool(spin_ms) and guard.query()  # the spin ended before all was queued
+            end.synchronize()
+            ms = start.elapsed_time(end) / iters
+            if not starved:
+                break
+            spin_ms *= 4
+        return ms
+
+
+def smoke(torch, dev, clock: GpuClock, optimizer_import: OptimizerImport | None) -> dict:
+    """One small success: a model and a batch on the GPU, forward, backward, optimizer step.
+    The first step is timed part by part, each part synchronized: what it costs is cuBLAS
+    setting up and CUDA loading each kernel on its first use (CUDA_MODULE_LOADING=LAZY, torch's
+    default), not the training itself."""
+    out: dict = {"module_loading": os.environ.get("CUDA_MODULE_LOADING", "LAZY (torch's default)")}
+    if optimizer_import is not None:
+        out["optimizer_import_wait_ms"] = optimizer_import.join()
+        out["optimizer_import_ms"] = optimizer_import.ms
     torch.manual_seed(0)
-    t0 = time.perf_counter()
-    torch.empty(1, device=dev)  # creates the CUDA context on this device
-    torch.cuda.synchronize(dev)
-    context_ms = (time.perf_counter() - t0) * 1e3
     t0 = time.perf_counter()
     model = torch.nn.Sequential(
         torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)
@@ -102,6 +184,20 @@ def smoke(torch, dev) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randn(256, 1024, device=dev)
     y = torch.randn(256, 1024, device=dev)
+    torch.cuda.synchronize(dev)
+    out["model_build_ms"] = (time.perf_counter() - t0) * 1e3
+
+    def phase(name: str, fn):
+        t = time.perf_counter()
+        value = fn()
+        torch.cuda.synchronize(dev)
+        out[name] = (time.perf_counter() - t) * 1e3
+        return value
+
+    first = phase("first_forward_ms", lambda: torch.nn.functional.mse_loss(model(x), y))
+    phase("first_backward_ms", first.backward)
+    phase("first_optimizer_step_ms", opt.step)
+    out["first_step_ms"] = out["first_forward_ms"] + out["first_backward_ms"] + out["first_optimizer_step_ms"]
 
     def step():
         opt.zero_grad(set_to_none=True)
@@ -110,36 +206,29 @@ def smoke(torch, dev) -> dict:
         opt.step()
         return loss
 
-    first = step()
-    torch.cuda.synchronize()
-    first_ms = (time.perf_counter() - t0) * 1e3
-    steps = timed(torch, step, iters=20)
+    out["step_ms_median"] = clock.time(step, iters=10, warmup=2)  # the mean of 10 back-to-back steps
     loss = float(step())
-    return {
-        "context_ms": context_ms,
-        "first_step_ms": first_ms,
-        "step_ms_median": statistics.median(steps),
-        "loss_finite": loss == loss and abs(loss) != float("inf"),
-        "params_on_gpu": all(p.is_cuda for p in model.parameters()),
-        "first_loss": float(first),
-    }
+    out.update(loss_finite=loss == loss and abs(loss) != float("inf"),
+               params_on_gpu=all(p.is_cuda for p in model.parameters()), first_loss=float(first))
+    return out
 
 
-def matmul(torch, dev, n: int = 8192) -> dict:
-    """Dense matmul throughput in TFLOP/s: bf16, fp32 with TF32 tensor cores, strict fp32."""
+def matmul(torch, dev, clock: GpuClock, busy: bool, n: int = 8192) -> dict:
+    """Dense matmul throughput in TFLOP/s: bf16, fp32 with TF32 tensor cores, strict fp32.
+    Few calls are enough: 8192-wide matmuls vary by well under 1 % once warm."""
     out = {"n": n}
     flop = 2 * n**3
     old_tf32 = torch.backends.cuda.matmul.allow_tf32
     try:
-        for label, dtype, tf32, iters in (("bf16", torch.bfloat16, False, 30), ("tf32", torch.float32, True, 15),
-                                           ("fp32", torch.float32, False, 6)):
+        for label, dtype, tf32, iters in (("bf16", torch.bfloat16, False, 10), ("tf32", torch.float32, True, 6),
+                                           ("fp32", torch.float32, False, 3)):
             if label == "bf16" and not torch.cuda.is_bf16_supported():
                 out[label + "_tflops"] = None
                 continue
             torch.backends.cuda.matmul.allow_tf32 = tf32
             a = torch.randn(n, n, device=dev, dtype=dtype)
             b = torch.randn(n, n, device=dev, dtype=dtype)
-            ms = statistics.median(timed(torch, lambda: a @ b, iters=iters))
+            ms = clock.time(lambda: a @ b, iters=iters, busy=busy)
             out[label + "_tflops"] = flop / (ms * 1e-3) / 1e12
             a = b = None  # free before the next dtype's pair
     finally:
@@ -148,15 +237,24 @@ def matmul(torch, dev, n: int = 8192) -> dict:
     return out
 
 
-def copy_bandwidth(torch, dev, mib: int = 256) -> dict:
-    """Host-to-device copy GB/s from pinned and from pageable host memory."""
-    out = {"bytes": mib * 2**20}
-    dst = torch.empty(mib * 2**20, dtype=torch.uint8, device=dev)
-    for label, pinned in (("pinned", True), ("pageable", False)):
-        src = torch.empty(mib * 2**20, dtype=torch.uint8, pin_memory=pinned)
-        src.fill_(1)
-        ms = statistics.median(timed(torch, lambda: dst.copy_(src, non_blocking=pinned), iters=8))
-        out[label + "_gbps"] = (mib * 2**20) / (ms * 1e-3) / 1e9
+def copy_bandwidth(torch, dev, clock: GpuClock, busy: bool, mib: int = 64) -> dict:
+    """Host-to-device copy GB/s from pinned and from pageable host memory (64 MiB copies run
+    at the link's full rate already). Pinned copies are timed on the GPU; pageable ones are
+    staged by the host thread, so the host clock times them."""
+    n_bytes = mib * 2**20
+    out = {"bytes": n_bytes}
+    dst = torch.empty(n_bytes, dtype=torch.uint8, device=dev)
+    pinned = torch.empty(n_bytes, dtype=torch.uint8, pin_memory=True).fill_(1)
+    ms = clock.time(lambda: dst.copy_(pinned, non_blocking=True), iters=8, busy=busy)
+    out["pinned_gbps"] = n_bytes / (ms * 1e-3) / 1e9
+    pageable = torch.empty(n_bytes, dtype=torch.uint8).fill_(1)
+    dst.copy_(pageable)
+    torch.cuda.synchronize(dev)
+    t = time.perf_counter()
+    for _ in range(4):
+        dst.copy_(pageable)
+    torch.cuda.synchronize(dev)
+    out["pageable_gbps"] = 4 * n_bytes / (time.perf_counter() - t) / 1e9
     return out
 
 
@@ -172,6 +270,9 @@ def main(argv: list[str]) -> int:
         emit(event="error", step="import torch", device=None, error=f"{type(exc).__name__}: {exc}")
         emit(event="done")
         return 0
+    optimizer_import = None
+    if "torch._dynamo" not in sys.modules and hasattr(torch, "_disable_dynamo"):
+        optimizer_import = OptimizerImport()
     emit(event="step", step="cuda init", device=None)
     facts = torch_facts(torch)
     emit(event="facts", **facts)
@@ -181,15 +282,36 @@ def main(argv: list[str]) -> int:
     targets = devices if devices is not None else [d["index"] for d in facts["devices"]]
     for i in targets:
         dev = torch.device("cuda", i)
-        for name, fn in (("smoke", smoke), ("matmul", matmul), ("copy", copy_bandwidth)):
+        emit(event="step", step="context", device=i)
+        try:
+            t0 = time.perf_counter()
+            torch.cuda.set_device(dev)
+            torch.empty(1, device=dev)  # creates the CUDA context on this device
+            torch.cuda.synchronize(dev)
+            context_ms = (time.perf_counter() - t0) * 1e3
+            clock = GpuClock(torch, dev)
+        except Exception as exc:  # a GPU that cannot even start: say so for each measurement
+            for name in ("smoke", "matmul", "copy"):
+                emit(event="error", step=name, device=i, error=f"{type(exc).__name__}: {exc}"[:2000])
+            continue
+        # The GPU measurements first, while the optimizer import runs beside them; then the smoke
+        # test, whose optimizer needs that import.
+        for name, fn in (("matmul", lambda: matmul(torch, dev, clock, busy=_busy(optimizer_import))),
+                         ("copy", lambda: copy_bandwidth(torch, dev, clock, busy=_busy(optimizer_import))),
+                         ("smoke", lambda: {"context_ms": context_ms, **smoke(torch, dev, clock, optimizer_import)})):
             emit(event="step", step=name, device=i)
             try:
-                emit(event="result", step=name, device=i, **fn(torch, dev))
+                emit(event="result", step=name, device=i, **fn())
             except Exception as exc:  # report and go on: one failure must not hide the rest
                 emit(event="error", step=name, device=i, error=f"{type(exc).__name__}: {exc}"[:2000])
                 torch.cuda.empty_cache()
+        optimizer_import = None  # paid once per process: later GPUs' smoke tests do not wait for it
     emit(event="done")
     return 0
+
+
+def _busy(optimizer_import: OptimizerImport | None) -> bool:
+    return optimizer_import is not None and optimizer_import.running
 
 
 if __name__ == "__main__":
