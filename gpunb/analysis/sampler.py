@@ -21,6 +21,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+from gpunb.analysis.imbalance import WINDOW_S as IMBALANCE_WINDOW_S
+from gpunb.analysis.imbalance import Imbalance, find_imbalance
 from gpunb.readings.devices import kernel_pids, read_ownership
 from gpunb.readings.gpu import GpuInfo, read_info, read_sample
 from gpunb.readings.host import read_host_sample
@@ -547,6 +549,12 @@ class Sampler:
     def gpu_series(self, devices: Iterable[int] | None = None) -> tuple[GpuSeries, ...]:
         """The shown GPUs' facts (name, total memory, power limit, lost) without readings."""
         return self._gpu_series({}, devices)
+
+    def imbalance(self, devices: Iterable[int] | None = None, seconds: float = IMBALANCE_WINDOW_S) -> list[Imbalance]:
+        """Unbalanced GPUs over the last ``seconds`` (analysis/imbalance.py): one idle while the
+        others work, or one holding far more memory. Empty when balanced or too soon to say."""
+        rows = self._rows(seconds)
+        return find_imbalance(rows["t_s"], self._gpu_series(rows, devices), seconds)
 
     def window(self, seconds: float, devices: Iterable[int] | None = None) -> Window:
         """The last ``seconds`` of readings of the shown GPUs and the host."""

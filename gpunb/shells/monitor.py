@@ -22,6 +22,7 @@ from gpunb.display import DisplayMixin, Render
 from gpunb.shells.extension import kernel_state
 from gpunb.shells.kernel_state import KernelState
 from gpunb.shells.session import current_shell
+from gpunb.views.imbalance_view import imbalance_html, imbalance_text
 from gpunb.views.sparkline import SparkPanel, caption, monitor_html, monitor_text, panel_notes
 
 # Refresh the saved-notebook fallback of a live widget at most this often (each refresh
@@ -192,14 +193,20 @@ class Monitor(DisplayMixin):
                     out[g.index] = lines
         return out
 
+    def imbalance(self) -> list:
+        """Findings of unbalanced GPUs over the last 30 s (one idle while others work, one
+        holding far more memory); empty when balanced, with one GPU, or too soon to say."""
+        return self.sampler.imbalance(self.devices)
+
     def text(self) -> str:
-        return monitor_text(self.window(), self.holders())
+        return "\n".join([*imbalance_text(self.imbalance()), monitor_text(self.window(), self.holders())])
 
     def _state(self) -> str:
         return "stopped" if self._stopped else ("paused" if self._paused else "live")
 
     def html(self) -> str:
-        return monitor_html(self.window(), state=self._state(), messages=self.messages, holders=self.holders())
+        return imbalance_html(self.imbalance()) + monitor_html(self.window(), state=self._state(), messages=self.messages,
+                                                               holders=self.holders())
 
     def to_dict(self) -> dict[str, Any]:
         w = self.window()
@@ -224,6 +231,7 @@ class Monitor(DisplayMixin):
                 for g in w.gpus
             ],
             "host": {k: latest(v) for k, v in w.host.items()},
+            "imbalance": [{"kind": f.kind, "gpus": list(f.gpus), "text": f.text} for f in self.imbalance()],
             "notes": list(w.notes) + list(self.messages),
         }
 
@@ -317,7 +325,7 @@ class Monitor(DisplayMixin):
             panel.next_index = max(0, sampler.ticks - int(self.window_s * sampler.hz) - 2 * panel.k)
         first, rows = sampler.rows_since(panel.next_index)
         panel.feed(first, rows)
-        return panel.html(
+        return imbalance_html(self.imbalance()) + panel.html(
             sampler.gpu_series(self.devices),
             nvml=sampler.status,
             gpu_count=len(sampler.gpus),
