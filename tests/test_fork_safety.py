@@ -121,6 +121,7 @@ def test_no_gpunb_path_in_the_kernel_touches_cuda(spies, two_h200s, capsys):
         ip.run_line_magic("load_ext", "gpunb")
         ip.run_line_magic("gpucheck", "--quick")
         ip.run_line_magic("gpucheck", "")
+        ip.run_line_magic("gpucheck", "--deep")  # the all-reduce ranks are subprocesses (gloo here)
         ip.run_line_magic("gpumonitor", "--hz 10")
         ip.run_cell("import time; time.sleep(0.35)")  # the sampler thread ticks while a cell runs
         ip.run_cell_magic("gpuprofile", "", (
@@ -149,7 +150,8 @@ def test_no_gpunb_path_in_the_kernel_touches_cuda(spies, two_h200s, capsys):
         ip.run_line_magic("unload_ext", "gpunb")
     out = capsys.readouterr().out
     # every feature ran and said something (a test that ran nothing would pass trivially)
-    for seen in ("gpunb check", "cuDNN 9.19.0", "GPU1 NVIDIA H200: util", "8 optimizer steps", "one line after",
+    for seen in ("gpunb check", "cuDNN 9.19.0", "--deep", "2 ranks over gloo", "GPU1 NVIDIA H200: util",
+                 "8 optimizer steps", "one line after",
                  "gpunb memory", "gpunb OOM doctor", "released", "stopped 1 monitor"):
         assert seen.lower() in out.lower(), (seen, out[-3000:])
     assert ip.user_ns["_gpunb_test"]["d"].primary_cause

@@ -18,7 +18,10 @@ import statistics
 import time
 from typing import Any
 
+from gpunb.analysis.advice import ranked
 from gpunb.analysis.instruments import TIMELINE_EVERY_S, Instruments
+from gpunb.analysis.rank_channel import RankChannel
+from gpunb.analysis.ranks import TrafficMeter, build_ranks, judge_ranks
 from gpunb.analysis.profile_records import CellProfile, GpuPart, StepStats, TimeShares
 from gpunb.analysis.step_events import per_step_ms
 from gpunb.analysis.verdict import judge
@@ -40,7 +43,8 @@ class ProfileSession:
     """Measures everything between :meth:`start` and :meth:`stop` in this process."""
 
     def __init__(self, *, label: str = "", cell: int | None = None, warmup_steps: int = 1,
-                 reset_peak: bool = True, timeline: bool = True, nvml: NvmlSession | None = None) -> None:
+                 reset_peak: bool = True, timeline: bool = True, nvml: NvmlSession | None = None,
+                 ranks: bool = True) -> None:
         if not isinstance(warmup_steps, int) or isinstance(warmup_steps, bool) or warmup_steps < 0:
             raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
         self.label = label
@@ -49,6 +53,9 @@ class ProfileSession:
         self.reset_peak = reset_peak
         self.timeline = timeline
         self.nvml = nvml
+        self.ranks = ranks  # also profile the worker processes the cell starts (rank_channel.py)
+        self.channel: RankChannel | None = None
+        self.traffic: TrafficMeter | None = None
         self.instruments: Instruments | None = None
         self.result: CellProfile | None = None
 
@@ -73,6 +80,9 @@ class ProfileSession:
         self.usage0 = read_process_usage()
         self.t0 = self.usage0.t_s
         self.instruments.install(cuda)
+        if self.ranks:
+            self.traffic = TrafficMeter(self.nvml or default_session())
+            self.channel = RankChannel().open(self.instruments)
         return self
 
     def stop(self, error: BaseException | None = None) -> CellProfile:
@@ -81,6 +91,8 @@ class ProfileSession:
         assert ins is not None, "stop() before start()"
         t_end = time.perf_counter()
         ins.remove()
+        records = self.channel.close() if self.channel is not None else []
+        self.channel = None
         torch = self.torch
         cuda = torch_state.cuda_initialized(torch)
         synced = gpu_time = None
@@ -136,8 +148,23 @@ class ProfileSession:
             error=f"{type(error).__name__}: {error}" if error is not None else "",
         )
         verdict, advice = judge(profile)
-        self.result = dataclasses.replace(profile, verdict=verdict, advice=tuple(advice))
+        part = build_ranks(records, warmup_steps=self.warmup_steps, nvml=nvml,
+                           traffic=self.traffic.moved() if self.traffic is not None else None) if records else None
+        if part is not None:
+            rank_verdict, rank_advice = judge_ranks(part)
+            if verdict.kind == "none":  # the training ran in the workers, not in the kernel
+                verdict = rank_verdict
+            advice = ranked(list(advice) + rank_advice)
+        self.result = dataclasses.replace(profile, verdict=verdict, advice=tuple(advice), ranks=part)
         return self.result
+
+    def abort(self) -> None:
+        """Take every hook out without a report (the cell could not be profiled)."""
+        if self.instruments is not None:
+            self.instruments.remove()
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
 
     def _device_used_probe(self, torch: Any) -> Any:
         nvml = self.nvml or default_session()

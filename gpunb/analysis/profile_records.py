@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpunb.analysis.advice import Advice
+from gpunb.analysis.rank_records import RanksPart
 from gpunb.display import DisplayMixin, Render
 
 
@@ -69,7 +70,7 @@ class TimeShares:
 
 @dataclass(frozen=True)
 class Verdict:
-    kind: str  # input-bound | sync-bound | compute-bound | memory-bound | on-cpu | output-bound | host-bound | none
+    kind: str  # input-bound | sync-bound | compute-bound | memory-bound | on-cpu | output-bound | host-bound | multi-gpu | none
     headline: str
     reason: str
 
@@ -106,6 +107,7 @@ class CellProfile(DisplayMixin):
     verdict: Verdict = Verdict("none", "", "")
     advice: tuple[Advice, ...] = ()
     extra: dict = field(default_factory=dict)
+    ranks: RanksPart | None = None  # the worker processes of a multi-GPU cell (analysis/ranks.py)
 
     def _repr_views_(self) -> dict[str, Render]:
         from gpunb.views.profile_view import profile_html, profile_text

@@ -66,17 +66,18 @@ class profile(DisplayMixin):  # noqa: N801  (used like a function: `with gpunb.p
     untouched), ``timeline`` (memory points at most every 200 ms at step ends), ``label``,
     ``show`` (display the report when the block ends; default: when running in
     IPython/Jupyter), ``record`` (add it to ``%gpuprofile history``; without the extension
-    loaded, to the history ``%load_ext gpunb`` takes over).
+    loaded, to the history ``%load_ext gpunb`` takes over), ``ranks`` (profile the worker
+    processes the block starts: torchrun, torch.multiprocessing, notebook_launcher).
     """
 
     def __init__(self, label: str = "", *, warmup_steps: int = 1, reset_peak: bool = True,
-                 timeline: bool = True, show: bool | None = None, record: bool = True) -> None:
+                 timeline: bool = True, show: bool | None = None, record: bool = True, ranks: bool = True) -> None:
         from gpunb.analysis.profile import ProfileSession
 
         if not isinstance(label, str):
             raise TypeError(f"label must be a string, got {type(label).__name__}")
         self._session = ProfileSession(label=label, warmup_steps=warmup_steps, reset_peak=reset_peak,
-                                       timeline=timeline)
+                                       timeline=timeline, ranks=ranks)
         self.show = show
         self.record = record
         self.result: CellProfile | None = None

@@ -25,7 +25,7 @@ from gpunb.analysis.profile_records import HistoryReport
 from gpunb.views.profile_view import one_line_text
 
 # Options of the cell form that the line form's actions do not take, and those they do.
-_CELL_OPTIONS = ("steps", "no_reset", "timeline", "label", "output")
+_CELL_OPTIONS = ("steps", "no_reset", "timeline", "label", "no_ranks", "output")
 _LINE_OPTIONS = {"on": ("no_reset",), "off": (), "history": ("clear", "output")}
 
 
@@ -71,6 +71,10 @@ class ProfileMagics(Magics):
               help="draw the memory timeline (default)")
     @argument("--no-timeline", dest="timeline", action="store_const", const=False,
               help="no memory timeline (no memory reads at step ends)")
+    @argument("--no-ranks", action="store_true",
+              help="do not profile the worker processes the cell starts (by default torchrun, "
+                   "torch.multiprocessing and accelerate.notebook_launcher ranks report their step times and "
+                   "memory: the cell's processes inherit GPUNB_RANK_CHANNEL and a PYTHONPATH entry)")
     @argument("--label", type=free_text, default=None, metavar="TEXT",
               help="a name for this run in the history table (default: the cell's first line of code)")
     @argument("--clear", action="store_true", help="with `history`: forget the profiled cells")
@@ -81,7 +85,7 @@ class ProfileMagics(Magics):
 
         ::
 
-          %%gpuprofile [--steps N] [--no-reset] [--timeline | --no-timeline] [--label TEXT] [-o NAME]
+          %%gpuprofile [--steps N] [--no-reset] [--timeline | --no-timeline] [--no-ranks] [--label TEXT] [-o NAME]
           <training code>
 
           %gpuprofile on [--no-reset]   one line after every cell
@@ -90,9 +94,11 @@ class ProfileMagics(Magics):
 
         Steps are optimizer.step() calls, timed with CUDA events read at the end of the cell
         (no per-step synchronize). Data wait is time inside DataLoader iterators; host syncs
-        are .item()/.cpu()/.tolist()/printing of tensors. Without a GPU it reports wall/CPU
-        time, peak RSS and steps and says the GPU parts are absent. A bad option fails the
-        cell before its code runs.
+        are .item()/.cpu()/.tolist()/printing of tensors. Worker processes the cell starts
+        (torchrun, torch.multiprocessing, accelerate.notebook_launcher) report per rank: step
+        times, peak VRAM, data wait, DDP's all-reduce time; the slowest rank is named. Without
+        a GPU it reports wall/CPU time, peak RSS and steps and says the GPU parts are absent. A
+        bad option fails the cell before its code runs.
         API twin: ``with gpunb.profile() as p: ...``.
         """
         args = parse_args(self.gpuprofile, line)
@@ -152,21 +158,20 @@ class ProfileMagics(Magics):
         label = args.label or _first_code_line(cell)
         session = ProfileSession(label=label, cell=number,
                                  warmup_steps=args.steps if args.steps is not None else 1,
-                                 reset_peak=not args.no_reset, timeline=args.timeline is not False)
+                                 reset_peak=not args.no_reset, timeline=args.timeline is not False,
+                                 ranks=not args.no_ranks)
         try:
             session.start()
         except Exception as exc:  # never keep the user's cell from running
             print(f"gpunb: could not start profiling ({type(exc).__name__}: {exc}); running the cell unprofiled.")
-            if session.instruments is not None:
-                session.instruments.remove()
+            session.abort()
             value, error = self._run(code, last_expr)
             return self._finish(value, error, cell)
         value, error = self._run(code, last_expr)
         try:
             profile = session.stop(error)
         except Exception as exc:  # a gpunb bug must not cost the user their cell's result
-            if session.instruments is not None:
-                session.instruments.remove()
+            session.abort()
             print(f"gpunb: the profile could not be built ({type(exc).__name__}: {exc}); "
                   "the cell itself ran normally. Please report this at the gpunb issue tracker.")
             profile = None

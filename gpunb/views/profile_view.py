@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from gpunb.analysis.profile_history import compare
 from gpunb.readings.devices import OWN_BY_RESERVE
+from gpunb.views.ranks_view import ranks_html, ranks_text
 from gpunb.units import gib, milliseconds, seconds
 
 if TYPE_CHECKING:  # the records import this module lazily to display themselves
@@ -46,6 +47,8 @@ def _rows(p: CellProfile) -> list[tuple[str, str]]:
         if st.samples_per_s:
             s += f" · {st.samples_per_s:,.0f} samples/s (batch {st.batch_size})"
         s += f" · timed by {st.source}"
+    elif p.ranks is not None:
+        s = "none in this process: the worker processes below trained"
     else:
         s = "no optimizer.step() seen (steps are detected with a global optimizer hook, torch >= 2.0)"
     rows.append(("steps", s))
@@ -107,6 +110,8 @@ def _title(p: CellProfile) -> str:
 def profile_text(p: CellProfile) -> str:
     lines = [_title(p)]
     lines += [f"  {h:<11} {t}" for h, t in _rows(p)]
+    if p.ranks is not None:  # worker processes of a multi-GPU cell (views/ranks_view.py)
+        lines += ranks_text(p.ranks)
     v = p.verdict
     lines.append(f"  {'verdict':<11} {v.kind.upper()}: {v.headline} — {v.reason}" if v.kind != "none"
                  else f"  {'verdict':<11} {v.headline} ({v.reason})")
@@ -153,6 +158,7 @@ def profile_html(p: CellProfile) -> str:
     v = p.verdict
     out = [f"<div class='gpunb-profile'><b>{e(_title(p))}</b>",
            f"<table>{rows}</table>",
+           ranks_html(p.ranks) if p.ranks is not None else "",
            (f"<p><b>verdict: {e(v.kind)}</b> — {e(v.headline)}: {e(v.reason)}</p>" if v.kind != "none"
             else f"<p>{e(v.headline)} ({e(v.reason)})</p>")]
     if p.advice:

@@ -1,0 +1,288 @@
+"""%%gpuprofile on a multi-GPU cell: the worker processes report per rank (CPU, gloo).
+
+Real launches, as a notebook makes them: ``torch.multiprocessing`` with fork and torchrun
+(fresh interpreters) training DDP over gloo, ``accelerate.notebook_launcher`` (fork). On a GPU
+the same paths time steps with CUDA events and read NVML (tests/gpu/test_multi_gpu.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from gpunb.analysis.rank_channel import BOOT_DIR, RankChannel  # noqa: E402
+from gpunb.analysis.rank_records import RanksPart  # noqa: E402
+from gpunb.analysis.ranks import build_ranks, judge_ranks, rank_stats  # noqa: E402
+from gpunb.readings.nvml import NvmlSession  # noqa: E402
+from gpunb.testing import scenario  # noqa: E402
+from gpunb.views.ranks_view import ranks_html, ranks_text  # noqa: E402
+
+DDP_FORK = '''
+import os, time, tempfile, torch, torch.distributed as dist, torch.multiprocessing as mp
+
+def work(rank, world, path, steps, slow_rank, workers):
+    dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(steps * 32, 64)),
+                                       batch_size=32, num_workers=workers)
+    for (x,) in data:
+        loss = model(x).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        if rank == slow_rank:
+            time.sleep(0.03)  # this rank does more per step: the other waits for it at the all-reduce
+    dist.destroy_process_group()
+'''
+
+
+@pytest.fixture
+def shell():
+    from IPython.core.interactiveshell import InteractiveShell
+
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "gpunb")
+    yield ip
+    ip.run_line_magic("unload_ext", "gpunb")
+    for name in ("p", "work", "r"):
+        ip.user_ns.pop(name, None)
+
+
+def test_forked_ddp_ranks_report_their_steps_and_the_slowest_is_named(shell, tmp_path):
+    before = dict(os.environ)
+    shell.run_cell(DDP_FORK)
+    shell.run_cell_magic("gpuprofile", "-o p", (
+        f"mp.start_processes(work, args=(2, {str(tmp_path / 'rdv')!r}, 30, 1, 1), nprocs=2, start_method='fork')\n"
+        "import os; seen_channel = os.environ.get('GPUNB_RANK_CHANNEL')\n"))
+    p = shell.user_ns["p"]
+    assert p.steps.count == 0  # the kernel itself trained nothing: its hooks left the children
+    ranks = p.ranks
+    assert isinstance(ranks, RanksPart)
+    assert [r.rank for r in ranks.ranks] == [0, 1]  # one record each, the DataLoader workers wrote none
+    assert all(r.steps == 30 and r.finished and r.launcher == "fork" and r.backend == "gloo" for r in ranks.ranks)
+    assert all(r.ddp is not None and r.ddp.backward_comm_ms is not None for r in ranks.ranks)
+    assert ranks.world_size == 2
+    assert ranks.slowest_by == "all-reduce wait" and ranks.ranks[ranks.slowest].rank == 1
+    assert not ranks.balanced and ranks.wait_ms > 5  # 30 ms of extra work a step, minus timing noise
+    assert p.verdict.kind == "multi-gpu" and "the slowest: rank 1" in p.verdict.headline
+    assert any(a.title == "Find out why rank 1 is slower" for a in p.advice)
+    text = str(p)
+    assert "2 ranks reported" in text and "1 (slowest)" in text and "none in this process" in text
+    # the channel is gone and the environment is as before the cell
+    channel = shell.user_ns["seen_channel"]
+    assert channel and not os.path.exists(channel)
+    assert {k: v for k, v in os.environ.items() if k in ("PYTHONPATH", "GPUNB_RANK_CHANNEL")} == \
+           {k: v for k, v in before.items() if k in ("PYTHONPATH", "GPUNB_RANK_CHANNEL")}
+
+
+def test_torchrun_ranks_are_fresh_interpreters_and_other_sitecustomize_still_runs(shell, tmp_path):
+    own = tmp_path / "site"
+    own.mkdir()
+    marks = tmp_path / "marks"
+    (own / "sitecustomize.py").write_text(f"import os\nopen({str(marks)!r}, 'a').write(f'{{os.getpid()}}\\n')\n")
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(32, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(20):
+            loss = model(torch.randn(16, 32)).pow(2).mean()
+            opt.zero_grad(); loss.backward(); opt.step()
+        dist.destroy_process_group()
+    """))
+    shell.user_ns.update(script=str(script), own_site=str(own))
+    shell.run_cell_magic("gpuprofile", "-o p", (
+        "import os, subprocess, sys\n"
+        "env = dict(os.environ, OMP_NUM_THREADS='1')\n"
+        "env['PYTHONPATH'] = env['PYTHONPATH'] + os.pathsep + own_site\n"
+        "r = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',"
+        " script], env=env, capture_output=True, text=True)\n"))
+    assert shell.user_ns["r"].returncode == 0, shell.user_ns["r"].stderr[-2000:]
+    ranks = shell.user_ns["p"].ranks
+    assert [(r.rank, r.steps, r.launcher) for r in ranks.ranks] == [(0, 20, "fresh interpreter"),
+                                                                      (1, 20, "fresh interpreter")]
+    pids = {int(x) for x in marks.read_text().split()}
+    assert {r.pid for r in ranks.ranks} <= pids  # the ranks ran the sitecustomize gpunb's chained to
+
+
+def test_no_ranks_leaves_the_environment_alone(shell):
+    shell.run_cell_magic("gpuprofile", "--no-ranks -o p",
+                         "import os\nseen = (os.environ.get('GPUNB_RANK_CHANNEL'), os.environ.get('PYTHONPATH', ''))\n")
+    channel, path = shell.user_ns["seen"]
+    assert channel is None and BOOT_DIR not in path
+    assert shell.user_ns["p"].ranks is None
+
+
+def test_a_fork_outside_a_profiled_cell_records_nothing(shell, tmp_path):
+    shell.run_cell_magic("gpuprofile", "", "x = 1")  # the fork handler is registered from here on
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        from gpunb.analysis import rank_recorder
+
+        os.write(w, b"1" if rank_recorder.active() is None else b"0")
+        os._exit(0)
+    os.close(w)
+    assert os.read(r, 1) == b"1"
+    os.waitpid(pid, 0)
+
+
+def test_uneven_step_counts_are_a_hang_risk_named_first(shell):
+    shell.run_cell(textwrap.dedent("""
+        import torch, torch.multiprocessing as mp
+        def solo(rank, steps):
+            model = torch.nn.Linear(8, 2)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for _ in range(steps[rank]):
+                model(torch.randn(4, 8)).sum().backward(); opt.step(); opt.zero_grad()
+    """))
+    shell.run_cell_magic("gpuprofile", "-o p", "mp.start_processes(solo, args=([15, 11],), nprocs=2, start_method='fork')")
+    p = shell.user_ns["p"]
+    assert sorted(r.steps for r in p.ranks.ranks) == [11, 15]
+    first = p.advice[0]
+    assert first.title == "Give every rank the same number of batches" and first.severity == 2
+    assert "DistributedSampler" in first.how and "join" in first.how
+
+
+def test_accelerate_notebook_launcher_ranks_report(shell):
+    pytest.importorskip("accelerate")
+    shell.run_cell(textwrap.dedent("""
+        def train_fn(steps):
+            import torch
+            model = torch.nn.Linear(8, 2)
+            opt = torch.optim.AdamW(model.parameters())
+            for _ in range(steps):
+                model(torch.randn(16, 8)).pow(2).mean().backward(); opt.step(); opt.zero_grad()
+        from accelerate import notebook_launcher
+    """))
+    shell.run_cell_magic("gpuprofile", "-o p", "notebook_launcher(train_fn, args=(14,), num_processes=2)")
+    ranks = shell.user_ns["p"].ranks
+    assert [(r.rank, r.steps, r.launcher) for r in ranks.ranks] == [(0, 14, "fork"), (1, 14, "fork")]
+
+
+def test_a_killed_rank_keeps_what_it_wrote_and_the_report_says_so(shell):
+    shell.run_cell(textwrap.dedent("""
+        import os, torch, torch.multiprocessing as mp
+        def killed(rank):
+            model = torch.nn.Linear(8, 2)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for _ in range(13):   # a record is written after step 12
+                model(torch.randn(4, 8)).sum().backward(); opt.step(); opt.zero_grad()
+            os._exit(0)           # no exit handlers: as if killed
+    """))
+    shell.run_cell_magic("gpuprofile", "-o p", "mp.start_processes(killed, nprocs=1, start_method='fork', join=True)")
+    (rank,) = shell.user_ns["p"].ranks.ranks
+    assert rank.steps == 12 and not rank.finished
+    assert "had not exited when the cell ended" in " ".join(shell.user_ns["p"].ranks.notes)
+
+
+# -- the records, judged (no processes) ---------------------------------------------------------
+
+def _record(rank, steps, step_ms, **kw):
+    base = {"version": 1, "pid": 1000 + rank, "rank": rank, "world_size": 2, "launcher": "fresh interpreter",
+            "device": rank, "gpu": {"name": "NVIDIA H200", "nvml_index": rank, "total_bytes": 150 * 2**30},
+            "steps": steps, "step_ms": step_ms, "step_ms_offset": 0, "source": "CUDA events", "first_step_ms": step_ms[0],
+            "batches": steps, "data_wait_s": 0.0, "batch_size": 64, "first_batch_s": 0.5, "last_step_s": 0.5 + steps * 0.05,
+            "peak_allocated_bytes": 10 * 2**30, "peak_reserved_bytes": 12 * 2**30, "nvml_peak_bytes": 13 * 2**30,
+            "ddp": None, "backend": "nccl", "final": True, "started_unix": 1.0}
+    base.update(kw)
+    return base
+
+
+def _ddp(comm, overlap, iterations=(2, 3, 4, 5, 6, 7, 8, 9, 10)):
+    return {"iteration": iterations[-1], "iterations": list(iterations), "forward_ms": 10.0,
+            "backward_compute_ms": 20.0, "backward_comm_ms": comm, "overlap_ms": overlap}
+
+
+def test_gradient_sync_over_pcie_is_advised_with_the_pcie_remedies():
+    nvml = NvmlSession(scenario("pcie-pair"))
+    records = [_record(0, 50, [500.0] + [50.0] * 49, ddp=_ddp(25.0, 5.0)),
+               _record(1, 50, [500.0] + [50.0] * 49, ddp=_ddp(25.5, 5.0))]
+    part = build_ranks(records, nvml=nvml)
+    assert part.link == "PCIe (NODE), peer access not supported for this PCIe topology" and part.link_is_pcie
+    assert part.balanced  # 0.5 ms apart: within the noise
+    verdict, advice = judge_ranks(part)
+    (comm,) = [a for a in advice if "cross PCIe" in a.title]
+    assert "20.00 ms of it not hidden" in comm.reason and "40% of the step" in comm.reason
+    assert "no_sync" in comm.how and "bf16_compress_hook" in comm.how
+    assert "keep the same pace" in verdict.reason
+
+
+def test_on_nvlink_the_advice_is_to_hide_the_allreduce():
+    nvml = NvmlSession(scenario("h200x2-nvlink"))
+    records = [_record(r, 50, [500.0] + [50.0] * 49, ddp=_ddp(20.0, 5.0)) for r in (0, 1)]
+    part = build_ranks(records, nvml=nvml, traffic={0: 12 * 10**9, 1: 12 * 10**9})
+    assert part.link == "NVLink × 18 through NVSwitch, 478 GB/s per direction"
+    _, advice = judge_ranks(part)
+    assert any(a.title == "Hide more of the gradient all-reduce" and "bucket_cap_mb" in a.how for a in advice)
+    assert "NVLink traffic during the cell (NVML counters): GPU 0 12.00 GB, GPU 1 12.00 GB" in "\n".join(ranks_text(part))
+
+
+def test_the_rank_the_others_wait_for_is_the_slowest_though_step_times_match():
+    """Under DDP the steps come out alike; the waiting shows in the all-reduce time."""
+    records = [_record(0, 50, [500.0] + [60.0] * 49, ddp=_ddp(18.0, 2.0)),
+               _record(1, 50, [500.0] + [60.0] * 49, ddp=_ddp(4.0, 2.0))]
+    part = build_ranks(records)
+    assert part.ranks[part.slowest].rank == 1 and part.wait_ms == pytest.approx(14.0)
+    assert part.spread == pytest.approx(14.0 / 60.0)
+    verdict, advice = judge_ranks(part)
+    assert verdict.headline == "2 ranks trained, 60.00 ms per step; the slowest: rank 1"
+    assert "wait 14.00 ms for it at each all-reduce (23% of a step)" in verdict.reason
+    slow = next(a for a in advice if a.title == "Find out why rank 1 is slower")
+    assert "rank 0 waited 14.00 ms more than it" in slow.reason and "9 sampled iterations (2-10)" in slow.reason
+
+
+def test_more_memory_on_one_rank_and_different_batches_are_named():
+    records = [_record(0, 50, [50.0] * 50, peak_allocated_bytes=30 * 2**30, batch_size=96),
+               _record(1, 50, [50.0] * 50, peak_allocated_bytes=10 * 2**30)]
+    _, advice = judge_ranks(build_ranks(records))
+    titles = [a.title for a in advice]
+    assert "Even out memory: rank 0 holds more" in titles
+    assert "Use the same per-GPU batch size on every rank" in titles
+
+
+def test_rank_stats_leave_out_the_warmup_and_the_view_escapes():
+    stats = rank_stats(_record(0, 5, [900.0, 10.0, 11.0, 12.0, 13.0], gpu={"name": "<b>GPU</b>"}), warmup_steps=1)
+    assert stats.median_ms == 11.5 and stats.first_ms == 900.0
+    part = build_ranks([_record(0, 5, [900.0, 10.0, 11.0, 12.0, 13.0], gpu={"name": "x<script>"}, world_size=1)])
+    html = ranks_html(part)
+    assert "<script>" not in html and "x&lt;script&gt;" in html and "1 rank reported" in html
+
+
+def test_the_channel_restores_what_the_cell_changed_itself(monkeypatch, tmp_path):
+    env = {"PYTHONPATH": "/a"}
+    channel = RankChannel(env).open()
+    assert env["PYTHONPATH"] == BOOT_DIR + os.pathsep + "/a" and os.path.isdir(env["GPUNB_RANK_CHANNEL"])
+    env["PYTHONPATH"] += os.pathsep + "/b"  # the cell appended its own entry
+    (tmp_path / "x").mkdir()
+    with open(os.path.join(channel.path, "rank-1.json"), "w") as f:
+        json.dump(_record(0, 3, [1.0, 2.0, 3.0]), f)
+    with open(os.path.join(channel.path, "rank-2.json"), "w") as f:
+        f.write('{"half a reco')  # a worker killed while writing
+    path = channel.path
+    records = channel.close()
+    assert [r["rank"] for r in records] == [0]
+    assert env == {"PYTHONPATH": "/a" + os.pathsep + "/b"}
+    assert not os.path.exists(path)
+
+
+def test_the_boot_file_is_no_package_and_imports_only_when_asked(tmp_path):
+    import subprocess
+
+    assert not os.path.exists(os.path.join(BOOT_DIR, "__init__.py"))
+    code = "import sys; print('gpunb.analysis.rank_recorder' in sys.modules)"
+    env = {**os.environ, "PYTHONPATH": BOOT_DIR + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop("GPUNB_RANK_CHANNEL", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "False"  # without a channel the hook does nothing
+    env["GPUNB_RANK_CHANNEL"] = str(tmp_path)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "True"
