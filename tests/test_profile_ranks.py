@@ -75,6 +75,8 @@ def test_forked_ddp_ranks_report_their_steps_and_the_slowest_is_named(shell, tmp
     assert any(a.title == "Find out why rank 1 is slower" for a in p.advice)
     text = str(p)
     assert "2 ranks reported" in text and "1 (slowest)" in text and "none in this process" in text
+    data = json.loads(json.dumps(p.to_dict()))  # JSON-safe, ranks included
+    assert [r["steps"] for r in data["ranks"]["ranks"]] == [30, 30] and data["ranks"]["ranks"][0]["ddp"]["iterations"]
     # the channel is gone and the environment is as before the cell
     channel = shell.user_ns["seen_channel"]
     assert channel and not os.path.exists(channel)

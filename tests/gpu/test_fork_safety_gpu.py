@@ -61,8 +61,9 @@ FEATURES = {
     "load_ext": [],
     "gpucheck --quick": [("line", "gpucheck", "--quick")],
     "gpucheck (full)": [("line", "gpucheck", "")],
+    "gpucheck --deep": [("line", "gpucheck", "--deep")],  # the NCCL all-reduce runs in subprocesses
     "gpumonitor": [("line", "gpumonitor", "--hz 10"), ("cell", "import time; time.sleep(1.0)")],
-    "%%gpuprofile": [("cell_magic", "gpuprofile", "", (
+    "%%gpuprofile": [("cell_magic", "gpuprofile", "", (  # opens and closes the rank channel
         "model = torch.nn.Linear(64, 8)\n"
         "opt = torch.optim.AdamW(model.parameters())\n"
         "for _ in range(20):\n"
