@@ -287,3 +287,14 @@ def test_multicast_stays_off_in_the_ranks_environment(tmp_path):
     run_allreduce(2, backend="gloo", python=python, environ={**os.environ, "NCCL_NVLS_ENABLE": "1"})
     seen = {path.read_text() for path in tmp_path.glob("env.*")}
     assert seen == {"NCCL_NVLS_ENABLE=0\nNVSHMEM_DISABLE_NVLS=1\nTORCH_SYMM_MEM_DISABLE_MULTICAST=1\n"}
+
+
+def test_the_magic_and_the_terminal_refuse_quick_with_deep(ip, capsys):
+    from IPython.core.error import UsageError
+
+    from gpunb.cli import main
+
+    with pytest.raises(UsageError, match="--quick and --deep exclude each other"):
+        ip.run_line_magic("gpucheck", "--quick --deep")
+    assert main(["check", "--quick", "--deep"]) == 2
+    assert "exclude each other" in capsys.readouterr().err

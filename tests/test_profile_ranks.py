@@ -288,3 +288,45 @@ def test_the_boot_file_is_no_package_and_imports_only_when_asked(tmp_path):
     env["GPUNB_RANK_CHANNEL"] = str(tmp_path)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == "True"
+
+
+def test_a_rank_with_cuda_up_records_events_its_gpu_and_nvml_memory(tmp_path, monkeypatch):
+    """The CUDA path of a rank on the CPU: the user's torch with CUDA up (simulated: host-clock
+    events, the recorded H200 allocator counters), the fake NVML listing this process on the
+    recorded pair's GPU 0 with the memory the trace recorded for the training process."""
+    from gpunb.analysis.rank_recorder import RankRecorder
+    from gpunb.readings import nvml as nvml_module
+    from gpunb.readings import torch_state
+    from gpunb.testing import load_trace
+    from gpunb.testing.fake_nvml import load_nvlink_pair
+    from tests.simulated_cuda import SimulatedCuda, SimulatedTorch
+
+    trace = load_trace()
+    t_train = next(s["t"] for s in trace["samples"] if s["phase"] == "train" and s["processes"])
+    fake = scenario("h200x2-nvlink", clock=lambda: t_train)
+    fake.gpus[0].pid_map = {trace["pid"]: os.getpid()}
+    nvml_module.set_default_session(NvmlSession(fake))
+    uuids = [g["facts"]["uuid"] for g in load_nvlink_pair()["gpus"]]
+    sim = SimulatedTorch(SimulatedCuda(uuids, dict(trace["memory_stats_after_train"]), trace["facts"]["memory_total"]))
+    monkeypatch.setattr(torch_state, "imported_torch", lambda: sim)
+    try:
+        rec = RankRecorder(sim, str(tmp_path), "fork")
+        model = torch.nn.Linear(8, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(15):
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        rec.finish()
+        rec.instruments.remove()
+    finally:
+        nvml_module.set_default_session(None)
+    record = json.loads((tmp_path / f"rank-{os.getpid()}.json").read_text())
+    assert record["final"] and record["steps"] == 15 and record["source"] == "CUDA events"
+    assert record["device"] == 0 and record["gpu"]["uuid"] == uuids[0].removeprefix("GPU-")
+    assert record["gpu"]["nvml_index"] == 0
+    listed = next(s for s in trace["samples"] if s["t"] == t_train)["processes"][0]["used_gpu_memory"]
+    assert record["nvml_peak_bytes"] == listed
+    assert record["peak_allocated_bytes"] == trace["memory_stats_after_train"]["allocated_bytes.all.peak"]
+    stats = rank_stats(record)
+    assert stats.nvml_index == 0 and stats.gpu_name == "NVIDIA H200" and stats.median_ms > 0

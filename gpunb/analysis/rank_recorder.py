@@ -165,6 +165,8 @@ class RankRecorder:
             self.instruments.finish_steps()
         except Exception:  # noqa: BLE001 (a broken context: the host times stand)
             pass
+        if self.device is not None:
+            self._read_nvml()  # a short run may end before the thread's first reading
         self.flush(final=True)
 
     def detach(self) -> None:
@@ -230,26 +232,29 @@ class RankRecorder:
         self._nvml_thread = thread
         thread.start()
 
-    def _watch_nvml(self) -> None:
-        """This process's memory as NVML lists it (context, NCCL and cuDNN workspaces too), once
-        a second; never CUDA."""
+    def _read_nvml(self) -> None:
+        """This process's memory as NVML lists it now (context, NCCL and cuDNN workspaces too);
+        never CUDA. The GPU is found once, by the UUID torch gives (CUDA is up here)."""
         try:
             from gpunb.readings.devices import kernel_pids, read_device_map, read_ownership
             from gpunb.readings.nvml import default_session
 
             nvml = default_session()
-            index = read_device_map(nvml, torch=self.torch).nvml_index(self.device)
+            if "nvml_index" not in self.gpu:
+                self.gpu["nvml_index"] = read_device_map(nvml, torch=self.torch).nvml_index(self.device)
+            index = self.gpu["nvml_index"]
             if index is None:
                 return
-            self.gpu["nvml_index"] = index
-            me = kernel_pids()
-            while not self._stop.is_set():
-                own = read_ownership(nvml, index, torch=self.torch, pids=me, names=False)
-                if own.self_bytes is not None and (self.nvml_peak is None or own.self_bytes > self.nvml_peak):
-                    self.nvml_peak = own.self_bytes
-                self._stop.wait(NVML_EVERY_S)
+            own = read_ownership(nvml, index, torch=self.torch, pids=kernel_pids(), names=False)
+            if own.self_bytes is not None and (self.nvml_peak is None or own.self_bytes > self.nvml_peak):
+                self.nvml_peak = own.self_bytes
         except Exception:  # noqa: BLE001 (NVML trouble costs this figure only)
             return
+
+    def _watch_nvml(self) -> None:
+        while not self._stop.is_set():
+            self._read_nvml()
+            self._stop.wait(NVML_EVERY_S)
 
     def _recent_steps(self) -> tuple[list[float], float | None, str]:
         """The last KEEP_STEPS step times (GPU time where events cover them), the first step's,
