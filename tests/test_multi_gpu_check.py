@@ -106,7 +106,7 @@ def test_a_down_nvlink_link_is_a_warning():
     report = check(nvml=NvmlSession(fake), environ={}, in_kernel=False, quick=True)
     c = report["gpu_links"]
     assert c.status == "warn" and "1 NVLink link(s)" in c.cause and "nvidia-smi nvlink -s" in c.fix
-    assert "× 17 through NVSwitch" in c.summary
+    assert "× 17 of 18 through NVSwitch" in c.summary
 
 
 def test_one_gpu_has_no_links_to_check():

@@ -77,7 +77,10 @@ def _pair_line(inputs: CheckInputs, pair: PairLink) -> tuple[Status, str, str, s
         gpu_a = inputs.links.gpu(pair.a) if inputs.links else None
         version = NVLINK_VERSION.get(gpu_a.version, "") if gpu_a is not None and gpu_a.version else ""
         gbps, _ = pair_gbps(inputs, pair)
-        text = (f"{name}: NVLink{' ' + version if version else ''} × {pair.nvlinks}"
+        links = [g for g in (inputs.links.gpus if inputs.links else ()) if g.index in (pair.a, pair.b)]
+        of = max((g.link_count for g in links), default=0)
+        count = f"{pair.nvlinks}" + (f" of {of}" if of > pair.nvlinks else "")
+        text = (f"{name}: NVLink{' ' + version if version else ''} × {count}"
                 f"{' through NVSwitch' if pair.via_switch else ' direct'}"
                 + (f", {gbps:.0f} GB/s per direction" if gbps else ""))
     else:
@@ -106,7 +109,10 @@ def _pair_line(inputs: CheckInputs, pair: PairLink) -> tuple[Status, str, str, s
 
 
 def _inactive_links(inputs: CheckInputs, pair: PairLink) -> int:
-    if inputs.links is None:
+    """Links of the pair's GPUs that are down where all should be up: on an NVSwitch board every
+    link of a GPU goes to a switch. (Bridged cards may leave links unused: those are reported in
+    the link count, not judged.)"""
+    if inputs.links is None or not pair.via_switch:
         return 0
     return sum(len([p for p in g.ports if not p.active and is_available(p.version)])
                for g in inputs.links.gpus if g.index in (pair.a, pair.b))

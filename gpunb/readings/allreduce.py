@@ -76,6 +76,7 @@ class _Rank:
         self.error: str | None = None
         self.done = False
         self.lines: list[dict] = []
+        self.reader: threading.Thread | None = None
 
 
 class AllReduceLaunch:
@@ -122,7 +123,8 @@ class AllReduceLaunch:
                 return self
             r = _Rank(rank, proc, stderr)
             self._ranks.append(r)
-            threading.Thread(target=self._read, args=(r,), name=f"gpunb-allreduce-{rank}", daemon=True).start()
+            r.reader = threading.Thread(target=self._read, args=(r,), name=f"gpunb-allreduce-{rank}", daemon=True)
+            r.reader.start()
         return self
 
     def go(self) -> None:
@@ -158,6 +160,9 @@ class AllReduceLaunch:
             if r.proc.poll() is None:
                 self._kill(r)
             r.proc.wait()
+        for r in self._ranks:  # the last lines may still sit in the pipe after the exit
+            if r.reader is not None:
+                r.reader.join(timeout=5.0)
         run.duration_s = time.monotonic() - self._go_at
         self._fold(run)
         self._cleanup()
