@@ -100,3 +100,47 @@ def test_a_torch_without_the_spin_kernel_times_plainly():
     clock = probe.GpuClock(sim, "cuda:0")
     assert clock.cycles_per_ms is None
     assert clock.time(lambda: sim.launch(2.0), iters=5) == pytest.approx(2.0, rel=1e-3)
+
+
+def test_the_smoke_test_and_matmul_run_end_to_end_on_a_stand_in():
+    """The probe's measurement code on CPU tensors behind a stand-in ``torch.cuda`` (host-clock
+    events, no spin kernel): every figure the checks read is there and consistent."""
+    import torch
+
+    from tests.simulated_cuda import HostClockEvent
+
+    class Cuda:
+        Event = HostClockEvent
+
+        @staticmethod
+        def synchronize(*a):
+            return None
+
+        @staticmethod
+        def is_bf16_supported():
+            return True
+
+        @staticmethod
+        def empty_cache():
+            return None
+
+        @staticmethod
+        def device(dev):
+            return SimulatedCuda(0).cuda.device(dev)
+
+    class Torch:
+        cuda = Cuda
+
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+    stand_in = Torch()
+    clock = probe.GpuClock(stand_in, "cpu")
+    importer = probe.OptimizerImport()
+    smoke = probe.smoke(stand_in, "cpu", clock, importer)
+    assert smoke["loss_finite"] and smoke["step_ms_median"] > 0
+    assert smoke["first_step_ms"] == pytest.approx(
+        smoke["first_forward_ms"] + smoke["first_backward_ms"] + smoke["first_optimizer_step_ms"])
+    assert smoke["optimizer_import_ms"] is not None and "module_loading" in smoke
+    mm = probe.matmul(stand_in, "cpu", clock, busy=False, n=256)
+    assert all(mm[k] and mm[k] > 0 for k in ("bf16_tflops", "tf32_tflops", "fp32_tflops"))

@@ -3,6 +3,11 @@
 Real launches, as a notebook makes them: ``torch.multiprocessing`` with fork and torchrun
 (fresh interpreters) training DDP over gloo, ``accelerate.notebook_launcher`` (fork). On a GPU
 the same paths time steps with CUDA events and read NVML (tests/gpu/test_multi_gpu.py).
+
+Every forked child starts with ``torch.set_num_threads(1)``: this pytest process has run CPU
+tensor work in earlier tests, which starts libgomp's OpenMP thread pool, and a child forked
+after that hangs in its first parallel region (the same without gpunb: GNU OpenMP is not
+fork-safe). A notebook that forks ranks after CPU tensor work needs the same line.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ DDP_FORK = '''
 import os, time, tempfile, torch, torch.distributed as dist, torch.multiprocessing as mp
 
 def work(rank, world, path, steps, slow_rank, workers):
+    torch.set_num_threads(1)  # see the module's docstring: OpenMP after fork
     dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=world)
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(
@@ -141,6 +147,7 @@ def test_uneven_step_counts_are_a_hang_risk_named_first(shell):
     shell.run_cell(textwrap.dedent("""
         import torch, torch.multiprocessing as mp
         def solo(rank, steps):
+            torch.set_num_threads(1)
             model = torch.nn.Linear(8, 2)
             opt = torch.optim.SGD(model.parameters(), lr=0.1)
             for _ in range(steps[rank]):
@@ -159,6 +166,7 @@ def test_accelerate_notebook_launcher_ranks_report(shell):
     shell.run_cell(textwrap.dedent("""
         def train_fn(steps):
             import torch
+            torch.set_num_threads(1)
             model = torch.nn.Linear(8, 2)
             opt = torch.optim.AdamW(model.parameters())
             for _ in range(steps):
@@ -174,6 +182,7 @@ def test_a_killed_rank_keeps_what_it_wrote_and_the_report_says_so(shell):
     shell.run_cell(textwrap.dedent("""
         import os, torch, torch.multiprocessing as mp
         def killed(rank):
+            torch.set_num_threads(1)
             model = torch.nn.Linear(8, 2)
             opt = torch.optim.SGD(model.parameters(), lr=0.1)
             for _ in range(13):   # a record is written after step 12

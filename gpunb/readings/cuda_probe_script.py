@@ -207,9 +207,9 @@ def smoke(torch, dev, clock: GpuClock, optimizer_import: OptimizerImport | None)
         return loss
 
     out["step_ms_median"] = clock.time(step, iters=10, warmup=2)  # the mean of 10 back-to-back steps
-    loss = float(step())
+    loss = float(step().detach())
     out.update(loss_finite=loss == loss and abs(loss) != float("inf"),
-               params_on_gpu=all(p.is_cuda for p in model.parameters()), first_loss=float(first))
+               params_on_gpu=all(p.is_cuda for p in model.parameters()), first_loss=float(first.detach()))
     return out
 
 
