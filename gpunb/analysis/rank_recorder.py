@@ -79,7 +79,7 @@ class RankInstruments(Instruments):
         if n == 1:
             rec.arm_exit()
         if n < FLUSH_AT_STEP and rec.ddp:  # DDP times each of its first iterations: keep every one
-            rec._read_ddp()
+            rec.read_ddp()
         if n == FLUSH_AT_STEP or self.step_t[-1] - rec.flushed_at >= FLUSH_EVERY_S:
             rec.flush()
 
@@ -197,7 +197,7 @@ class RankRecorder:
             if self.device is not None:
                 self._start_nvml()
 
-    def _read_ddp(self) -> None:
+    def read_ddp(self) -> None:
         """DDP's timing of its latest sampled iteration, kept per iteration; the record gives their
         mean over every sampled iteration after the first (which pays the warm-up)."""
         for module in list(self.ddp):
@@ -282,7 +282,7 @@ class RankRecorder:
     def record(self, final: bool) -> dict:
         ins = self.instruments
         self._learn_identity()
-        self._read_ddp()
+        self.read_ddp()
         step_ms, first_ms, source = self._recent_steps()
         peak = None
         if self.device is not None:
