@@ -86,7 +86,7 @@ class ProfileSession:
         assert ins is not None, "stop() before start()"
         t_end = time.perf_counter()
         ins.remove()
-        torch = self.torch
+        torch = self.torch = ins.torch  # the cell may have imported torch itself
         cuda = torch_state.cuda_initialized(torch)
         synced = gpu_time = None
         end_event = None
