@@ -210,10 +210,12 @@ def test_cpu_build_with_a_visible_gpu_is_on_cpu(fake_nvml):
     assert top.severity == 2 and "CPU-only build" in top.reason and "Install a CUDA build" in top.title
 
 
-def test_comparison_words():
-    assert Comparison(1.8, "median step", 0.65, "peak VRAM").words() == "1.8x faster, 35% less memory"
-    assert Comparison(0.5, "median step", 1.2, "peak VRAM").words() == "2.0x slower, 20% more memory"
-    assert Comparison(1.01, "wall time", None, "peak RSS").words() == "same speed"
+def test_comparison_words_name_what_they_compare():
+    assert Comparison(1.8, "median step", 0.65, "peak VRAM").words() == "median step 1.8x faster, peak VRAM 35% less"
+    assert Comparison(0.5, "median step", 1.2, "peak VRAM").words() == "median step 2.0x slower, peak VRAM 20% more"
+    assert Comparison(1.01, "wall time", None, "peak RSS").words() == "wall time: same"
+    assert Comparison(1.3, "samples/s", 1.0, "peak RSS").words() == "samples/s 1.3x higher, peak RSS: same"
+    assert Comparison(0.5, "samples/s", None, "peak RSS").words() == "samples/s 2.0x lower"
 
 
 def test_history_compares_two_real_runs():

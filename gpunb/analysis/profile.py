@@ -23,6 +23,7 @@ from gpunb.analysis.profile_records import CellProfile, GpuPart, StepStats, Time
 from gpunb.analysis.step_events import per_step_ms
 from gpunb.analysis.verdict import judge
 from gpunb.readings import torch_state
+from gpunb.readings.gpu import read_driver
 from gpunb.readings.gpu_activity import (
     UtilWindow,
     now_us,
@@ -109,10 +110,13 @@ class ProfileSession:
         nvml = self.nvml or default_session()
         gpu, absent = self._gpu_part(torch, cuda, nvml) if cuda else (None, self._why_no_gpu(torch))
         visible = ""
+        driver_cuda = None
         count = nvml.device_count()
         if count:
             name = nvml.device_query(0, "nvmlDeviceGetName")
             visible = str(name) if is_available(name) else "an NVIDIA GPU"
+            cuda_version = read_driver(nvml).cuda_driver_version
+            driver_cuda = cuda_version if is_available(cuda_version) else None
         build = getattr(getattr(torch, "version", None), "cuda", None) if torch is not None else None
         profile = CellProfile(
             label=self.label,
@@ -139,6 +143,7 @@ class ProfileSession:
             memory_timeline=tuple((t - self.t0, a, r) for t, a, r in ins.memory),
             step_marks_s=tuple(t - self.t0 for t in ins.step_t),
             error=f"{type(error).__name__}: {error}" if error is not None else "",
+            driver_cuda=driver_cuda,
         )
         verdict, advice = judge(profile)
         self.result = dataclasses.replace(profile, verdict=verdict, advice=tuple(advice))
@@ -191,7 +196,8 @@ class ProfileSession:
         loop = end - begin if end > begin else t_end - self.t0
         return TimeShares(loop, ins.fetch_s, ins.fetch_n, ins.sync_n, ins.sync_gpu_n, ins.sync_s, ins.sync_gpu_s,
                           dict(ins.sync_by_method), ins.write_s, ins.write_n, ins.write_chars,
-                          ins.loader_workers, ins.loader_pin_memory)
+                          ins.loader_workers, ins.loader_pin_memory,
+                          loop_start_s=(begin - self.t0) if end > begin else 0.0)
 
     def _why_no_gpu(self, torch: Any) -> str:
         if torch is None:

@@ -60,6 +60,7 @@ class TimeShares:
     output_chars: int
     loader_workers: int | None
     loader_pin_memory: bool | None
+    loop_start_s: float | None = None  # when the loop began, in seconds from the cell start
 
     def share(self, seconds: float) -> float:
         return seconds / self.loop_s if self.loop_s > 0 else 0.0
@@ -104,6 +105,7 @@ class CellProfile(DisplayMixin):
     verdict: Verdict = Verdict("none", "", "")
     advice: tuple[Advice, ...] = ()
     extra: dict = field(default_factory=dict)
+    driver_cuda: str | None = None  # the newest CUDA the driver supports ("13.0"), from NVML
 
     def _repr_views_(self) -> dict[str, Render]:
         from gpunb.views.profile_view import profile_html, profile_text

@@ -163,6 +163,7 @@ class GpuSeries:
     lost: bool
     columns: dict[str, list]
     max_sm_clock_mhz: float | None = None
+    temp_slowdown_c: float | None = None  # NVML's slowdown threshold: clocks drop above it
 
 
 @dataclass(frozen=True)
@@ -529,7 +530,7 @@ class Sampler:
             lost = info.lost or (info.index, "lost") in self._faults.active
             gpus.append(GpuSeries(
                 info.index, str(name), _mib(info.memory_total_bytes), _num(info.power_limit_w), lost, cols,
-                _num(info.max_sm_clock_mhz),
+                _num(info.max_sm_clock_mhz), _num(info.temp_slowdown_c),
             ))
         return tuple(gpus)
 
