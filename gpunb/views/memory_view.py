@@ -158,8 +158,8 @@ _ABSENT = {
     "torch allocated": "torch holds no CUDA memory in this kernel (no CUDA context: a CPU-only build, or CUDA "
                        "not used yet)",
 }
-SMALL_TENSOR_SHARE = 0.005  # tensors under 0.5 % of all live tensor bytes (and under 64 KiB...)
-SMALL_TENSOR_FLOOR = 64 * 2**10  # ...or under 64 KiB are summed up in one line, not listed
+SMALL_TENSOR_SHARE = 0.005  # tensors under 0.5 % of all live tensor bytes, or...
+SMALL_TENSOR_FLOOR = 4 * 2**10  # ...under 4 KiB (biases, step counters) are summed up in one line
 BAR_W, BAR_H = 420, 14
 
 

@@ -223,7 +223,8 @@ def timeline_svg(p: CellProfile, width: int = TIMELINE_W, height: int = TIMELINE
         return None
     t_end = max(max(t for t, _, _ in pts), p.wall_s, 1e-9)
     high = max(max(a for _, a, _ in pts), max((r or 0) for _, _, r in pts), 1)
-    top = chart.nice_ceiling(high * 1.05 / 2**20) * 2**20
+    unit = 2**30 if high >= 2**30 else 2**20  # a round number of GiB, or of MiB below 1 GiB
+    top = chart.nice_ceiling(high / unit) * unit
     pad_top, base = 2.0, height - 1.0
 
     def xy(t: float, v: float) -> str:
