@@ -128,7 +128,8 @@ class JupyterServer:
         return path
 
     def lab_url(self, name: str) -> str:
-        return f"{self.base}/lab/tree/{name}?token={self.token}"
+        # ?reset: a fresh workspace, so only this notebook is open (not the tabs of earlier pages)
+        return f"{self.base}/lab/tree/{name}?reset&token={self.token}"
 
     def notebook7_url(self, name: str) -> str:
         return f"{self.base}/notebooks/{name}?token={self.token}"

@@ -60,7 +60,7 @@ class MonitorMagics(Magics):
             if others:
                 raise usage_error(self.gpumonitor, f"--stop takes no other options (got {option_words(others)})")
             n = stop_all(self.kernel)
-            print(f"gpunb: stopped {n} monitor(s) and the sampler thread; their snapshots stay in the outputs."
+            print(f"gpunb: stopped {n} monitor(s) and the sampler thread; their last frames, captioned with the time they stopped, stay in the outputs."
                   if n else "gpunb: no monitor was running; the sampler thread is stopped.")
             return
         try:

@@ -104,9 +104,13 @@ def span_words(seconds: float) -> str:
 
 
 def swatch(color: str, *, dashed: bool = False) -> str:
-    """A legend mark: a filled square, or a short dashed line for a limit."""
+    """A legend mark: a filled square, a hollow one (no colour: what stays empty, like free
+    memory), or a short dashed line for a limit."""
     if dashed:
         style = f"display:inline-block;width:12px;height:0;border-top:2px dashed {color};vertical-align:middle"
+    elif not color:
+        style = (f"display:inline-block;width:9px;height:9px;box-sizing:border-box;border:1px solid {NEUTRAL};"
+                 "vertical-align:middle")
     else:
         style = f"display:inline-block;width:9px;height:9px;background-color:{color};vertical-align:middle"
     return f'<span style="{style}"></span>'

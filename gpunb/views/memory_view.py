@@ -225,7 +225,7 @@ def memory_bar_html(g: Any) -> str:
     words = ", ".join(f"{w} {size(n)}" for w, n, _ in parts)
     image = chart.img(svg, width=BAR_W, height=BAR_H, alt=f"GPU {g.index} memory of {size(total)}: {words}",
                       css_class="gpunb-chart")
-    items = chart.legend([(c or chart.NEUTRAL, f"{w} {size(n)}", False) for w, n, c in parts if n or w == "free"])
+    items = chart.legend([(c, f"{w} {size(n)}", False) for w, n, c in parts if n or w == "free"])
     return (f"<div style='margin:4px 0'><div style='margin-bottom:2px'><b>GPU {g.index}</b> "
             f"<span style='{DIM}'>{escape(g.name)} · {escape(size(total))}</span></div>{image}"
             f"<div style='font-size:11px;margin-top:2px'>{items}</div></div>")

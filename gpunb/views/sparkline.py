@@ -21,13 +21,14 @@ from gpunb.readings.gpu import CLOCK_EVENT_REASONS, SLOWDOWN_BITS
 from gpunb.views import chart
 from gpunb.views.chart import DIM, SMALL
 
-WIDTH = 128  # plot pixels of one chart
+WIDTH = 112  # plot pixels of one chart
 HEIGHT = 38
 # Points per chart: about one per pixel. Rows beyond that are merged into buckets.
-MAX_POINTS = 128
+MAX_POINTS = 112
 _TOP = 2.0  # the scale's top is drawn this far below the image's edge (a line there stays whole)
-_LABEL_W = 150  # the GPU column
-_CELL_W = WIDTH + 30 + 12  # chart, its scale labels, padding
+_LABEL_W = 118  # the GPU column
+_SCALE_W = 26  # the scale's numbers beside a chart
+_CELL_W = WIDTH + _SCALE_W + 12  # chart, its scale, padding
 MEMORY_FLOOR_MIB = 1024.0  # a memory scale never shows less than 1 GiB
 _COLORS = {
     "own": chart.BLUE,
@@ -287,11 +288,11 @@ class SparkPanel:
               title: str = "", under: str = "") -> str:
         """A chart with its latest value (and window maximum) above and its scale beside it."""
         head = (f'<div style="display:flex;justify-content:space-between;align-items:baseline;'
-                f'width:{self.width + 30}px;white-space:nowrap">'
+                f'width:{self.width + _SCALE_W}px;white-space:nowrap">'
                 f'<b>{_e(value_text)}</b><span style="{SMALL};{DIM}">{_e(peak_text)}</span></div>')
         if title:
             head = f'<div style="{SMALL};{DIM};white-space:nowrap">{_e(title)}</div>' + head
-        scale = chart.y_scale(chart.axis_number(top), "0", self.height) if top else ""
+        scale = chart.y_scale(chart.axis_number(top), "0", self.height, width=_SCALE_W) if top else ""
         return (f'<td style="padding:3px 6px;vertical-align:top;text-align:left">{head}'
                 f'<div style="display:flex">{picture}{scale}</div>{under}</td>')
 
