@@ -63,14 +63,15 @@ CELLS: list[tuple[str, str, tuple[str, ...]]] = [
 INDEX = {name: i for i, (name, _, _) in enumerate(CELLS)}
 
 
-def build_and_run(path: Path, scenario: str = "two-gpus", timeout: int = 300) -> Path:
-    """Write the notebook to ``path`` after nbclient ran it in a kernel reading ``scenario``
-    (unsigned: whoever opens it sees it untrusted)."""
+def build_and_run(path: Path, scenario: str = "two-gpus", timeout: int = 300,
+                  cells: list[tuple[str, str, tuple[str, ...]]] | None = None) -> Path:
+    """Write the notebook of ``cells`` (default :data:`CELLS`) to ``path`` after nbclient ran
+    it in a kernel reading ``scenario`` (unsigned: whoever opens it sees it untrusted)."""
     import nbclient
     import nbformat
 
     nb = nbformat.v4.new_notebook()
-    for name, source, tags in CELLS:
+    for name, source, tags in cells if cells is not None else CELLS:
         cell = nbformat.v4.new_code_cell(source)
         cell.metadata["tags"] = list(tags)
         cell.metadata["gpunb"] = name

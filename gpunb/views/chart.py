@@ -131,7 +131,7 @@ def y_scale(top_label: str, bottom_label: str, height: int, width: int = 30) -> 
 
 def time_axis(labels: Sequence[str], width: int) -> str:
     """Labels spread evenly under a chart of ``width`` pixels (first at the left edge, last at the right)."""
-    spans = "".join(f"<span>{escape(t)}</span>" for t in labels)
+    spans = "".join(f'<span style="white-space:nowrap">{escape(t)}</span>' for t in labels)
     return (f'<div style="display:flex;justify-content:space-between;width:{width}px;{SMALL};{DIM}">'
             f"{spans}</div>")
 

@@ -21,12 +21,12 @@ from gpunb.readings.gpu import CLOCK_EVENT_REASONS, SLOWDOWN_BITS
 from gpunb.views import chart
 from gpunb.views.chart import DIM, SMALL
 
-WIDTH = 112  # plot pixels of one chart
+WIDTH = 100  # plot pixels of one chart
 HEIGHT = 38
 # Points per chart: about one per pixel. Rows beyond that are merged into buckets.
-MAX_POINTS = 112
+MAX_POINTS = 100
 _TOP = 2.0  # the scale's top is drawn this far below the image's edge (a line there stays whole)
-_LABEL_W = 118  # the GPU column
+_LABEL_W = 104  # the GPU column
 _SCALE_W = 26  # the scale's numbers beside a chart
 _CELL_W = WIDTH + _SCALE_W + 12  # chart, its scale, padding
 MEMORY_FLOOR_MIB = 1024.0  # a memory scale never shows less than 1 GiB
@@ -287,7 +287,7 @@ class SparkPanel:
     def _cell(self, value_text: str, peak_text: str, picture: str, top: float | None, *,
               title: str = "", under: str = "") -> str:
         """A chart with its latest value (and window maximum) above and its scale beside it."""
-        head = (f'<div style="display:flex;justify-content:space-between;align-items:baseline;'
+        head = (f'<div style="display:flex;justify-content:space-between;align-items:baseline;gap:4px;'
                 f'width:{self.width + _SCALE_W}px;white-space:nowrap">'
                 f'<b>{_e(value_text)}</b><span style="{SMALL};{DIM}">{_e(peak_text)}</span></div>')
         if title:
@@ -402,7 +402,7 @@ class SparkPanel:
         """The GPU column: index, name, and a line that always holds the throttle badge's
         place (so the row does not grow when one appears)."""
         state = ('<div style="color:#e0413a;font-weight:bold">lost (no readings)</div>' if g.lost else "")
-        badge = self._badge(g.index) or f'<span style="{SMALL};{DIM}">clocks not held back</span>'
+        badge = self._badge(g.index) or f'<span style="{SMALL};{DIM}">no throttling</span>'
         return (f'<td style="padding:3px 6px;vertical-align:top;text-align:left">'
                 f'<div style="font-weight:bold;white-space:nowrap">GPU {g.index}</div>'
                 f'<div style="{SMALL};{DIM};max-width:{_LABEL_W}px;overflow:hidden;white-space:nowrap" '
@@ -453,9 +453,9 @@ class SparkPanel:
         return f'<tr><th></th>{cells}</tr>'
 
     def time_axis_html(self, columns: int, clock_text: str) -> str:
-        """Time labels under every chart column: the window's start, middle and the last sample."""
-        half = chart.span_words(self.window_s / 2)
-        labels = [f"−{chart.span_words(self.window_s)}", f"−{half}", clock_text or "now"]
+        """Time labels under every chart column: the window's start and the clock time of the
+        last sample (the grid lines inside mark its quarters)."""
+        labels = [f"−{chart.span_words(self.window_s)}", clock_text or "now"]
         axis = chart.time_axis(labels, self.width)
         cells = "".join(f'<td style="padding:0 6px;text-align:left">{axis}</td>' for _ in range(columns))
         return f'<tr><td style="padding:0 6px 4px 6px;text-align:left;{SMALL};{DIM}">time</td>{cells}</tr>'
