@@ -5,7 +5,8 @@ reads the fake NVML (``two-gpus``: readings recorded on an H200, replayed for tw
 trains with CPU torch; the monitor watches half a minute of the replay. ``%gpufit`` shows
 the result recorded on the H200 and the OOM doctor the message recorded there. The notebook
 is opened in JupyterLab in Debian's Chromium and each output is cropped to
-``docs/screenshots/<view>-<theme>.png`` (kept under 200 KB).
+``docs/screenshots/<view>-<theme>.png`` (kept under 200 KB); a second notebook shows the
+monitor of the ``eight-gpus`` fake (``monitor-8gpus-light.png``).
 
     python scripts/screenshots.py [--out docs/screenshots]
 """
@@ -51,6 +52,14 @@ def screenshot_cells() -> list[tuple[str, str, tuple[str, ...]]]:
     return cells
 
 
+EIGHT_GPU_CELLS = [
+    ("load", "%load_ext gpunb", ()),
+    ("monitor", "%gpumonitor --hz 2 --window 30", ()),
+    ("wait", "import time\ntime.sleep(24)  # let the monitor see the replayed training", ()),
+    ("stop", "%gpumonitor --stop", ()),
+]
+
+
 def _small_png(data: bytes) -> bytes:
     """The PNG as is, or with a 256-colour palette when it is over the size limit."""
     if len(data) <= MAX_BYTES:
@@ -81,19 +90,22 @@ def main() -> int:
             server.api("PUT", "/lab/api/settings/@jupyterlab/notebook-extension:tracker",
                        {"raw": json.dumps({"windowingMode": "none"})})
             notebook = build_and_run(server.root / "gpunb-views.ipynb", cells=screenshot_cells())
+            eight = build_and_run(server.root / "gpunb-8gpus.ipynb", scenario="eight-gpus", cells=EIGHT_GPU_CELLS)
+            shots = [(notebook, theme, VIEWS, "") for theme in ("light", "dark")]
+            shots.append((eight, "light", {"monitor": VIEWS["monitor"]}, "-8gpus"))
             with chromium() as browser:
-                for theme in ("light", "dark"):
+                for nb, theme, views, suffix in shots:
                     server.set_theme(theme)
                     page = browser.new_page(viewport={"width": 1100, "height": 6000})
-                    page.goto(server.lab_url(notebook.name))
+                    page.goto(server.lab_url(nb.name))
                     page.wait_for_selector(".jp-OutputArea-output img.gpunb-chart", timeout=60_000)
                     page.locator(".jp-Notebook").first.click()
                     page.keyboard.press("Escape")
                     page.keyboard.press("Control+b")  # close the file browser: a notebook's usual width
                     page.wait_for_timeout(1500)
-                    for view, inner in VIEWS.items():
+                    for view, inner in views.items():
                         output = page.locator(".jp-OutputArea-output", has=page.locator(inner)).first
-                        path = out / f"{view}-{theme}.png"
+                        path = out / f"{view}{suffix}-{theme}.png"
                         path.write_bytes(_small_png(output.screenshot()))
                         print(f"{path.relative_to(ROOT)}  {path.stat().st_size // 1024} KB")
                     page.close()

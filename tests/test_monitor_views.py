@@ -183,9 +183,12 @@ def test_time_axis_ends_at_the_last_sample():
 
 
 def test_eight_gpus_keep_one_row_each_with_fixed_columns():
-    page = monitor_html(window_of("two-gpus"))
-    assert page.count('class="gpunb-gpu"') == 2 and "table-layout:fixed" in page
-    assert page.count("<col ") == 6 and "flex-wrap" not in page  # fixed widths, nothing wraps freely
+    page = monitor_html(window_of("eight-gpus"))
+    assert page.count('class="gpunb-gpu"') == 8 and len(charts(page)) == 8 * 5 + 2
+    # one fixed-width table: each GPU one row, the same five columns; nothing wraps freely
+    widths = [int(w) for w in re.findall(r'<col style="width:(\d+)px">', page)]
+    assert len(widths) == 6 and f"width:{sum(widths)}px" in page and sum(widths) <= 800
+    assert "flex-wrap" not in page and "GPU 7" in page
 
 
 def test_text_line_and_no_gpu_message():

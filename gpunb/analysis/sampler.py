@@ -2,7 +2,7 @@
 
 It keeps the readings in bounded ring buffers of compact typed numbers (``array``), so
 a day at the default 2 Hz fits in a few MB, and hands out windows of them to whoever
-listens (the ``%gpumonitor`` widget). The thread never prints: it only calls listeners.
+listens (the ``%gpumonitor`` output). The thread never prints: it only calls listeners.
 NVML faults (a sensor not supported, a GPU fallen off the bus) become gaps plus a note;
 nothing that happens in a tick stops the thread.
 

@@ -35,8 +35,9 @@ MIN_DRAW_INTERVAL_S = 0.25
 
 
 def stop_all(state: KernelState | None = None) -> int:
-    """Stop every monitor of ``state`` (default: the current kernel's; each leaves its
-    snapshot) and the sampler thread. Returns how many monitors were live."""
+    """Stop every monitor of ``state`` (default: the current kernel's; each leaves its last
+    frame, captioned with the time it stopped) and the sampler thread. Returns how many
+    monitors were live."""
     state = state if state is not None else kernel_state()
     monitors = list(state.monitors)
     for m in monitors:

@@ -305,9 +305,9 @@ class SparkPanel:
         pending = self._pending.get(key, [])
         track.fit_scale(pending)
         latest = self.latest.get(key)
-        value_text = "n/a" if latest is None else f"{latest * scale:,.{digits}f} {unit}".strip()
+        value_text = "n/a" if latest is None else f"{latest * scale:.{digits}f} {unit}".strip()
         lo, hi, gaps, n = track.stats(pending)
-        peak_text = "" if hi is None else f"max {hi * scale:,.{digits}f}"
+        peak_text = "" if hi is None else f"max {hi * scale:.{digits}f}"
         if hi is None:
             stats = "no reading in this window"
         else:
