@@ -395,6 +395,9 @@ def fit_html(f: Any) -> str:
             + fit_chart_html(f))
 
 
+FIT_FIGSIZE = (7.6, 3.4)  # inches at 100 dpi: the plot and its legend beside it
+
+
 def _theme_neutral(fig: Any, ax: Any) -> None:
     """A transparent figure whose words and axes read on light and dark pages alike."""
     fig.patch.set_alpha(0.0)
@@ -412,7 +415,7 @@ def fit_figure(f: Any) -> Any:
     prediction at 50,000): trials, fitted lines, capacity, the answer."""
     from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
 
-    fig = Figure(figsize=(6, 3.4), dpi=100)
+    fig = Figure(figsize=FIT_FIGSIZE, dpi=100)
     ax = fig.add_subplot()
     _theme_neutral(fig, ax)
     ok = [t for t in f.trials if t.ok]
@@ -444,7 +447,8 @@ def fit_figure(f: Any) -> Any:
     ax.set_ylim(bottom=0)
     ax.set_xlabel("batch size (log scale)")
     ax.set_ylabel("GiB")
-    legend = ax.legend(fontsize=7, loc="upper left", frameon=False)
+    # beside the plot, not on it: the capacity line and the curve stay clear
+    legend = ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
     for text in legend.get_texts():
         text.set_color(chart.GREY)
     fig.tight_layout()
@@ -474,6 +478,7 @@ def fit_chart_html(f: Any) -> str:
     alt = (f"peak memory against batch size (log scale): {len(f.trials)} trials, {len(ok)} ran; "
            f"capacity {size(f.capacity_bytes)}; largest batch that ran {f.max_batch}")
     words = escape(alt, quote=True)
+    width, height = (round(v * 100) for v in FIT_FIGSIZE)
     return (f"<div style='margin-top:6px'><b>Peak memory per training step</b>"
-            f"<img class='gpunb-chart' src='data:image/png;base64,{png}' width='600' height='340' "
+            f"<img class='gpunb-chart' src='data:image/png;base64,{png}' width='{width}' height='{height}' "
             f"alt='{words}' title='{words}' style='display:block;max-width:none'></div>")
