@@ -4,7 +4,8 @@ A comparison reads like a lab note: "1.8x faster, 35 % less memory". Speed compa
 samples/s when both runs know their batch size and it differs (a larger batch takes longer
 per step but may train faster), else the median step time when both runs have steps, else
 the wall time; memory compares torch's peak allocated bytes when both ran on a GPU, else
-the peak resident memory.
+the peak resident memory. When both counted their FLOPs on the same GPU model, the MFU
+(datasheet basis) of each is named too: "MFU from 21% to 48%".
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class Comparison:
     speed_basis: str  # "samples/s" | "median step" | "wall time"
     memory_ratio: float | None  # later / earlier
     memory_basis: str  # "peak VRAM" | "peak RSS"
+    mfu: tuple[float, float] | None = None  # (earlier, later) against the same datasheet peak table
 
     def words(self) -> str:
         parts = []
@@ -41,6 +43,9 @@ class Comparison:
                 parts.append(f"{100 * change:.0f}% less memory")
             else:
                 parts.append(f"{100 * -change:.0f}% more memory")
+        if self.mfu is not None:
+            before, after = (round(100 * x) for x in self.mfu)
+            parts.append(f"MFU {before}%" if before == after else f"MFU from {before}% to {after}%")
         return ", ".join(parts)
 
 
@@ -67,7 +72,14 @@ def compare(earlier: Any, later: Any) -> Comparison:
     (m0, c0), (m1, c1) = _memory(earlier), _memory(later)
     speed = s0 / s1 if s0 and s1 else None
     memory = m1 / m0 if m0 and m1 and c0 == c1 else None
-    return Comparison(speed, b1, memory, c1)
+    return Comparison(speed, b1, memory, c1, _mfu_pair(earlier, later))
+
+
+def _mfu_pair(earlier: Any, later: Any) -> tuple[float, float] | None:
+    a, b = getattr(earlier, "flops", None), getattr(later, "flops", None)
+    if a is None or b is None or a.mfu is None or b.mfu is None or a.gpu_model != b.gpu_model:
+        return None
+    return a.mfu, b.mfu
 
 
 class ProfileHistory:
