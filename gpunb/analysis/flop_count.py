@@ -254,12 +254,12 @@ class StepFlopCounter:
         if mode is None or self.result is not None or mode.inert:
             return
         host_ms = (time.perf_counter() - self._t0) * 1000.0
-        left = self._leave(mode)
-        if not left:
+        if not self._leave(mode):
             mode.inert = True  # still on the stack of another thread or under a user's mode: only passes calls on
             self.why_not = ("not counted: the step ended in another thread or inside another dispatch mode, "
                             "so the counting mode was switched off instead of removed")
             return
+        self.mode = None  # off the stack; drop the per-operator table too
         if not complete:
             self.why_not = (f"not counted: the cell ended before step {self.step + 1} finished "
                             "(FLOPs are counted on the second optimizer step)")
@@ -271,7 +271,6 @@ class StepFlopCounter:
             notes.append(f"{mode.failures} operations could not be counted ({mode.first_failure})")
         self.result = FlopCount(self.step, mode.flops, dict(mode.by_precision), dict(mode.by_op), mode.bytes,
                                 mode.ops, host_ms, "; ".join(notes), mode.gpu_flops)
-        self.mode = None  # drop the per-operator table
 
     def _leave(self, mode: Any) -> bool:
         if threading.get_ident() != self._thread:

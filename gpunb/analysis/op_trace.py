@@ -204,13 +204,15 @@ class OpTrace:
                                 for name, (calls, us) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:TOP])
             time_of = lambda a: getattr(a, "self_device_time_total", None) or getattr(a, "self_cuda_time_total", 0)  # noqa: E731
         else:
-            window_us = max(sum(e.time_range.elapsed_us() for e in steps), 1e-9)
+            # Self times partition the recorded host time; the "ProfilerStep" ranges' own self time
+            # is the host time outside any operator (Python, the data loader).
             by_category = defaultdict(float)
             for e in events:
-                if e.device_type == cpu_type and not e.name.startswith("ProfilerStep"):
-                    by_category[op_category(e.name)] += e.self_cpu_time_total
-            shares = {c: by_category[c] / window_us for c in CATEGORIES if by_category.get(c)}
-            shares["idle"] = sum(e.self_cpu_time_total for e in steps) / window_us  # host time outside operators
+                if e.device_type == cpu_type:
+                    key = "idle" if e.name.startswith("ProfilerStep") else op_category(e.name)
+                    by_category[key] += e.self_cpu_time_total
+            window_us = max(sum(by_category.values()), 1e-9)
+            shares = {c: by_category[c] / window_us for c in CATEGORIES + ("idle",) if by_category.get(c)}
             top_kernels = ()
             time_of = lambda a: a.self_cpu_time_total  # noqa: E731
         averages = [a for a in prof.key_averages()
