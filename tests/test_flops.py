@@ -64,6 +64,19 @@ def test_mlp_flops_equal_the_hand_count_exactly():
     assert count.bytes_moved > (d0 * d1 + d1 * d2) * 4 * 3  # at least weights read, gradients written, updated
 
 
+@pytest.mark.parametrize("foreach", [False, True])
+def test_adamw_steps_are_counted_without_a_gap(foreach):
+    """AdamW's per-parameter updates pass Python numbers where the schema says Tensor."""
+    model, x = _mlp(8, 32, 32, 4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=foreach)
+    with gpunb.profile(record=False, show=False) as p:
+        _train(model, x, steps=3, opt=opt)
+    count = p.result.flops.count
+    assert not count.uncounted and count.flops == 2 * matmul(8, 32, 32) + 3 * matmul(8, 4, 32)
+    params = sum(q.numel() for q in model.parameters()) * 4
+    assert count.bytes_moved > 6 * params  # AdamW reads and writes weights, gradients and two moments
+
+
 def test_conv_net_flops_equal_the_hand_count_and_torchs_flop_counter():
     n, c_in, c_mid, h, w, k = 4, 3, 8, 16, 16, 3
     torch.manual_seed(0)
@@ -358,3 +371,15 @@ def test_the_check_keeps_its_matmul_peaks_for_the_profile(private_peak_cache):
     assert not got.this_process and got.source().startswith("%gpucheck result cached ")
     private_peak_cache.write_text("{not json")
     assert peak_cache.lookup("GPU-12bebae7-3cb1-fcf7-294c-65779ece26ff") is None  # a broken file is no error
+
+
+def test_history_says_which_precision_each_mfu_is_against():
+    import dataclasses
+
+    from gpunb.analysis.profile_history import compare
+
+    fp32 = gpunb_result(mfu=0.65)
+    bf16 = gpunb_result(mfu=0.40)
+    count = dataclasses.replace(bf16.flops.count, by_precision={"bf16": bf16.flops.count.flops})
+    bf16 = dataclasses.replace(bf16, flops=dataclasses.replace(bf16.flops, count=count))
+    assert compare(fp32, bf16).words().endswith("MFU from 65% (fp32) to 40% (bf16)")

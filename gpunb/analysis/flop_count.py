@@ -177,9 +177,11 @@ def _mode_class(torch: Any) -> type:
                 for i, is_list, factor in info.tensor_args:  # an in-place operand is read and written
                     if i >= n_args:
                         break
-                    a = args[i]
-                    if a is not None:
-                        moved += factor * (sum(t.nbytes for t in a if t is not None) if is_list else a.nbytes)
+                    a = args[i]  # the schema says Tensor; a wrapped Python number may come instead
+                    if is_list:
+                        moved += factor * sum(t.nbytes for t in a if isinstance(t, tensor))
+                    elif isinstance(a, tensor):
+                        moved += factor * a.nbytes
                 if kwargs:
                     for a in kwargs.values():
                         moved += _tensor_bytes(a, tensor)  # read, or for out=: written
