@@ -212,7 +212,7 @@ def test_mfu_against_the_datasheet_and_the_measured_peak():
     assert t.achieved_tflops == pytest.approx(flops / 0.040 / 1e12)
     assert t.peak_tflops == pytest.approx(989.5) and t.mfu == pytest.approx(t.achieved_tflops / 989.5)
     assert t.measured_peak_tflops == pytest.approx(790.0) and t.mfu_measured == pytest.approx(t.achieved_tflops / 790)
-    assert t.measured_source == "%gpucheck result cached 2026-11-30 14:02" and t.memory_bound is False
+    assert t.measured_source == "%gpucheck on 2026-11-30 14:02 (cached)" and t.memory_bound is False
     # a mix: the peak is the mix's (time at each precision's peak, summed)
     t = assess(_count(10**12, {"bf16": 0.5, "fp32": 0.5}), "", 100.0, "NVIDIA H200", None)
     assert t.peak_tflops == pytest.approx(1 / (0.5 / 989.5 + 0.5 / 67.0))
@@ -368,7 +368,7 @@ def test_the_check_keeps_its_matmul_peaks_for_the_profile(private_peak_cache):
     saved["GPU-12bebae7-3cb1-fcf7-294c-65779ece26ff"]["pid"] = -5
     private_peak_cache.write_text(json.dumps(saved))
     got = peak_cache.lookup("GPU-12bebae7-3cb1-fcf7-294c-65779ece26ff")
-    assert not got.this_process and got.source().startswith("%gpucheck result cached ")
+    assert not got.this_process and got.source().startswith("%gpucheck on ") and got.source().endswith("(cached)")
     private_peak_cache.write_text("{not json")
     assert peak_cache.lookup("GPU-12bebae7-3cb1-fcf7-294c-65779ece26ff") is None  # a broken file is no error
 

@@ -115,6 +115,7 @@ def _mode_class(torch: Any) -> type:
 
     registry = flop_counter.flop_registry  # the live table: formulas registered later count too
     tensor = torch.Tensor
+    infos: dict[Any, _OpInfo] = {}  # per operator, for the life of the process: schemas do not change
     hop_type = getattr(torch._ops, "HigherOrderOperator", ())
 
     class StepCountingMode(TorchDispatchMode):
@@ -128,7 +129,6 @@ def _mode_class(torch: Any) -> type:
             super().__init__()
             self.tf32 = tf32
             self.inert = False  # set when the mode could not be left: it then only passes calls on
-            self.info: dict[Any, _OpInfo] = {}
             self.flops = 0
             self.gpu_flops = 0
             self.by_precision: dict[str, int] = {}
@@ -154,9 +154,9 @@ def _mode_class(torch: Any) -> type:
             return out
 
         def _count(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
-            info = self.info.get(func)
+            info = infos.get(func)
             if info is None:
-                info = self.info[func] = _OpInfo(func, registry, hop_type)
+                info = infos[func] = _OpInfo(func, registry, hop_type)
             self.ops += 1
             if info.hop:
                 self.hops += 1
@@ -261,7 +261,7 @@ class StepFlopCounter:
             self.why_not = ("not counted: the step ended in another thread or inside another dispatch mode, "
                             "so the counting mode was switched off instead of removed")
             return
-        self.mode = None  # off the stack; drop the per-operator table too
+        self.mode = None  # off the stack
         if not complete:
             self.why_not = (f"not counted: the cell ended before step {self.step + 1} finished "
                             "(FLOPs are counted on the second optimizer step)")

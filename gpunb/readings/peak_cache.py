@@ -45,7 +45,7 @@ class MeasuredPeaks:
         """Where the figure comes from, in words for a report."""
         if self.this_process:
             return f"%gpucheck in this kernel, {self.measured_at}"
-        return f"%gpucheck result cached {self.measured_at}"
+        return f"%gpucheck on {self.measured_at} (cached)"
 
 
 def _norm(uuid: str) -> str:
