@@ -57,13 +57,12 @@ def _precision_of(dtype_name: str, on_cuda: bool, kind: str, tf32: dict) -> str:
 class _OpInfo:
     """What counting needs to know about one operator, worked out once from its schema."""
 
-    __slots__ = ("formula", "kind", "hop", "moves", "tensor_args", "fresh_out", "name")
+    __slots__ = ("packet", "kind", "hop", "moves", "tensor_args", "fresh_out", "name")
 
-    def __init__(self, func: Any, registry: dict, hop_type: Any) -> None:
+    def __init__(self, func: Any, hop_type: Any) -> None:
         self.hop = isinstance(func, hop_type)
         self.name = str(getattr(func, "_overloadpacket", func))
-        packet = getattr(func, "_overloadpacket", None)
-        self.formula = registry.get(packet) if packet is not None else None
+        self.packet = getattr(func, "_overloadpacket", None)  # the FLOP formulas' key
         base = self.name.rsplit(".", 1)[-1]
         self.kind = "matmul" if base in _MATMUL_OPS else "conv" if base in _CONV_OPS else "other"
         # (position, holds a list of tensors, bytes factor: 2 for an operand written in place)
@@ -113,7 +112,7 @@ def _mode_class(torch: Any) -> type:
     from torch.utils import flop_counter
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    registry = flop_counter.flop_registry  # the live table: formulas registered later count too
+    registry = flop_counter.flop_registry  # the live table, not a copy
     tensor = torch.Tensor
     infos: dict[Any, _OpInfo] = {}  # per operator, for the life of the process: schemas do not change
     hop_type = getattr(torch._ops, "HigherOrderOperator", ())
@@ -156,13 +155,14 @@ def _mode_class(torch: Any) -> type:
         def _count(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
             info = infos.get(func)
             if info is None:
-                info = infos[func] = _OpInfo(func, registry, hop_type)
+                info = infos[func] = _OpInfo(func, hop_type)
             self.ops += 1
             if info.hop:
                 self.hops += 1
                 return
-            if info.formula is not None:
-                n = int(info.formula(*args, **kwargs, out_val=out))
+            formula = registry.get(info.packet)  # looked up each time: a formula registered later counts
+            if formula is not None:
+                n = int(formula(*args, **kwargs, out_val=out))
                 first = _first_tensor(args, tensor)
                 dtype = str(first.dtype).removeprefix("torch.") if first is not None else ""
                 on_gpu = first is not None and first.device.type != "cpu"
