@@ -194,8 +194,8 @@ def _mode_class(torch: Any) -> type:
 
 
 def _compiled_code_would_change(torch: Any) -> bool:
-    """True on a torch whose Dynamo runs compiled code uncompiled while a dispatch mode is
-    active (no ``ignore_compile_internals``, torch < 2.8) and compiled code has run here."""
+    """True on a torch whose dispatch modes cannot declare ``ignore_compile_internals`` (so
+    Dynamo would run compiled code uncompiled under the counter) once compiled code ran here."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     if hasattr(TorchDispatchMode, "ignore_compile_internals"):
@@ -237,7 +237,7 @@ class StepFlopCounter:
         try:
             if _compiled_code_would_change(torch):
                 self.why_not = (f"not counted: torch {torch.__version__} would run this kernel's compiled code "
-                                "uncompiled under a counting mode (torch >= 2.8 counts compiled steps)")
+                                "uncompiled under a counting mode (newer torch versions count compiled steps)")
                 return False
             self.mode = _mode_class(torch)(_tf32_flags(torch))
             self.mode.__enter__()

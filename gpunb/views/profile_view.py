@@ -7,6 +7,7 @@ import html
 from typing import TYPE_CHECKING, Sequence
 
 from gpunb.analysis.profile_history import compare
+from gpunb.analysis.step_plan import COUNTED_STEP
 from gpunb.units import byte_rate, flop_count, flop_rate, gib, milliseconds, seconds
 
 if TYPE_CHECKING:  # the records import this module lazily to display themselves
@@ -116,7 +117,7 @@ def _excluded_words(p: CellProfile) -> str:
     if not excluded:
         return ""
     why = []
-    if p.flops is not None and p.flops.count is not None and p.flops.count.step in excluded:
+    if p.flops is not None and COUNTED_STEP in excluded:
         why.append("FLOP count")
     if p.ops is not None and p.ops.steps:
         why.append("torch.profiler")
