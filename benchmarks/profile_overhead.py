@@ -307,7 +307,9 @@ def per_call_us(fn, budget_s: float = 0.1, max_n: int = 2000) -> float:
 
 
 def counting_cost(run, device: str, repeats: int = 7) -> dict:
-    """What counting one step's FLOPs adds to that step (host clock, ms), and the ops it saw."""
+    """What counting one step's FLOPs adds to that step (ms until the GPU finished it: a GPU-bound
+    step hides the counter's host time behind the GPU, a launch-bound one pays it), and the
+    operations it saw."""
     import torch
 
     from gpunb.analysis.flop_count import StepFlopCounter
@@ -324,8 +326,8 @@ def counting_cost(run, device: str, repeats: int = 7) -> dict:
             if counter is not None:
                 counter.end()
                 seen = counter.result.ops
-            measure.append((time.perf_counter() - t0) * 1e3)
             sync(device)
+            measure.append((time.perf_counter() - t0) * 1e3)
     p, c = statistics.median(plain), statistics.median(counted)
     return {"plain_step_ms": p, "counted_step_ms": c, "extra_steps": (c - p) / p if p > 0 else None, "ops": seen}
 
