@@ -383,3 +383,29 @@ def test_history_says_which_precision_each_mfu_is_against():
     count = dataclasses.replace(bf16.flops.count, by_precision={"bf16": bf16.flops.count.flops})
     bf16 = dataclasses.replace(bf16, flops=dataclasses.replace(bf16.flops, count=count))
     assert compare(fp32, bf16).words().endswith("MFU from 65% (fp32) to 40% (bf16)")
+
+
+def test_the_users_own_flop_counter_is_left_alone():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model, x = _mlp(8, 16, 16, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    theirs = []
+    with gpunb.profile(record=False, show=False) as p:  # their counter around each step, step 1's end inside it
+        for _ in range(3):
+            with FlopCounterMode(display=False) as counter:
+                _train(model, x, steps=1, opt=opt)
+            theirs.append(counter.get_total_flops())
+    assert theirs == [matmul(8, 16, 16) * 2 + matmul(8, 2, 16) * 3] * 3
+    assert p.result.flops.count is None and "another dispatch mode" in p.result.flops.why_not
+    assert torch._C._len_torch_dispatch_stack() == 0
+    # theirs opened inside the counted step and closed after it: ours is switched off, then removed
+    with gpunb.profile(record=False, show=False) as p:
+        _train(model, x, steps=1, opt=opt)
+        counter = FlopCounterMode(display=False)
+        counter.__enter__()
+        _train(model, x, steps=2, opt=opt)
+        counter.__exit__(None, None, None)
+    assert counter.get_total_flops() == 2 * (matmul(8, 16, 16) * 2 + matmul(8, 2, 16) * 3)
+    assert p.result.flops.count is None and "another dispatch mode" in p.result.flops.why_not
+    assert torch._C._len_torch_dispatch_stack() == 0

@@ -227,14 +227,15 @@ class StepFlopCounter:
         self._thread: int | None = None
         self._t0 = 0.0
 
-    @property
-    def active(self) -> bool:
-        return self.mode is not None and not self.mode.inert and self.result is None
-
     def begin(self, step: int) -> bool:
         """Start counting the step that begins now (``step``: its 0-based index)."""
         torch = self.torch
         try:
+            if torch._C._len_torch_dispatch_stack():
+                # the user's own mode (a FlopCounterMode, a debug mode) is active: pushing ours on
+                # top would make their `with` block pop ours instead of theirs when it ends
+                self.why_not = "not counted: another dispatch mode (such as FlopCounterMode) was active at step 1's end"
+                return False
             if _compiled_code_would_change(torch):
                 self.why_not = (f"not counted: torch {torch.__version__} would run this kernel's compiled code "
                                 "uncompiled under a counting mode (newer torch versions count compiled steps)")
@@ -253,7 +254,11 @@ class StepFlopCounter:
     def end(self, complete: bool = True) -> None:
         """Stop counting (at the next step's end; ``complete=False``: the cell ended first)."""
         mode = self.mode
-        if mode is None or self.result is not None or mode.inert:
+        if mode is None or self.result is not None:
+            return
+        if mode.inert:  # an earlier end could not take it off the stack: try again (the cell's end)
+            if self._leave(mode):
+                self.mode = None
             return
         host_ms = (time.perf_counter() - self._t0) * 1000.0
         if not self._leave(mode):

@@ -47,8 +47,8 @@ class StepPlan:
     def stop_counting(self) -> None:
         """First thing at the cell's end: a count still running (the cell ended inside the
         counted step) is dropped, so gpunb's own end-of-cell work is never counted."""
-        if self.counter is not None and self.counter.active:
-            self.counter.end(complete=False)
+        if self.counter is not None:
+            self.counter.end(complete=False)  # nothing when the count is done or never began
 
     def finish(self) -> OpsReport | None:
         """After the cell's GPU work has finished: stop the profiler and summarize its trace."""
