@@ -409,3 +409,32 @@ def test_the_users_own_flop_counter_is_left_alone():
     assert counter.get_total_flops() == 2 * (matmul(8, 16, 16) * 2 + matmul(8, 2, 16) * 3)
     assert p.result.flops.count is None and "another dispatch mode" in p.result.flops.why_not
     assert torch._C._len_torch_dispatch_stack() == 0
+
+
+def _event(name, start, end, device="cpu", id=0, linked=0):
+    from types import SimpleNamespace
+
+    span = SimpleNamespace(start=start, end=end, elapsed_us=lambda: end - start)
+    return SimpleNamespace(name=name, time_range=span, device_type=device, id=id, linked_correlation_id=linked)
+
+
+def test_gpu_window_holds_only_the_recorded_steps_kernels():
+    from gpunb.analysis.op_trace import device_summary
+
+    steps = [_event("ProfilerStep#3", 0, 10), _event("ProfilerStep#4", 10, 20), _event("ProfilerStep#5", 20, 30)]
+    ops = [_event("aten::mm", 1, 2, id=7), _event("aten::add", 3, 4, id=8)]
+    # GPU-bound: the host recorded its three steps by t=30, the GPU was still busy with older
+    # steps (unlinked kernels) until t=100, then ran ours back to back
+    gpu_bound = steps + ops + [
+        _event("sm90_xmma_gemm_old", 40, 100, device="cuda"),
+        _event("sm90_xmma_gemm_bf16", 100, 190, device="cuda", linked=7),
+        _event("vectorized_elementwise_kernel", 190, 200, device="cuda", linked=8)]
+    window, shares, by_name = device_summary(gpu_bound, steps, "cpu")
+    assert window == 100 and shares == {"matmul": 0.9, "elementwise": 0.1, "idle": 0.0}
+    assert "sm90_xmma_gemm_old" not in by_name
+    # host-bound: the GPU waits for the host; the gaps between kernels are idle time
+    host_bound = steps + ops + [
+        _event("sm90_xmma_gemm_bf16", 2, 5, device="cuda", linked=7),
+        _event("vectorized_elementwise_kernel", 12, 14, device="cuda", linked=8)]
+    window, shares, _ = device_summary(host_bound, steps, "cpu")
+    assert window == 30 and shares["matmul"] == pytest.approx(0.1) and shares["idle"] == pytest.approx(25 / 30)

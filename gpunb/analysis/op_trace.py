@@ -185,20 +185,7 @@ class OpTrace:
         shares: dict[str, float] = {}
         note = "" if len(self.traced) == ACTIVE else f"only {len(self.traced)} of {ACTIVE} steps were recorded"
         if self.device and kernels:
-            start = min([e.time_range.start for e in kernels] + [e.time_range.start for e in steps])
-            end = max([e.time_range.end for e in kernels] + [e.time_range.end for e in steps])
-            window_us = max(end - start, 1e-9)
-            by_name: dict[str, list] = defaultdict(lambda: [0, 0.0])
-            by_category: dict[str, float] = defaultdict(float)
-            for e in kernels:
-                us = e.time_range.elapsed_us()
-                row = by_name[e.name]
-                row[0] += 1
-                row[1] += us
-                by_category[kernel_category(e.name)] += us
-            busy = _union_us([(e.time_range.start, e.time_range.end) for e in kernels])
-            shares = {c: by_category[c] / window_us for c in CATEGORIES if by_category.get(c)}
-            shares["idle"] = max(0.0, 1 - busy / window_us)
+            window_us, shares, by_name = device_summary(events, steps, cpu_type)
             top_kernels = tuple(OpRow(_short(name), kernel_category(name), round(calls / n), us / 1000 / n,
                                       us / window_us)
                                 for name, (calls, us) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:TOP])
@@ -239,6 +226,41 @@ class OpTrace:
             except Exception as exc:
                 problem = f"{path.parent} is not writable: {type(exc).__name__}: {exc}"
         return "", None, f"no trace file: {problem}"
+
+
+def device_summary(events: list, steps: list, cpu_type: Any) -> tuple[float, dict, dict]:
+    """GPU side of a trace: (window µs, category shares with "idle", kernel name -> [calls, µs]).
+
+    Only the recorded steps' kernels count. A GPU-bound loop's host runs ahead of the GPU, so
+    when recording starts the GPU may still be busy with earlier steps, whose kernels CUPTI
+    records too. Each kernel names the operator that launched it (``linked_correlation_id`` is
+    that operator's ``id``); the window starts at the first kernel launched by a recorded
+    operator, and on one stream every later kernel belongs to the recorded steps. It ends when
+    the last kernel or the last step ends. Without such links (another torch) every kernel counts.
+    """
+    kernels = [e for e in events if e.device_type != cpu_type]
+    operators = {e.id for e in events if e.device_type == cpu_type} - {0}  # 0: no link
+    linked = [k for k in kernels if getattr(k, "linked_correlation_id", 0) in operators]
+    start = min([e.time_range.start for e in kernels] + [e.time_range.start for e in steps])
+    if linked:
+        first = min(k.time_range.start for k in linked)
+        earlier = [k for k in kernels if k.time_range.start < first]
+        kernels = [k for k in kernels if k.time_range.start >= first]
+        # the GPU still ran earlier steps: it was busy up to here, the window starts with ours
+        start = first if earlier else min([first] + [e.time_range.start for e in steps])
+    end = max([k.time_range.end for k in kernels] + [e.time_range.end for e in steps])
+    window_us = max(end - start, 1e-9)
+    by_name: dict[str, list] = defaultdict(lambda: [0, 0.0])
+    by_category: dict[str, float] = defaultdict(float)
+    for k in kernels:
+        us = k.time_range.elapsed_us()
+        row = by_name[k.name]
+        row[0] += 1
+        row[1] += us
+        by_category[kernel_category(k.name)] += us
+    shares = {c: by_category[c] / window_us for c in CATEGORIES if by_category.get(c)}
+    shares["idle"] = max(0.0, 1 - _union_us([(k.time_range.start, k.time_range.end) for k in kernels]) / window_us)
+    return window_us, shares, dict(by_name)
 
 
 def _union_us(intervals: list[tuple[float, float]]) -> float:
