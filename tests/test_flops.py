@@ -10,7 +10,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import gpunb  # noqa: E402
-from gpunb.analysis.flop_count import StepFlopCounter  # noqa: E402
 from gpunb.analysis.op_trace import kernel_category, op_category  # noqa: E402
 from gpunb.analysis.throughput import assess, throughput_advice  # noqa: E402
 from gpunb.analysis.throughput_records import FlopCount, OpRow, OpsReport  # noqa: E402

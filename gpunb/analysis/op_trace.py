@@ -161,9 +161,8 @@ class OpTrace:
         # complete trace: closes the open "ProfilerStep" range and nothing else.
         self._stop_quietly()
         if not self.traced:
-            ran = (self.started_at or 0) + 1 + WAIT + WARMUP
             self.report = self._empty(f"the cell ended before step {FIRST_TRACED + 1}: --ops records steps "
-                                      f"{FIRST_TRACED + 1}-{FIRST_TRACED + ACTIVE} (the cell ran {ran - 1} or fewer)", t0)
+                                      f"{FIRST_TRACED + 1}-{FIRST_TRACED + ACTIVE} of a training loop", t0)
             return self.report
         try:
             self.report = self._summarize(prof, t0)
@@ -182,7 +181,6 @@ class OpTrace:
         n = max(len(steps), 1)
         cpu_type = self.torch.autograd.DeviceType.CPU
         kernels = [e for e in events if e.device_type != cpu_type]
-        shares: dict[str, float] = {}
         note = "" if len(self.traced) == ACTIVE else f"only {len(self.traced)} of {ACTIVE} steps were recorded"
         if self.device and kernels:
             window_us, shares, by_name = device_summary(events, steps, cpu_type)
