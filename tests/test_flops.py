@@ -437,3 +437,13 @@ def test_gpu_window_holds_only_the_recorded_steps_kernels():
         _event("vectorized_elementwise_kernel", 12, 14, device="cuda", linked=8)]
     window, shares, _ = device_summary(host_bound, steps, "cpu")
     assert window == 30 and shares["matmul"] == pytest.approx(0.1) and shares["idle"] == pytest.approx(25 / 30)
+
+
+def test_ops_without_torch_says_why(monkeypatch):
+    from gpunb.readings import torch_state
+
+    monkeypatch.setattr(torch_state, "imported_torch", lambda: None)
+    with gpunb.profile(record=False, show=False, ops=True) as p:
+        sum(range(10))
+    assert p.result.flops is None and "nothing to trace" in p.result.ops.note
+    assert "no trace: torch was not imported" in profile_text(p.result)

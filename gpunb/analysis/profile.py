@@ -31,6 +31,7 @@ from gpunb.analysis.profile_records import CellProfile, GpuPart, StepStats, Time
 from gpunb.analysis.step_events import per_step_ms
 from gpunb.analysis.step_plan import StepPlan
 from gpunb.analysis.throughput import assess
+from gpunb.analysis.throughput_records import OpsReport
 from gpunb.analysis.verdict import judge
 from gpunb.readings import torch_state
 from gpunb.readings.gpu_activity import (
@@ -150,6 +151,9 @@ class ProfileSession:
         ins.sample_memory(force=True)
         usage = read_process_usage(peak_was_reset=self.rss_reset)
         ops = plan.finish() if plan is not None else None  # after the GPU finished: the trace is complete
+        if ops is None and self.ops and torch is None:
+            ops = OpsReport(False, (), 0.0, {}, (), (), "", None, 0.0,
+                            "torch was not imported when the cell started, so there was nothing to trace")
         steps = self._steps(ins, plan.excluded if plan is not None else set())
         shares = self._shares(ins, t_end)
         nvml = self.nvml or default_session()
