@@ -214,23 +214,41 @@ def memory_html(r: Any) -> str:
 
 # -- %gpufit ------------------------------------------------------------------------------------
 
+def fit_headline(f: Any) -> str:
+    """The answer in one line, with the measurement that justifies it."""
+    t = f.recommended_trial
+    line = f"recommended batch: {f.recommended}"
+    if t is not None and t.peak_reserved_bytes is not None and f.capacity_bytes:
+        line += (f" (trained {t.steps_done} steps at {size(t.peak_reserved_bytes)} peak reserved of "
+                 f"{size(f.capacity_bytes)}: {size(f.headroom_bytes)} free"
+                 + (", optimizer state laid out as in a fresh process" if t.relocated_bytes else "") + ")")
+    return line
+
+
+def _trial_line(t: Any) -> str:
+    s = f"{t.index}. batch {t.batch:>6} ({t.purpose}): {t.verdict}"
+    if t.peak_allocated_bytes is not None:
+        s += f"; peak {size(t.peak_allocated_bytes)} allocated, {size(t.peak_reserved_bytes)} reserved"
+        fb = getattr(t, "peak_before_step_bytes", None)
+        if fb is not None:
+            s += f", {size(fb)} before optimizer.step"
+    return s + f"; {t.steps_done}/{t.steps} steps, {t.seconds:.1f} s"
+
+
 def fit_text(f: Any) -> str:
     if not f.ok:
         return f"gpunb %gpufit: {f.problem}"
-    lines = [f"gpunb %gpufit on {f.device}: largest batch that ran: {f.max_batch}; "
-             f"recommended (−{f.margin * 100:.0f} % margin): {f.recommended}"]
+    lines = [f"gpunb %gpufit on {f.device}: {fit_headline(f)}"]
+    if f.max_batch is not None and f.max_batch != f.recommended:
+        edge = next((t for t in f.trials if t.ok and t.batch == f.max_batch), None)
+        lines.append(f"  largest batch that completed: {f.max_batch}" + (f" ({edge.verdict})" if edge else ""))
     if f.predicted is not None:
-        lines.append(f"  predicted from the probes: {f.predicted}"
-                     + (f" (reserved-bytes line: {f.predicted_reserved})" if f.predicted_reserved is not None else ""))
-    lines.append(f"  capacity: {size(f.capacity_bytes)}; {f.trial_count} trials:")
+        lines.append(f"  predicted from the allocated-memory line: {f.predicted}"
+                     + (f"; from the reserved-memory line: {f.predicted_reserved}"
+                        if f.predicted_reserved is not None else ""))
+    lines.append(f"  {f.trial_count} trials in {f.seconds:.1f} s ({f.steps} steps each, a sustained run):")
     for t in f.trials:
-        if t.ok:
-            fb = getattr(t, "peak_before_step_bytes", None)
-            lines.append(f"    {t.index}. batch {t.batch:>6} ({t.purpose}): peak {size(t.peak_allocated_bytes)} "
-                         f"allocated, {size(t.peak_reserved_bytes)} reserved"
-                         + (f", {size(fb)} before optimizer.step" if fb is not None else "") + f", {t.seconds:.1f} s")
-        else:
-            lines.append(f"    {t.index}. batch {t.batch:>6} ({t.purpose}): out of memory, {t.seconds:.1f} s")
+        lines.append("    " + _trial_line(t))
     if f.line_allocated is not None:
         lines.append(f"  memory per sample ≈ {size(f.line_allocated.slope)}; fixed ≈ {size(f.line_allocated.intercept)}")
     for n in f.notes:
@@ -241,13 +259,15 @@ def fit_text(f: Any) -> str:
 def fit_html(f: Any) -> str:
     if not f.ok:
         return f"<div><b>gpunb %gpufit</b>: {escape(f.problem)}</div>"
-    rows = [[str(t.index), str(t.batch), t.purpose, "ran" if t.ok else "out of memory",
-             size(t.peak_allocated_bytes), size(t.peak_reserved_bytes), f"{t.seconds:.1f} s"] for t in f.trials]
-    head = (f"<div><b>gpunb %gpufit</b> on {escape(f.device)}: largest batch that ran <b>{f.max_batch}</b>; "
-            f"recommended (−{f.margin * 100:.0f} % margin) <b>{f.recommended}</b>; predicted "
-            f"{escape(str(f.predicted))} from the probes; capacity {escape(size(f.capacity_bytes))}</div>")
+    rows = [[str(t.index), str(t.batch), t.purpose, t.verdict, size(t.peak_allocated_bytes),
+             size(t.peak_reserved_bytes), f"{t.steps_done}/{t.steps}", f"{t.seconds:.1f} s"] for t in f.trials]
+    head = (f"<div><b>gpunb %gpufit</b> on {escape(f.device)}: <b>{escape(fit_headline(f))}</b></div>"
+            f"<div>{f.trial_count} trials in {f.seconds:.1f} s; largest batch that completed "
+            f"{escape(str(f.max_batch))}; predicted {escape(str(f.predicted))} (allocated line), "
+            f"{escape(str(f.predicted_reserved))} (reserved line)</div>")
     notes = "".join(f"<div>note: {escape(n)}</div>" for n in f.notes)
-    return head + _table(["#", "batch", "why", "result", "peak allocated", "peak reserved", "time"], rows) + notes
+    return head + _table(["#", "batch", "why", "result", "peak allocated", "peak reserved", "steps", "time"],
+                         rows) + notes
 
 
 def fit_figure(f: Any) -> Any:
@@ -256,8 +276,9 @@ def fit_figure(f: Any) -> Any:
 
     fig = Figure(figsize=(6, 3.4), dpi=100)
     ax = fig.add_subplot()
-    ok = [t for t in f.trials if t.ok]
+    ok = [t for t in f.trials if t.ok and t.peak_allocated_bytes is not None]
     bad = [t for t in f.trials if not t.ok]
+    edge = [t for t in ok if not t.clean]
     ax.scatter([t.batch for t in ok], [t.peak_allocated_bytes / GiB for t in ok], label="peak allocated", zorder=3)
     ax.scatter([t.batch for t in ok], [(t.peak_reserved_bytes or 0) / GiB for t in ok], marker="s",
                label="peak reserved", zorder=3)
@@ -269,15 +290,18 @@ def fit_figure(f: Any) -> Any:
         ax.axhline(f.capacity_bytes / GiB, color="#c0392b", lw=1, label="capacity")
         for t in bad:
             ax.scatter([t.batch], [f.capacity_bytes / GiB], marker="x", color="#c0392b", zorder=4)
-    xmax = max([t.batch for t in f.trials] + [f.max_batch or 0]) * 1.1
+        if edge:
+            ax.scatter([t.batch for t in edge], [f.capacity_bytes / GiB] * len(edge), marker="o", facecolors="none",
+                       edgecolors="#c0392b", zorder=4, label="at the edge (cache released)")
+    xmax = max([t.batch for t in f.trials] + [f.recommended or 0]) * 1.1
     for line, style, label in ((f.line_reserved, "--", "fit (reserved)"), (f.line_allocated, ":", "fit (allocated, used to predict)")):
         if line is not None:
             ax.plot([0, xmax], [line.at(0) / GiB, line.at(xmax) / GiB], style, lw=1, label=label)
-    if f.max_batch:
-        ax.axvline(f.max_batch, color="#27ae60", lw=1, label=f"max batch {f.max_batch}")
+    if f.recommended:
+        ax.axvline(f.recommended, color="#27ae60", lw=1, label=f"recommended {f.recommended}")
     ax.set_xlabel("batch size")
     ax.set_ylabel("GiB")
-    ax.set_title("peak memory per training step")
+    ax.set_title(f"peak memory over {f.steps} training steps")
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     return fig
