@@ -90,8 +90,28 @@ def handle_oom(shell: Any, exc: BaseException, *, before_ids: dict[str, int] | N
                 nvml, index, torch_reserved=int(torch.cuda.memory_reserved(device)))[0]
     pinned = diagnosis.census.total_bytes(source=EXCEPTION) if diagnosis.census is not None else None
     diagnosis.release = release_failure(shell, exc, torch=torch, device=device, keep_traceback=keep,
-                                        devices=devices, nvml_process_bytes=nvml_bytes, pinned_bytes=pinned)
+                                        devices=devices, nvml_process_bytes=nvml_bytes, pinned_bytes=pinned,
+                                        held_bytes=held_by(diagnosis.census))
     return diagnosis
+
+
+def held_by(census: Any) -> dict[str, int] | None:
+    """Bytes of tensors per holder the release lets go: the failed cell's frames, the previous
+    error's, each output-history entry (``release_failure`` names them the same way)."""
+    if census is None:
+        return None
+    import re
+
+    from gpunb.analysis.oom import PREVIOUS_ERROR
+    from gpunb.analysis.tensor_census import EXCEPTION, OUTPUT_HISTORY
+
+    held = {"frames": census.total_bytes(source=EXCEPTION), "previous error": census.total_bytes(source=PREVIOUS_ERROR)}
+    for e in census.entries:
+        if e.source == OUTPUT_HISTORY:
+            entry = re.match(r"Out\[\d+\]", e.name)
+            key = entry.group(0) if entry else e.name
+            held[key] = held.get(key, 0) + e.nbytes
+    return held
 
 
 def diagnose_oom(exc: BaseException | None = None, *, release: bool = False, **kwargs: Any) -> Any:

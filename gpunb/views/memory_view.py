@@ -21,10 +21,6 @@ def size(n: Any) -> str:
     return gib(int(n) if isinstance(n, float) else n, digits=2)
 
 
-def _pct(x: float | None) -> str:
-    return "" if x is None else f"≈{x * 100:.0f} %"
-
-
 _STYLE = ("font-family:var(--jp-code-font-family,monospace);font-size:12px;border-collapse:collapse")
 _TD = "padding:1px 8px;text-align:left;border-bottom:1px solid #ddd"
 
@@ -50,9 +46,28 @@ def _group_lines(census: Any) -> list[str]:
 
 # -- OOM diagnosis -----------------------------------------------------------------------------
 
+def _off_gpu(census: Any) -> str:
+    if any(e.device.startswith("cuda") for e in census.entries):
+        return ""
+    return ", none on a GPU: they hold no GPU memory and count toward no saving"
+
+
+def fix_saving(f: Any, d: Any) -> str:
+    """"saves ≈ 8.40 GiB: covers the 16.80 GiB short" (or says it is not enough alone)."""
+    saving = getattr(f, "saving_bytes", None)
+    if saving is None:
+        return ""
+    short = d.shortfall_bytes
+    if not short:
+        return f"saves ≈{size(saving)}"
+    if f.severity >= 2 and saving >= short:
+        return f"saves ≈{size(saving)}: covers the {size(short)} short"
+    return f"saves ≈{size(saving)} of the {size(short)} short: not enough alone"
+
+
 def diagnosis_text(d: Any, top: int = 8) -> str:
     m = d.message
-    lines = [f"gpunb OOM doctor: {d.exception_type}"]
+    lines = [f"gpunb OOM doctor: {d.exception_type}: {d.headline}"]
     if m is not None:
         gpu = f"GPU {m.device if m.device is not None else '?'} total"
         facts = [f"{label} {size(n)}" for label, n in (
@@ -67,13 +82,14 @@ def diagnosis_text(d: Any, top: int = 8) -> str:
     for c in d.causes:
         lines.append(f"  - [{c.code}] {c.summary}")
     if d.census is not None and d.census.entries:
-        lines.append("Largest live tensors (" + "; ".join(_group_lines(d.census)) + "):")
+        lines.append("Largest live tensors (" + "; ".join(_group_lines(d.census)) + ")" + _off_gpu(d.census) + ":")
         for e in d.census.entries[:top]:
             lines.append(f"  {size(e.nbytes):>11}  {e.name}  {e.dtype} {e.device} [{e.role}; {e.source}]")
     if d.fixes:
         lines.append("Fixes (estimated saving for this case):")
         for i, f in enumerate(d.fixes, 1):
-            lines.append(f"  {i}. {f.title} {_pct(f.gain)} — {f.reason}")
+            saving = fix_saving(f, d)
+            lines.append(f"  {i}. {f.title}" + (f" ({saving})" if saving else "") + f" — {f.reason}")
             for h in f.how.splitlines():
                 lines.append(f"       {h}")
     for n in d.notes:
@@ -108,7 +124,7 @@ def release_lines(r: Any) -> list[str]:
 def diagnosis_html(d: Any, top: int = 8) -> str:
     m = d.message
     parts = [f"<div style='border-left:3px solid #c0392b;padding-left:8px'><b>gpunb OOM doctor</b>: "
-             f"{escape(d.exception_type)}"]
+             f"{escape(d.exception_type)}: <b>{escape(d.headline)}</b>"]
     if m is not None:
         rows = [[k, size(v)] for k, v in (
             ("asked", m.requested_bytes), ("free", m.free_bytes), ("GPU total", m.total_bytes),
@@ -123,11 +139,13 @@ def diagnosis_html(d: Any, top: int = 8) -> str:
     parts.append("<b>Why</b><ul>" + "".join(f"<li><code>{escape(c.code)}</code> {escape(c.summary)}</li>"
                                             for c in d.causes) + "</ul>")
     if d.census is not None and d.census.entries:
-        parts.append("<b>Largest live tensors</b> (" + escape("; ".join(_group_lines(d.census))) + ")")
+        parts.append("<b>Largest live tensors</b> (" + escape("; ".join(_group_lines(d.census))) + ")"
+                     + escape(_off_gpu(d.census)))
         parts.append(_table(_TENSOR_HEAD, _tensor_rows(d.census.entries, top)))
     if d.fixes:
         items = "".join(
-            f"<li><b>{escape(f.title)}</b> {escape(_pct(f.gain))} — {escape(f.reason)}"
+            f"<li><b>{escape(f.title)}</b>"
+            + (f" <i>({escape(fix_saving(f, d))})</i>" if fix_saving(f, d) else "") + f" — {escape(f.reason)}"
             + (f"<pre style='margin:2px 0'>{escape(f.how)}</pre>" if f.how else "")
             + (f" <a href='{escape(f.link)}' target='_blank'>docs</a>" if f.link else "") + "</li>"
             for f in d.fixes)
