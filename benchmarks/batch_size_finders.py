@@ -150,9 +150,20 @@ def lightning(model: Any, *, mode: str) -> dict:
         t0 = time.perf_counter()
         answer = Tuner(trainer).scale_batch_size(Wrapped(), mode=mode, max_val=2**24)
         seconds = time.perf_counter() - t0
+    _back_on_device(model)
     _settle(model)
     done = [(b, n >= STEPS_PER_TRIAL) for b, n in trials]
     return {"answer": answer, "trial_count": len(done), "trials": done, "seconds": seconds}
+
+
+def _back_on_device(model: Any) -> None:
+    """Lightning's teardown moves the module and the optimizer state to the CPU; ``trainer.fit``
+    moves them back. Do that here, as Lightning does (an optimizer's ``step`` stays where it is)."""
+    model.module.to(model.device)
+    for state in model.optimizer.state.values():
+        for key, value in state.items():
+            if key != "step" and isinstance(value, model.torch.Tensor):
+                state[key] = value.to(model.device)
 
 
 def accelerate(model: Any, *, start: int) -> dict:

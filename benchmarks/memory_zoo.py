@@ -282,9 +282,10 @@ def cap_memory(name: str, device: Any = None) -> int:
     import torch
 
     dev = torch.device(device or "cuda")
-    total = torch.cuda.mem_get_info(dev)[1]
+    index = dev.index if dev.index is not None else torch.cuda.current_device()  # torch wants an index here
+    total = torch.cuda.mem_get_info(index)[1]
     cap = int(ZOO[name].cap_gib * GiB)
-    torch.cuda.set_per_process_memory_fraction(cap / total, dev)
+    torch.cuda.set_per_process_memory_fraction(cap / total, index)
     return cap
 
 

@@ -34,6 +34,30 @@ def test_every_gpu_model_of_the_zoo_trains_a_step_on_the_cpu(name):
     assert any(not torch.equal(a, p) for a, p in zip(before, model.module.parameters()))
 
 
+def test_the_memory_cap_passes_torchs_own_argument_checks(monkeypatch):
+    # the real set_per_process_memory_fraction validates its arguments before it reaches the
+    # driver: run it with only the driver calls replaced (this machine has no GPU)
+    set_to = []
+    monkeypatch.setattr(torch.cuda.memory, "_lazy_init", lambda: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch._C, "_cuda_setMemoryFraction", lambda f, d: set_to.append((f, d)), raising=False)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (100 * 2**30, 140 * 2**30))
+    assert memory_zoo.cap_memory("conv_bn") == 6 * 2**30
+    assert set_to == [(6 / 140, 0)]
+
+
+def test_lightning_teardown_is_undone_before_the_same_process_run():
+    import batch_size_finders
+
+    model = memory_zoo.build("mlp", smoke=True)
+    model.step(4)
+    model.device = torch.device("meta")  # stands for the GPU Lightning moved everything off
+    batch_size_finders._back_on_device(model)
+    assert all(p.device.type == "meta" for p in model.module.parameters())
+    for state in model.optimizer.state.values():
+        assert state["exp_avg"].device.type == "meta" and state["step"].device.type == "cpu"
+
+
 def test_the_twins_raise_a_cuda_like_oom_above_their_budget():
     model = memory_zoo.build("varlen", smoke=True)
     model.step(8)

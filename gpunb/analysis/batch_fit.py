@@ -131,7 +131,6 @@ SIZING_FRACTION = 1 / 3  # a trusted line: the scout fills this much, so the ove
 # A trial whose peak reserved is under this share of the capacity says little about the
 # allocator's overhead near it (20 MiB segments, rounding): scout before the first candidate.
 INFORMATIVE = 1 / 8
-MIN_GAIN = 0.01  # a candidate less than 1 % above the largest clean batch is not worth a sustained run
 
 
 def _informative(t: Trial, smallest: Trial, capacity: int) -> bool:
@@ -278,14 +277,14 @@ def next_trial(trials: list[Trial], *, capacity: int, start: int, max_batch: int
     else:
         goal = math.ceil(min(target, upper) * (1 - tolerance))
     if hi is None:
-        if goal <= lo * (1 + MIN_GAIN):
-            return None  # the largest clean batch is within tolerance of the measured limit
+        if goal <= lo * (1 + tolerance / 2):
+            return None  # within tolerance of the measured limit: half of it is not worth a sustained run
         first = not any(t.purpose == "candidate" for t in trials)
         return int(goal), "candidate" if first else "refine"
     # A batch that was not clean is an upper bound: aim the tolerance below it (the line through
     # smaller batches did not see what made it fail: a bend, a workspace, the layout).
     goal = min(goal, math.floor(hi * (1 - tolerance)))
-    if goal <= lo * (1 + MIN_GAIN):
+    if goal <= lo * (1 + tolerance / 2):
         return None  # within tolerance of a batch that did not fit
     last = trials[-1]
     if last.clean:
