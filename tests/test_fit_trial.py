@@ -109,6 +109,41 @@ def test_a_sustained_run_sees_the_long_batch_a_short_one_misses():
     assert full.peak_allocated_bytes == 256 * MiB + 200 * MiB
 
 
+def test_the_first_step_of_a_shape_is_kept_apart():
+    # cuDNN times its algorithms on the first call of a shape: it tries a workspace as large as
+    # the device allows (here the whole budget: the cache is given back) and empties the cache
+    mem = BudgetMemory(GiB, fragmentation=0.02)
+    step = ChargedStep(mem, per_sample=MiB)
+    real_call = step.__call__
+    seen = set()
+
+    def autotuning(batch):
+        if batch not in seen:
+            seen.add(batch)
+            mem.use(GiB - mem.kept)  # the workspace trial, up to the budget
+            mem.settle()
+        real_call(batch)
+
+    t = run_trial(autotuning, 200, memory=mem, steps=5, index=1, purpose="probe", capacity=GiB)
+    assert t.ok and t.clean, t.verdict  # the steady steps had room
+    assert t.first_step_peak_reserved_bytes == GiB and t.peak_reserved_bytes < GiB // 2
+    assert t.peak_allocated_bytes == 256 * MiB + 200 * MiB
+
+
+def test_with_cudnn_benchmark_only_the_allocators_retries_count_as_pressure():
+    import types
+
+    from gpunb.analysis.fit_trial import CudaMemory
+
+    stats = {"segment.all.freed": 7, "num_alloc_retries": 2, "num_ooms": 1}
+    fake = types.SimpleNamespace(device=lambda *a: "cuda:0", backends=types.SimpleNamespace(
+        cudnn=types.SimpleNamespace(benchmark=False)), cuda=types.SimpleNamespace(memory_stats=lambda i: stats))
+    mem = CudaMemory(fake, 0)
+    assert mem.pressure() == (7, 1)
+    fake.backends.cudnn.benchmark = True  # cuDNN empties the cache itself when it times a shape
+    assert mem.pressure() == (2, 1)
+
+
 def test_errors_that_are_not_oom_are_the_users():
     mem = BudgetMemory(GiB)
     before = hooks_registered()

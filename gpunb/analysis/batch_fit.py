@@ -2,7 +2,7 @@
 
 "Fits" means what a user means: the batch trains a sustained run (``steps`` steps, 50 by
 default) without an out-of-memory error, in this process and in a fresh one. Every trial
-is such a run (:mod:`gpunb.analysis.fit_trial`): peaks over all of its steps, optimizer state
+is such a run (:mod:`gpunb.analysis.fit_trial`): peaks over its steady steps, optimizer state
 moved where a fresh process would create it, and a trial counts as *clean* only if the
 allocator never had to give its cache back (an edge case that a fresh process may lose).
 

@@ -6,7 +6,9 @@ Three things make a short run in the fitting process look better than that:
 - the first steps are not the steady state: optimizer state appears at the first
   ``optimizer.step()``, cuDNN picks its algorithms (and workspaces) on the first call of each
   shape, and the caching allocator's block layout settles only after a few steps. So a
-  trial runs every step of the sustained run and takes the peaks over all of them;
+  trial runs every step of the sustained run and takes the peaks over all of them after the
+  first (kept apart: there cuDNN times its algorithms with workspaces sized by the device's free
+  memory, not the cap, and catches what does not fit);
 - a fresh process lays memory out differently: there the optimizer state (and gradients kept
   between steps) are created during the first step, carved out of the cached blocks the
   activations just freed, so later steps need new segments for those activations. In the
@@ -84,10 +86,14 @@ class CudaMemory:
 
     def pressure(self) -> tuple[int, int]:
         stats = self.torch.cuda.memory_stats(self.index)
-        # segment.all.freed counts every cudaFree of a cached segment: empty_cache() and the
-        # allocator's own release when an allocation would not fit otherwise. num_ooms also counts
-        # the errors cuDNN catches to retry with a smaller workspace.
-        return int(stats.get("segment.all.freed", 0)), int(stats.get("num_ooms", 0))
+        # segment.all.freed counts every cudaFree of a cached segment: the allocator's own release
+        # when an allocation would not fit otherwise, and empty_cache(). With cudnn.benchmark, cuDNN
+        # empties the cache itself whenever it times a new shape, so there only the allocator's
+        # retries (free everything, try again) count. num_ooms also counts the errors cuDNN
+        # catches to fall back to a smaller workspace.
+        benchmark = bool(getattr(getattr(self.torch.backends, "cudnn", None), "benchmark", False))
+        released = stats.get("num_alloc_retries", 0) if benchmark else stats.get("segment.all.freed", 0)
+        return int(released), int(stats.get("num_ooms", 0))
 
 
 @dataclass(frozen=True)
@@ -96,7 +102,7 @@ class Trial:
     batch: int
     ok: bool  # every step ran without an out-of-memory error
     purpose: str  # "probe", "probe (bound)", "scout", "candidate", "refine", "back off", "bisect", "smaller start"
-    peak_allocated_bytes: int | None = None  # over every step of the trial (up to the failure if it failed)
+    peak_allocated_bytes: int | None = None  # over the steps after the first (up to the failure if it failed)
     peak_reserved_bytes: int | None = None
     non_torch_bytes: int | None = None  # NVML process memory outside torch's reserve
     seconds: float = 0.0
@@ -111,6 +117,7 @@ class Trial:
     caught_ooms: int = 0  # out-of-memory errors raised and caught inside the steps (cuDNN fallbacks)
     relocated_bytes: int = 0  # optimizer state and gradients moved to a fresh process's layout
     capacity_bytes: int | None = None
+    first_step_peak_reserved_bytes: int | None = None  # kept apart: cuDNN's timing of a new shape
 
     @property
     def clean(self) -> bool:
@@ -141,7 +148,7 @@ class Trial:
         out = {k: getattr(self, k) for k in (
             "index", "batch", "ok", "purpose", "peak_allocated_bytes", "peak_reserved_bytes", "non_torch_bytes",
             "seconds", "error", "peak_before_step_bytes", "base_allocated_bytes", "steps", "steps_done",
-            "cache_releases", "caught_ooms", "relocated_bytes", "capacity_bytes")}
+            "cache_releases", "caught_ooms", "relocated_bytes", "capacity_bytes", "first_step_peak_reserved_bytes")}
         out["clean"] = self.clean
         out["verdict"] = self.verdict
         return out
@@ -214,30 +221,35 @@ def run_trial(step_fn: Callable[[int], Any], batch: int, *, memory: DeviceMemory
               nvml_bytes: Callable[[], int | None] | None = None) -> Trial:
     """Run ``step_fn(batch)`` ``steps`` times from an emptied cache and read its memory.
 
+    The first step of a shape is special: cuDNN times its algorithms there (trying workspaces
+    that may not fit, and emptying the cache after, with ``cudnn.benchmark``) and a fresh
+    process creates its optimizer state. So with more than one step, the peaks and the
+    pressure are those of the steady steps after it (the first step's peak is kept apart),
+    once the state is laid out as a fresh process would lay it out.
+
     Only out-of-memory errors are caught (and their frames freed): any other error is the
     user's and is raised. Global optimizer hooks are registered only while the steps run.
     """
     torch = memory.torch
     memory.settle()
-    peaks = _Peaks()
+    window = [_Peaks()]  # the peaks being folded: the first step's, then the steady steps'
     optimizers: list[Any] = []
 
     def before_step(opt: Any, *_: Any) -> None:
-        now = memory.peaks()[0]
+        peaks, now = window[0], memory.peaks()[0]
         peaks.before_step = now if peaks.before_step is None else max(peaks.before_step, now)
         if not any(o is opt for o in optimizers):
             optimizers.append(opt)
 
     def after_step(*_: Any) -> None:  # one window per step: the next pre-step reading is that step's own
-        peaks.fold(memory.peaks())
+        window[0].fold(memory.peaks())
         memory.reset_peaks()
 
     register_pre, register_post = _optimizer_hooks(torch)
     handles = []
     done = relocated = 0
-    base = None
+    base = first_reserved = None
     released0, ooms0 = memory.pressure()
-    released = ooms = 0
     t0 = time.perf_counter()
     memory.reset_peaks()
     try:
@@ -248,37 +260,40 @@ def run_trial(step_fn: Callable[[int], Any], batch: int, *, memory: DeviceMemory
                 base = memory.allocated()
             step_fn(batch)
             done += 1
-            if i == 0 and relocate and steps > 1:
-                peaks.fold(memory.peaks())
-                r, o = memory.pressure()
-                released, ooms = released + r - released0, ooms + o - ooms0
-                relocated = relocate_persistent(optimizers, memory.device, torch)
+            if i == 0 and steps > 1:
+                window[0].fold(memory.peaks())
+                first_reserved = window[0].reserved
+                if relocate:
+                    relocated = relocate_persistent(optimizers, memory.device, torch)
                 memory.settle()  # a fresh process never held the blocks the state sat in
                 released0, ooms0 = memory.pressure()
+                window[0] = _Peaks()
                 memory.reset_peaks()
         memory.synchronize()
     except Exception as exc:  # only OOMs are ours to catch
         oom = find_oom(exc)
         if oom is None:
             raise
+        peaks = window[0]
         peaks.fold(memory.peaks())
         message = str(oom).split(". ")[0][:200]
         _free_after_oom(exc, memory)
         del exc, oom
         return Trial(index, batch, False, purpose, peaks.allocated or None, peaks.reserved or None,
                      seconds=time.perf_counter() - t0, error=message, peak_before_step_bytes=peaks.before_step,
-                     steps=steps, steps_done=done, relocated_bytes=relocated, capacity_bytes=capacity)
+                     steps=steps, steps_done=done, relocated_bytes=relocated, capacity_bytes=capacity,
+                     first_step_peak_reserved_bytes=first_reserved)
     finally:
         for h in handles:
             h.remove()
+    peaks = window[0]
     peaks.fold(memory.peaks())
-    r, o = memory.pressure()
-    released, ooms = released + r - released0, ooms + o - ooms0
+    released, ooms = memory.pressure()
     proc = nvml_bytes() if nvml_bytes is not None else None
     non_torch = None
     if proc is not None and hasattr(torch, "cuda"):
         non_torch = max(0, proc - int(torch.cuda.memory_reserved(memory.device)))
     return Trial(index, batch, True, purpose, peaks.allocated, peaks.reserved, non_torch,
                  time.perf_counter() - t0, peak_before_step_bytes=peaks.before_step, base_allocated_bytes=base,
-                 steps=steps, steps_done=done, cache_releases=released, caught_ooms=ooms,
-                 relocated_bytes=relocated, capacity_bytes=capacity)
+                 steps=steps, steps_done=done, cache_releases=released - released0, caught_ooms=ooms - ooms0,
+                 relocated_bytes=relocated, capacity_bytes=capacity, first_step_peak_reserved_bytes=first_reserved)

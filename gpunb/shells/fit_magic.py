@@ -24,15 +24,16 @@ class FitMagics(Magics):
                    "longer inputs than the step's or other programs (default 0).")
     @argument("--device", default=None, metavar="DEV", help="CUDA device, e.g. cuda:1 (default: current).")
     @argument("--steps", type=int, default=50, metavar="N",
-              help="Steps per trial: each trial is a sustained run, its peaks taken over every step (default 50).")
+              help="Steps per trial: each trial is a sustained run, its peaks taken over the steps after "
+                   "the first (default 50).")
     @argument("--max-trials", type=int, default=6, metavar="N", help="Give up after N trials (default 6).")
     @argument("-o", "--output", metavar="NAME", default=None, help="Bind the BatchFit result to NAME.")
     @line_magic
     def gpufit(self, line: str = "") -> None:
         """Find the largest batch size that trains on the GPU for a training step, without crashing.
 
-        Every trial is a sustained run of STEP (--steps, 50) whose peaks are taken over all of
-        its steps, with the optimizer state laid out as a fresh process would lay it out. Two
+        Every trial is a sustained run of STEP (--steps, 50) whose peaks are taken over its
+        steady steps, with the optimizer state laid out as a fresh process would lay it out. Two
         small probes fit peak memory as a line in the batch size, a scout measures the
         allocator's overhead at large blocks, and candidates aim just under the capacity by
         that measured overhead. A trial that ran only because the allocator gave its cache back
