@@ -242,7 +242,7 @@ def next_trial(trials: list[Trial], *, capacity: int, start: int, max_batch: int
         safe = int(min(safe, upper))
         if safe > lo * (1 + tolerance):
             return safe, "probe (bound)"
-    cons, opt = lines_from(trials)
+    _, opt = lines_from(trials)
     line_estimate = opt.largest_batch(capacity) if opt else math.inf
     if math.isinf(min(upper, line_estimate)):  # memory does not grow with the batch: keep growing
         return int(min(lo * 4, upper)), "probe"
