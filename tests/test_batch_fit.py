@@ -164,7 +164,7 @@ def test_cpu_only_torch_says_it_needs_a_cuda_gpu():
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    from gpunb.analysis.batch_fit import fit_batch_size
+    from gpunb import fit_batch_size
 
     fit = fit_batch_size(lambda bs: None, progress=False)
     assert not fit.ok and "needs a CUDA GPU" in fit.problem
@@ -176,7 +176,7 @@ def test_cpu_only_torch_says_it_needs_a_cuda_gpu():
     ({"steps": "2"}, "steps must be"), ({"margin": True}, "margin must be"),
 ])
 def test_bad_arguments_are_explained(kwargs, words):
-    from gpunb.analysis.batch_fit import fit_batch_size
+    from gpunb import fit_batch_size
 
     fit = fit_batch_size(lambda bs: None, progress=False, **kwargs)
     assert not fit.ok and words in fit.problem

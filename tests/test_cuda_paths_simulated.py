@@ -62,7 +62,7 @@ class SimulatedAllocator:
 
 
 def test_fit_batch_size_drives_torch_cuda_and_finds_the_limit(monkeypatch, fake_nvml):
-    from gpunb.analysis.batch_fit import fit_batch_size
+    from gpunb import fit_batch_size
 
     sim = SimulatedAllocator(total=140 * GiB, fixed=12 * GiB, per_sample=37 * MiB)
     sim.install(monkeypatch)
@@ -81,7 +81,7 @@ def test_fit_batch_size_drives_torch_cuda_and_finds_the_limit(monkeypatch, fake_
 
 
 def test_fit_respects_the_per_process_memory_fraction(monkeypatch, fake_nvml):
-    from gpunb.analysis.batch_fit import fit_batch_size
+    from gpunb import fit_batch_size
 
     sim = SimulatedAllocator(total=140 * GiB, fixed=2 * GiB, per_sample=10 * MiB)
     sim.install(monkeypatch)
@@ -92,7 +92,7 @@ def test_fit_respects_the_per_process_memory_fraction(monkeypatch, fake_nvml):
 
 
 def test_bad_device_is_explained(monkeypatch, fake_nvml):
-    from gpunb.analysis.batch_fit import fit_batch_size
+    from gpunb import fit_batch_size
 
     SimulatedAllocator(140 * GiB, GiB, MiB).install(monkeypatch)
     assert "does not exist" in fit_batch_size(lambda b: None, device="cuda:3", progress=False).problem
@@ -107,7 +107,7 @@ def test_oom_hook_reads_allocator_and_nvml_on_the_cuda_path(monkeypatch, fake_nv
     ip.run_cell("import torch\ndef f():\n    raise torch.OutOfMemoryError(_gpunb_test['msg'])\nf()")
     out = capsys.readouterr().out
     assert "gpunb OOM doctor" in out and "could not diagnose" not in out
-    d = ip._gpunb_extension_state.shared["last_oom"]
+    d = ip._gpunb_extension_state.kernel.last_oom
     assert d.torch_memory is not None and d.torch_memory.reserved_bytes == TRACE[
         "memory_stats_after_train"]["reserved_bytes.all.current"]
     assert d.release.before.torch_allocated_bytes == 6 * GiB
@@ -123,7 +123,7 @@ def test_the_optimizer_hook_reads_the_forward_backward_peak(monkeypatch, fake_nv
     """At small batches the optimizer step sets the peak; the pre-step hook sees the part that grows."""
     from torch.optim import optimizer as optim_module
 
-    from gpunb.analysis.batch_fit import fit_batch_size
+    from gpunb import fit_batch_size
 
     params = 2 * GiB
     # weights + Adam state (4 x params) live between steps; backward adds the gradients
@@ -158,7 +158,7 @@ def test_the_optimizer_hook_reads_the_forward_backward_peak(monkeypatch, fake_nv
 def test_the_h200_mlp_shape_through_the_cuda_path(monkeypatch, fake_nvml):
     """The MLP that %gpufit missed on the H200 (run 2): at batch 2-16 the gradients set the
     forward+backward peak (+135 KB/sample), the activations (660 KB/sample) only at large batches."""
-    from gpunb.analysis.batch_fit import fit_batch_size
+    from gpunb import fit_batch_size
 
     base, grads, cap = 1_679_581_184, 537_142_272, 37_527_470_080  # recorded: step start, grads, 0.25 cap
     sim = SimulatedAllocator(total=cap, fixed=base, per_sample=660_000, overhead=0.035)

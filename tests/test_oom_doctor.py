@@ -8,13 +8,15 @@ torch = pytest.importorskip("torch")
 
 from gpunb.analysis import oom as oom_mod  # noqa: E402
 from gpunb.analysis.oom import (  # noqa: E402
-    FRAGMENTATION, LEFTOVERS, OTHER_PROCESSES, TOO_LARGE_FOR_GPU, WORKING_SET, diagnose, process_memory,
+    FRAGMENTATION, LEFTOVERS, OTHER_PROCESSES, TOO_LARGE_FOR_GPU, WORKING_SET, OtherProcess, diagnose,
 )
 from gpunb.analysis.oom_message import find_oom, parse_oom_message, size_to_bytes  # noqa: E402
 from gpunb.analysis.tensor_census import EXCEPTION as EXCEPTION_SRC  # noqa: E402
 from gpunb.analysis.tensor_census import take_census  # noqa: E402
 from gpunb.readings.nvml import NvmlSession  # noqa: E402
-from gpunb.readings.torch_memory import from_stats  # noqa: E402
+from gpunb.readings.devices import OWN_BY_RESERVE, OWN_PID, attribute_processes, read_ownership  # noqa: E402
+from gpunb.readings.gpu import read_processes  # noqa: E402
+from gpunb.readings.torch_state import allocator_from_stats  # noqa: E402
 from gpunb.testing import scenario  # noqa: E402
 from gpunb.testing.fake_nvml import load_trace  # noqa: E402
 
@@ -79,8 +81,8 @@ def test_recognises_wrapped_and_library_errors_but_not_host_ram():
 def test_diagnosis_of_the_recorded_oom_uses_allocator_stats():
     stats = dict(TRACE["memory_stats_after_train"])
     stats.update(TRACE["oom_stats"])
-    mem = from_stats(0, stats, total_bytes=TRACE["facts"]["memory_total"])
-    assert mem.num_ooms == 1 and mem.reserved_bytes == TRACE["oom_stats"]["reserved_bytes.all.current"]
+    mem = allocator_from_stats(0, stats, total_bytes=TRACE["facts"]["memory_total"])
+    assert mem.ooms == 1 and mem.reserved_bytes == TRACE["oom_stats"]["reserved_bytes.all.current"]
     d = diagnose(torch.OutOfMemoryError(REAL), torch_memory=mem)
     assert d.primary_cause == WORKING_SET
     assert {c.code for c in d.causes} == {WORKING_SET}  # 2 MiB unallocated: not fragmentation
@@ -123,12 +125,39 @@ def test_a_request_larger_than_the_gpu_cannot_be_fixed_by_freeing():
 
 def test_other_processes_from_fake_nvml_busy_scenario():
     nvml = NvmlSession(scenario("busy", clock=lambda: 200.0))  # in the recorded "train" phase
-    mine, others = process_memory(nvml, 0, pid=TRACE["pid"])
-    assert mine is not None and mine > 0  # the recorded kernel's own memory
+    own = read_ownership(nvml, 0, pids=[TRACE["pid"]])  # be the recorded training process
+    assert own.how == OWN_PID and own.self_bytes > 0  # the recorded kernel's own memory
+    others = tuple(OtherProcess(p.pid, p.used_bytes, p.name) for p in own.others)
     assert [(p.pid, p.used_bytes, p.name) for p in others] == [(999_001, 40 * GiB, "python3")]
     d = diagnose(message=_msg(30 * GiB, 12 * GiB, 139.8 * GiB, 80 * GiB, 0), other_processes=others)
     assert d.primary_cause == OTHER_PROCESSES
     assert "999001" in d.fixes[0].reason
+
+
+def test_other_processes_are_named_by_notebook_when_the_jupyter_server_says():
+    import time
+
+    from gpunb.readings import server_sessions as ss
+    from gpunb.views.memory_view import diagnosis_text
+
+    now = time.time()
+    row = {"gpu_index": 0, "pid": 999_001, "used_bytes": 40 * GiB, "kind": "kernel", "kernel_id": "k1",
+           "path": "lesson3.ipynb", "execution_state": "idle", "last_activity_unix": now - 40 * 60}
+    answer = {"t_unix": now, "gpus": [{"index": 0, "processes": [row]}], "kernels": [], "notes": []}
+    link = ss.ServerLink("http://127.0.0.1:1/", "t", None, "k2", "parent process")
+    ss.set_default_sessions(ss.ServerSessions(find=lambda: link, fetch=lambda *args: answer))
+    try:
+        others = oom_mod.name_holders((oom_mod.OtherProcess(999_001, 40 * GiB, "python3"),
+                                       oom_mod.OtherProcess(31_337, GiB, "python3")))
+    finally:
+        ss.set_default_sessions(None)
+    assert [p.holder for p in others] == ["lesson3.ipynb (idle 40 min)", ""]
+    d = diagnose(message=_msg(30 * GiB, 12 * GiB, 139.8 * GiB, 80 * GiB, 0), other_processes=others)
+    assert d.primary_cause == OTHER_PROCESSES
+    assert "lesson3.ipynb (idle 40 min): 40.00 GiB, PID 31337 (python3): 1.00 GiB" in d.causes[0].summary
+    assert "held by lesson3.ipynb (idle 40 min), 31337" in d.fixes[0].reason
+    assert "PID 999001 python3 = lesson3.ipynb (idle 40 min): 40.00 GiB" in diagnosis_text(d)
+    assert oom_mod.name_holders(()) == ()  # nothing to name: the server is not asked
 
 
 def _as_if_on_gpu(census):
@@ -159,7 +188,7 @@ def test_leftovers_from_earlier_cells_are_named_with_their_variable():
 
 
 def test_diagnose_oom_api_refuses_non_oom_with_a_clear_message():
-    from gpunb.analysis.oom import diagnose_oom
+    from gpunb import diagnose_oom
 
     with pytest.raises(ValueError, match="needs a CUDA out-of-memory error"):
         diagnose_oom(KeyError("x"))
@@ -183,11 +212,15 @@ def test_in_a_container_our_own_process_is_recognised_by_its_memory():
     assert [p.pid for p in d.other_processes] == [77]
     assert d.this_process_bytes == size_to_bytes("120.60", "GiB")
     assert d.primary_cause == OTHER_PROCESSES  # the 17 GiB of PID 77 is real
-    nvml = NvmlSession(scenario("busy", clock=lambda: 200.0))
-    now = nvml.lib.gpus[0].sample_at(200.0)  # the recorded reading at that time: torch reserve and NVML
+    fake = scenario("busy", clock=lambda: 200.0)
+    host_pid = 2**22 + TRACE["pid"]  # above any pid_max: no process here has it, like a host PID
+    fake.gpus[0].pid_map = {TRACE["pid"]: host_pid}
+    nvml = NvmlSession(fake)
+    now = fake.gpus[0].sample_at(200.0)  # the recorded reading at that time: torch reserve and NVML
     assert now["torch_reserved"] and now["processes"]
-    mine, others = process_memory(nvml, 0, pid=-1, torch_reserved=now["torch_reserved"])
-    assert [p.pid for p in others] == [999_001] and mine == now["processes"][0]["used_gpu_memory"]
+    own = attribute_processes(0, read_processes(nvml, 0), {-1}, now["torch_reserved"])
+    assert own.how == OWN_BY_RESERVE and [p.pid for p in own.processes] == [host_pid]
+    assert [p.pid for p in own.others] == [999_001] and own.self_bytes == now["processes"][0]["used_gpu_memory"]
 
 
 def test_a_per_process_cap_is_the_limit_not_the_device():

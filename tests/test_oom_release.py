@@ -35,10 +35,10 @@ train_step(4096)
 def shell(ip):
     ip.reset(new_session=False)  # the shell is a process-wide singleton: start from an empty namespace
     ip.user_ns["_gpunb_test"] = {"msg": MSG}
-    state = ip._gpunb_extension_state
-    state.shared["oom_keep_traceback"] = None
+    kernel = ip._gpunb_extension_state.kernel
+    kernel.oom_keep_traceback = None
     yield ip
-    state.shared["oom_keep_traceback"] = None
+    kernel.oom_keep_traceback = None
     for name in ("last_type", "last_value", "last_traceback", "last_exc"):
         if hasattr(sys, name):
             setattr(sys, name, None)
@@ -55,7 +55,7 @@ def test_traceback_shown_then_diagnosis_then_memory_released(shell, capsys):
     gc.collect()
     assert shell.user_ns["_gpunb_test"]["ref"]() is None, "the failed frame's objects must be freed"
     assert sys.last_value is None and shell.InteractiveTB.tb is None
-    d = shell._gpunb_extension_state.shared["last_oom"]
+    d = shell._gpunb_extension_state.kernel.last_oom
     assert d.release is not None and not d.release.kept_traceback
     assert d.census.find("train_step() local acts").nbytes == 4096 * 64 * 4
     smaller = next(f for f in d.fixes if f.title == "Use a smaller batch")
@@ -84,7 +84,7 @@ def test_keep_traceback_keeps_frames_for_debug_until_release(shell, capsys):
     gc.collect()
     assert ref() is None
     shell.run_line_magic("gpumem", "--keep-traceback off")
-    assert shell._gpunb_extension_state.shared["oom_keep_traceback"] is False
+    assert shell._gpunb_extension_state.kernel.oom_keep_traceback is False
 
 
 def test_keep_traceback_from_environment(shell, monkeypatch, capsys):

@@ -37,33 +37,14 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from gpunb.analysis.fit_trial import CudaMemory, DeviceMemory, Trial, run_trial
+from gpunb.analysis.batch_fit_records import BatchFit, Line, Trial
+from gpunb.analysis.fit_trial import CudaMemory, DeviceMemory, run_trial
 
 GiB = 2**30
 __all__ = ["BatchFit", "Line", "Trial", "fit_batch_size", "fit_line", "last_fit", "lines_from", "next_trial",
            "search"]
-
-
-@dataclass(frozen=True)
-class Line:
-    """peak(b) = intercept + slope * b (bytes)."""
-
-    intercept: float
-    slope: float
-
-    def at(self, batch: float) -> float:
-        return self.intercept + self.slope * batch
-
-    def largest_batch(self, capacity: float) -> float:
-        if self.slope <= 0:
-            return math.inf
-        return (capacity - self.intercept) / self.slope
-
-    def to_dict(self) -> dict:
-        return {"intercept_bytes": self.intercept, "slope_bytes_per_sample": self.slope}
 
 
 def fit_line(points: list[tuple[int, float]]) -> Line | None:
@@ -307,76 +288,6 @@ def next_trial(trials: list[Trial], *, capacity: int, start: int, max_batch: int
     return int(max(lo + 1, min(mid, upper))), "bisect"
 
 
-@dataclass
-class BatchFit:
-    """What :func:`fit_batch_size` found. ``ok`` False: ``problem`` says why and what to do."""
-
-    ok: bool
-    problem: str = ""
-    recommended: int | None = None  # the largest batch whose sustained run was clean (fits with room)
-    max_batch: int | None = None  # the largest batch that completed every step (possibly at the edge)
-    predicted: int | None = None  # the allocated-bytes line's batch at the capacity, when the first candidate was chosen
-    predicted_reserved: int | None = None  # the reserved-bytes line's, which the candidate aimed under
-    capacity_bytes: int | None = None  # what the step may use (the cap, or free + torch's cache), less the margin
-    margin: float = 0.0  # fraction of the memory kept free on request (--margin)
-    steps: int = 50  # steps per trial (the sustained run)
-    seconds: float = 0.0  # the whole search
-    trials: tuple[Trial, ...] = ()
-    line_reserved: Line | None = None
-    line_allocated: Line | None = None
-    device: str = ""
-    step_name: str = ""
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def trial_count(self) -> int:
-        return len(self.trials)
-
-    @property
-    def recommended_trial(self) -> Trial | None:
-        return next((t for t in reversed(self.trials) if t.clean and t.batch == self.recommended), None)
-
-    @property
-    def headroom_bytes(self) -> int | None:
-        """Capacity left above the recommended batch's peak reserved memory, as measured."""
-        t = self.recommended_trial
-        if t is None or self.capacity_bytes is None or t.peak_reserved_bytes is None:
-            return None
-        return self.capacity_bytes - t.peak_reserved_bytes
-
-    def to_dict(self) -> dict:
-        return {
-            "ok": self.ok, "problem": self.problem, "recommended": self.recommended, "max_batch": self.max_batch,
-            "predicted": self.predicted, "predicted_reserved": self.predicted_reserved,
-            "capacity_bytes": self.capacity_bytes, "margin": self.margin, "steps": self.steps,
-            "seconds": self.seconds, "headroom_bytes": self.headroom_bytes,
-            "trials": [t.to_dict() for t in self.trials], "trial_count": self.trial_count,
-            "line_reserved": self.line_reserved.to_dict() if self.line_reserved else None,
-            "line_allocated": self.line_allocated.to_dict() if self.line_allocated else None,
-            "device": self.device, "step_name": self.step_name, "notes": list(self.notes),
-        }
-
-    def figure(self) -> Any:
-        """The memory curve as a matplotlib Figure (imports matplotlib only now)."""
-        from gpunb.views.memory_view import fit_figure
-
-        return fit_figure(self)
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
-        from gpunb.views.memory_view import fit_html, fit_png, fit_text
-
-        bundle = {"text/plain": fit_text(self), "text/html": fit_html(self)}
-        png = fit_png(self) if self.ok and self.trials else None
-        if png:
-            bundle["image/png"] = png
-        return bundle
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        from gpunb.views.memory_view import fit_text
-
-        p.text(fit_text(self))
-
-
 def search(run: Callable[[int, str, int], Trial], *, capacity: int, start: int, max_batch: int | None,
            margin: float = 0.0, tolerance: float = 0.05, max_trials: int = 6,
            progress: Callable[[str], None] | None = None) -> BatchFit:
@@ -493,7 +404,7 @@ def fit_batch_size(
     steps: int = 50,
     tolerance: float = 0.05,
     max_trials: int = 6,
-    progress: Callable[[str], None] | bool | None = True,
+    progress: Callable[[str], None] | None = None,
 ) -> BatchFit:
     """The largest batch size ``step_fn(batch_size)`` trains with on this GPU (``%gpufit``).
 
@@ -503,7 +414,8 @@ def fit_batch_size(
     state laid out as in a fresh process, and without the allocator giving its cache back.
     ``margin`` keeps that fraction of the memory free on top (for inputs larger than the
     step's, or other programs). The trials train the model: they run real optimizer steps.
-    Note: this resets torch's peak-memory counters of the device.
+    ``progress`` is called with a line of text as each trial starts and ends. Note: this
+    resets torch's peak-memory counters of the device.
     """
     if not callable(step_fn):
         return BatchFit(False, f"step_fn must be a function taking the batch size, got {type(step_fn).__name__}. "
@@ -533,7 +445,7 @@ def fit_batch_size(
     if index >= torch.cuda.device_count():
         return BatchFit(False, f"cuda:{index} does not exist: torch sees {torch.cuda.device_count()} GPU(s).")
 
-    from gpunb.readings.torch_memory import per_process_limit_bytes
+    from gpunb.readings.torch_state import per_process_limit_bytes
 
     memory = CudaMemory(torch, index)
     memory.settle()
@@ -544,7 +456,7 @@ def fit_batch_size(
     if limit is not None:
         capacity = min(capacity, limit)
         notes.append(f"capped by set_per_process_memory_fraction at {limit / GiB:.2f} GiB")
-    say = progress if callable(progress) else (_default_progress() if progress else None)
+    say = progress
     with torch.cuda.device(index):
         result = fit_with_memory(step_fn, memory, capacity=capacity, start=start, max_batch=max_batch,
                                  margin=float(margin), steps=steps, tolerance=tolerance, max_trials=max_trials,
@@ -558,34 +470,16 @@ def fit_batch_size(
 
 
 def _nvml_process_bytes(torch: Any, device: int) -> Callable[[], int | None]:
-    from gpunb.analysis.oom import nvml_index_for, process_memory
+    """This process's memory on ``cuda:device`` as NVML sees it (devices.py: by PID, or by
+    torch's reserve inside a container); None when NVML cannot say."""
+    from gpunb.readings.devices import read_device_map, read_ownership
     from gpunb.readings.nvml import default_session
 
     nvml = default_session()
     if not nvml.start().ok:
         return lambda: None
-    index = nvml_index_for(torch, device, nvml)
-    return lambda: process_memory(nvml, index, torch_reserved=int(torch.cuda.memory_reserved(device)))[0]
-
-
-
-class _default_progress:  # noqa: N801
-    """One updating line in a notebook (display_id), plain prints elsewhere."""
-
-    def __init__(self) -> None:
-        self.handle = None
-        try:
-            from IPython import get_ipython
-            from IPython.display import display
-
-            if get_ipython() is not None:
-                self.handle = display({"text/plain": "gpunb: fitting the batch size…"}, raw=True, display_id=True)
-        except Exception:
-            self.handle = None
-
-    def __call__(self, text: str) -> None:
-        if self.handle is not None:
-            self.handle.update({"text/plain": "gpunb %gpufit: " + text}, raw=True)
-        else:
-            print("gpunb %gpufit: " + text, flush=True)
-
+    device_map = read_device_map(nvml, torch=torch)
+    index = device_map.nvml_index(device)
+    if index is None:
+        return lambda: None
+    return lambda: read_ownership(nvml, index, torch=torch, device_map=device_map, names=False).self_bytes

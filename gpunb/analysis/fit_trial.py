@@ -30,14 +30,10 @@ from __future__ import annotations
 import gc
 import time
 import traceback
-from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
+from gpunb.analysis.batch_fit_records import Trial
 from gpunb.analysis.oom_message import find_oom
-
-GiB = 2**30
-# The allocator rounds segments to 2 MiB: a peak this close to the capacity touched it.
-SEGMENT_ROUNDING = 2 * 2**20
 
 
 class DeviceMemory(Protocol):
@@ -94,64 +90,6 @@ class CudaMemory:
         benchmark = bool(getattr(getattr(self.torch.backends, "cudnn", None), "benchmark", False))
         released = stats.get("num_alloc_retries", 0) if benchmark else stats.get("segment.all.freed", 0)
         return int(released), int(stats.get("num_ooms", 0))
-
-
-@dataclass(frozen=True)
-class Trial:
-    index: int
-    batch: int
-    ok: bool  # every step ran without an out-of-memory error
-    purpose: str  # "probe", "probe (bound)", "scout", "candidate", "refine", "back off", "bisect", "smaller start"
-    peak_allocated_bytes: int | None = None  # over the steps after the first (up to the failure if it failed)
-    peak_reserved_bytes: int | None = None
-    non_torch_bytes: int | None = None  # NVML process memory outside torch's reserve
-    seconds: float = 0.0
-    error: str = ""
-    # Largest peak of a step's forward+backward, read just before each optimizer.step() by a
-    # global optimizer pre-step hook; None without a torch optimizer.
-    peak_before_step_bytes: int | None = None
-    base_allocated_bytes: int | None = None  # allocated when the last step started
-    steps: int = 1  # asked for
-    steps_done: int = 0
-    cache_releases: int = 0  # allocator segments freed under pressure while the steps ran
-    caught_ooms: int = 0  # out-of-memory errors raised and caught inside the steps (cuDNN fallbacks)
-    relocated_bytes: int = 0  # optimizer state and gradients moved to a fresh process's layout
-    capacity_bytes: int | None = None
-    first_step_peak_reserved_bytes: int | None = None  # kept apart: cuDNN's timing of a new shape
-
-    @property
-    def clean(self) -> bool:
-        """Ran every step without the allocator giving cache back, without a caught OOM, and
-        with its peak reserved below the capacity: a batch that fits with room."""
-        if not self.ok or self.cache_releases or self.caught_ooms:
-            return False
-        if self.capacity_bytes is not None and self.peak_reserved_bytes is not None:
-            return self.peak_reserved_bytes + SEGMENT_ROUNDING <= self.capacity_bytes
-        return True
-
-    @property
-    def verdict(self) -> str:
-        if not self.ok:
-            return "out of memory" + (f" at step {self.steps_done + 1}" if self.steps > 1 else "")
-        if self.clean:
-            return "fits"
-        why = []
-        if self.cache_releases:
-            why.append(f"the allocator released its cache {self.cache_releases}×")
-        if self.caught_ooms:
-            why.append(f"{self.caught_ooms} out-of-memory errors were caught inside the step")
-        if not why:
-            why.append("peak reserved reached the capacity")
-        return "at the edge: " + ", ".join(why)
-
-    def to_dict(self) -> dict:
-        out = {k: getattr(self, k) for k in (
-            "index", "batch", "ok", "purpose", "peak_allocated_bytes", "peak_reserved_bytes", "non_torch_bytes",
-            "seconds", "error", "peak_before_step_bytes", "base_allocated_bytes", "steps", "steps_done",
-            "cache_releases", "caught_ooms", "relocated_bytes", "capacity_bytes", "first_step_peak_reserved_bytes")}
-        out["clean"] = self.clean
-        out["verdict"] = self.verdict
-        return out
 
 
 class _Peaks:

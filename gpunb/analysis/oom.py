@@ -10,14 +10,15 @@ from __future__ import annotations
 import math
 import os
 import sys
-from dataclasses import dataclass, field
 from typing import Any
 
 from gpunb import units
-from gpunb.analysis.advice import Advice, ranked
+from gpunb.analysis.advice import Advice
 from gpunb.analysis.oom_message import OomMessage, find_oom, parse_oom_message
+from gpunb.analysis.oom_records import Cause, OomDiagnosis, OtherProcess
 from gpunb.analysis.tensor_census import EXCEPTION, NAMESPACE, Census, take_census
-from gpunb.readings.torch_memory import TorchDeviceMemory
+from gpunb.readings.devices import match_by_reserve
+from gpunb.readings.torch_state import AllocatorStats
 
 GiB = 2**30
 CUDA_NOTES = "https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf"
@@ -28,92 +29,6 @@ OTHER_PROCESSES = "other-processes"
 LEFTOVERS = "leftovers"
 FRAGMENTATION = "fragmentation"
 WORKING_SET = "working-set"  # the cell itself needs more than is free: batch/activations
-
-
-@dataclass(frozen=True)
-class Cause:
-    code: str
-    summary: str  # one line, with the numbers
-    bytes: int | None = None  # how much memory this cause accounts for
-
-    def to_dict(self) -> dict:
-        return {"code": self.code, "summary": self.summary, "bytes": self.bytes}
-
-
-@dataclass(frozen=True)
-class OtherProcess:
-    pid: int
-    used_bytes: int | None
-    name: str = ""
-
-    def to_dict(self) -> dict:
-        return {"pid": self.pid, "used_bytes": self.used_bytes, "name": self.name}
-
-
-@dataclass
-class OomDiagnosis:
-    """What one OOM was, why, what to change; and (after release) what came back."""
-
-    exception_type: str
-    message: OomMessage | None
-    causes: list[Cause]
-    fixes: list[Advice]
-    census: Census | None = None
-    torch_memory: TorchDeviceMemory | None = None
-    other_processes: tuple[OtherProcess, ...] = ()
-    this_process_bytes: int | None = None  # NVML
-    release: Any = None  # ReleaseReport, filled by the shell hook
-    notes: list[str] = field(default_factory=list)
-    requested_bytes: int | None = None  # the allocation that failed
-    free_bytes: int | None = None  # what it could have had: free on the device, or left under the cap
-
-    @property
-    def primary_cause(self) -> str | None:
-        return self.causes[0].code if self.causes else None
-
-    @property
-    def shortfall_bytes(self) -> int | None:
-        if self.requested_bytes is None or self.free_bytes is None:
-            return None
-        return max(0, self.requested_bytes - self.free_bytes)
-
-    @property
-    def headline(self) -> str:
-        """The failure in numbers: "asked 20.00 GiB, 3.20 GiB free: short by 16.80 GiB"."""
-        if self.requested_bytes is None:
-            return "the message does not say how much was asked"
-        if self.free_bytes is None:
-            return f"asked {gib(self.requested_bytes)}"
-        return (f"asked {gib(self.requested_bytes)}, {gib(self.free_bytes)} free: "
-                f"short by {gib(self.shortfall_bytes)}")
-
-    def to_dict(self) -> dict:
-        return {
-            "exception_type": self.exception_type,
-            "headline": self.headline,
-            "requested_bytes": self.requested_bytes,
-            "free_bytes": self.free_bytes,
-            "shortfall_bytes": self.shortfall_bytes,
-            "message": self.message.to_dict() if self.message else None,
-            "causes": [c.to_dict() for c in self.causes],
-            "fixes": [f.to_dict() for f in self.fixes],
-            "census": self.census.to_dict() if self.census else None,
-            "torch_memory": self.torch_memory.to_dict() if self.torch_memory else None,
-            "other_processes": [p.to_dict() for p in self.other_processes],
-            "this_process_bytes": self.this_process_bytes,
-            "release": self.release.to_dict() if self.release is not None else None,
-            "notes": list(self.notes),
-        }
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
-        from gpunb.views.memory_view import diagnosis_html, diagnosis_text
-
-        return {"text/plain": diagnosis_text(self), "text/html": diagnosis_html(self)}
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        from gpunb.views.memory_view import diagnosis_text
-
-        p.text(diagnosis_text(self))
 
 
 def gib(n: int | None) -> str:
@@ -130,7 +45,7 @@ def diagnose(
     exc: BaseException | None = None,
     *,
     message: str | None = None,
-    torch_memory: TorchDeviceMemory | None = None,
+    torch_memory: AllocatorStats | None = None,
     census: Census | None = None,
     other_processes: tuple[OtherProcess, ...] = (),
     this_process_bytes: int | None = None,
@@ -171,7 +86,7 @@ def diagnose(
     if not others and m.other_processes:
         others = [OtherProcess(pid, used) for pid, used in m.other_processes]
         if m.process_bytes is None and allocated is not None:  # PIDs seen from a container: find ourselves
-            me = own_process(others, allocated + (unalloc or 0))
+            me = match_by_reserve(others, allocated + (unalloc or 0))
             if me is not None:
                 others.remove(me)
                 process = me.used_bytes
@@ -204,7 +119,7 @@ def diagnose(
                             f"{'allowed budget' if allowed else 'GPU'} ({gib(limit)}): no freeing can make it fit",
                             requested))
     if total and other_bytes > 0.05 * total:
-        names = ", ".join(f"PID {p.pid}{' (' + p.name + ')' if p.name else ''}: {gib(p.used_bytes)}" for p in others[:4])
+        names = ", ".join(f"{p.label}: {gib(p.used_bytes)}" for p in others[:4])
         causes.append(Cause(OTHER_PROCESSES, f"other processes hold {gib(other_bytes)} of this GPU ({names})",
                             other_bytes))
     if leftover_bytes and (  # before fragmentation: freeing needs no code change
@@ -338,11 +253,12 @@ def _fixes(causes: list[Cause], *, needed: int | None, requested: int | None, fr
             cause=LEFTOVERS, sure=True)
     if OTHER_PROCESSES in codes:
         other = sum(p.used_bytes or 0 for p in others)
-        pids = ", ".join(str(p.pid) for p in others[:5])
+        held_by = ", ".join(p.label if p.holder else str(p.pid) for p in others[:5])
+        if not any(p.holder for p in others[:5]):
+            held_by = f"PID {held_by} (another kernel or job)"
         saving, covers = freeing(OTHER_PROCESSES, other)
         add("Free the GPU from other processes",
-            f"{gib(other)} held by PID {pids} (another kernel or job)"
-            + ("" if covers else " (freeing them alone would not have been enough)"),
+            f"{gib(other)} held by {held_by}" + ("" if covers else " (freeing them alone would not have been enough)"),
             "Shut down idle kernels (JupyterLab: Running tab) or use another GPU "
             "(`CUDA_VISIBLE_DEVICES`); `nvidia-smi` lists them.", saving, covers=covers, cause=OTHER_PROCESSES,
             sure=True)
@@ -421,68 +337,17 @@ def _working_set_fixes(add: Any, causes: list[Cause], *, short: int | None, requ
         None if need is None else need // 2, "https://docs.pytorch.org/docs/stable/checkpoint.html", group=group)
 
 
-def _notebook_namespace() -> tuple[dict | None, Any]:
-    ipy = sys.modules.get("IPython")
-    shell = ipy.get_ipython() if ipy is not None else None
-    return (shell.user_ns if shell is not None else None), shell
+def name_holders(others: tuple[OtherProcess, ...]) -> tuple[OtherProcess, ...]:
+    """Name other processes by notebook when this kernel's Jupyter server can say (a short,
+    bounded wait; without a server the PIDs stay as they are)."""
+    if not others:
+        return others
+    from dataclasses import replace
 
+    from gpunb.analysis.server_holders import ask_server, names_by_pid
 
-def nvml_index_for(torch: Any, device: int, nvml: Any) -> int | None:
-    """NVML's index of torch's CUDA device ``device`` (they differ under CUDA_VISIBLE_DEVICES)."""
-    try:
-        uuid = str(torch.cuda.get_device_properties(device).uuid).lower().removeprefix("gpu-")
-    except Exception:
-        uuid = ""
-    if uuid:
-        for i in range(nvml.device_count()):
-            u = nvml.device_query(i, "nvmlDeviceGetUUID")
-            if isinstance(u, str) and u.lower().removeprefix("gpu-") == uuid:
-                return i
-    if not os.environ.get("CUDA_VISIBLE_DEVICES"):
-        return device
-    return None
-
-
-def process_memory(nvml: Any, index: int | None, pid: int | None = None,
-                   torch_reserved: int | None = None) -> tuple[int | None, tuple[OtherProcess, ...]]:
-    """(this process's bytes, other processes) on NVML GPU ``index``.
-
-    Inside a container NVML may report host PIDs, so ``os.getpid()`` matches none. Then, if
-    ``torch_reserved`` is given, the process holding at least that much and at most
-    ``CONTEXT_SLACK`` more (CUDA context and libraries) is taken to be this one.
-    """
-    from gpunb.readings.gpu import read_processes
-    from gpunb.readings.nvml import is_available
-
-    if nvml is None or index is None:
-        return None, ()
-    procs = read_processes(nvml, index)
-    if not is_available(procs):
-        return None, ()
-    pid = os.getpid() if pid is None else pid
-    mine = None
-    others = []
-    for p in procs:
-        used = p.used_bytes if isinstance(p.used_bytes, int) else None
-        if p.pid == pid:
-            mine = used
-        else:
-            others.append(OtherProcess(p.pid, used, p.name))
-    if mine is None and torch_reserved is not None:
-        me = own_process(others, torch_reserved)
-        if me is not None:
-            others.remove(me)
-            mine = me.used_bytes
-    return mine, tuple(others)
-
-
-CONTEXT_SLACK = 4 * GiB  # a CUDA context with cuDNN/cuBLAS/NCCL loaded stays well under this
-
-
-def own_process(processes: list, torch_reserved: int) -> Any:
-    """The process whose memory is torch's reserve plus a context's worth, if exactly one fits."""
-    fits = [p for p in processes if p.used_bytes is not None and 0 <= p.used_bytes - torch_reserved <= CONTEXT_SLACK]
-    return fits[0] if len(fits) == 1 else None
+    names = names_by_pid(ask_server(wait=True))
+    return tuple(replace(p, holder=names.get(p.pid, "")) for p in others)
 
 
 def relabel_earlier(census: Census, before_ids: dict[str, int] | None, namespace: dict | None) -> Census:
@@ -515,20 +380,20 @@ def gather_readings(
     before_ids: dict[str, int] | None = None,
     devices: set[str] | None = None,
 ) -> OomDiagnosis:
-    """Read torch, NVML and the namespace now, then :func:`diagnose`."""
+    """Read torch, NVML and ``namespace`` (the notebook's variables, given by the caller) now,
+    then :func:`diagnose`."""
+    from gpunb.readings.devices import read_device_map, read_ownership
     from gpunb.readings.nvml import default_session
-    from gpunb.readings.torch_memory import cuda_initialized, imported_torch, read_device
+    from gpunb.readings.torch_state import cuda_initialized, imported_torch, read_device_memory
 
     torch = imported_torch()
-    if namespace is None:
-        namespace, shell = _notebook_namespace()
     if output_history is None and namespace is not None:
         oh = namespace.get("Out")
         output_history = oh if isinstance(oh, dict) else None
     oom = find_oom(exc) or exc
     msg = parse_oom_message(str(oom))
     device = msg.device if msg is not None and msg.device is not None else 0
-    torch_mem = read_device(torch, device) if torch is not None else None
+    torch_mem = read_device_memory(torch, device) if torch is not None else None
     if devices is None:
         devices = {"cuda"} if cuda_initialized(torch) else None
     census = None
@@ -542,13 +407,22 @@ def gather_readings(
         census = relabel_earlier(census, before_ids, namespace)
     hint = batch_size_hint(exc, namespace)
     nvml = nvml if nvml is not None else default_session()
-    mine = None
+    mine = own = None
     others: tuple[OtherProcess, ...] = ()
-    if torch is not None and cuda_initialized(torch):
-        mine, others = process_memory(nvml, nvml_index_for(torch, device, nvml),
-                                      torch_reserved=torch_mem.reserved_bytes if torch_mem else None)
-    return diagnose(exc, torch_memory=torch_mem, census=census, other_processes=others, this_process_bytes=mine,
-                    batch_size=hint)
+    if torch is not None and cuda_initialized(torch) and nvml.start().ok:
+        device_map = read_device_map(nvml, torch=torch)
+        index = device_map.nvml_index(device)
+        if index is not None:
+            own = read_ownership(nvml, index, torch=torch, device_map=device_map)
+            mine = own.self_bytes
+            others = name_holders(tuple(OtherProcess(p.pid, p.used_bytes if isinstance(p.used_bytes, int) else None,
+                                                     p.name) for p in own.others))
+    diagnosis = diagnose(exc, torch_memory=torch_mem, census=census, other_processes=others,
+                         this_process_bytes=mine, batch_size=hint)
+    if own is not None and own.children_bytes:
+        diagnosis.notes.append(f"this kernel's child processes (DataLoader workers, ranks) hold "
+                               f"{gib(own.children_bytes)} of this GPU")
+    return diagnosis
 
 
 BATCH_NAMES = ("batch_size", "bs", "batch", "micro_batch_size", "per_device_train_batch_size")
@@ -570,22 +444,3 @@ def batch_size_hint(exc: BaseException, namespace: dict | None = None) -> tuple[
         if found:
             return f"{fn}() {found[0]}", found[1]
     return pick(namespace or {})
-
-
-def diagnose_oom(exc: BaseException | None = None, *, namespace: dict | None = None, nvml: Any = None) -> OomDiagnosis:
-    """Public API: explain a CUDA out-of-memory error (``gpunb.diagnose_oom(exc)``).
-
-    Without ``exc`` it uses the last error of this session (``sys.last_value``). It reads
-    torch's allocator and NVML now, and names the live tensors of ``namespace`` (the
-    notebook's by default). It frees nothing: the automatic hook does that after an OOM,
-    and ``%gpumem --release`` does it on demand.
-    """
-    if exc is None:
-        exc = getattr(sys, "last_value", None)
-    if not isinstance(exc, BaseException) or find_oom(exc) is None:
-        raise ValueError(
-            "gpunb.diagnose_oom needs a CUDA out-of-memory error: "
-            + ("no error was raised in this session yet." if exc is None else f"got {type(exc).__name__}: {exc}")
-            + " Pass the exception: `except torch.OutOfMemoryError as e: gpunb.diagnose_oom(e)`."
-        )
-    return gather_readings(exc, namespace=namespace, nvml=nvml)

@@ -77,7 +77,8 @@ def diagnosis_text(d: Any, top: int = 8) -> str:
         if facts:
             lines.append("  " + ", ".join(facts))
     for p in d.other_processes:
-        lines.append(f"  other process PID {p.pid} {p.name}: {size(p.used_bytes)}")
+        lines.append(f"  other process PID {p.pid} {p.name}{' = ' + p.holder if p.holder else ''}: "
+                     f"{size(p.used_bytes)}")
     lines.append("Why:")
     for c in d.causes:
         lines.append(f"  - [{c.code}] {c.summary}")
@@ -134,8 +135,8 @@ def diagnosis_html(d: Any, top: int = 8) -> str:
         if rows:
             parts.append(_table(["", "bytes"], rows))
     if d.other_processes:
-        parts.append(_table(["other process", "name", "memory"],
-                            [[str(p.pid), p.name, size(p.used_bytes)] for p in d.other_processes]))
+        parts.append(_table(["other process", "name", "whose", "memory"],
+                            [[str(p.pid), p.name, p.holder, size(p.used_bytes)] for p in d.other_processes]))
     parts.append("<b>Why</b><ul>" + "".join(f"<li><code>{escape(c.code)}</code> {escape(c.summary)}</li>"
                                             for c in d.causes) + "</ul>")
     if d.census is not None and d.census.entries:
@@ -160,7 +161,11 @@ def diagnosis_html(d: Any, top: int = 8) -> str:
 # -- %gpumem ------------------------------------------------------------------------------------
 
 def _gpu_rows(report: Any) -> list[list[str]]:
-    return [[f"{g.index} {g.name}", size(g.total_bytes), size(g.used_bytes), size(g.process_bytes),
+    def kernel(g: Any) -> str:  # this process, plus its child processes (workers, ranks) when they hold some
+        children = getattr(g, "child_processes_bytes", None)
+        return size(g.process_bytes) + (f" + {size(children)} in child processes" if children else "")
+
+    return [[f"{g.index} {g.name}", size(g.total_bytes), size(g.used_bytes), kernel(g),
              size(g.torch_allocated_bytes), size(g.torch_reserved_bytes), size(g.non_torch_bytes),
              size(g.other_processes_bytes)] for g in report.gpus]
 

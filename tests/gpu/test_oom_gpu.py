@@ -64,13 +64,13 @@ sys.path.insert(0, {str(HERE)!r})
 torch.backends.cuda.matmul.allow_tf32 = True
 dev = torch.device("cuda")
 GiB = 2**30
-def shared():
-    return get_ipython()._gpunb_extension_state.shared
+def kernel_state():
+    return get_ipython()._gpunb_extension_state.kernel
 def nvml_proc():
-    from gpunb.analysis.oom import nvml_index_for, process_memory
+    from gpunb.readings.devices import read_device_map, read_ownership
     from gpunb.readings.nvml import default_session
     s = default_session()
-    return process_memory(s, nvml_index_for(torch, 0, s))[0]
+    return read_ownership(s, read_device_map(s, torch=torch).nvml_index(0)).self_bytes
 """
 
 MLP = """
@@ -89,7 +89,7 @@ train_step(256); torch.cuda.synchronize()
 
 REPORT = """
 gc.collect()
-d = shared()["last_oom"]
+d = kernel_state().last_oom
 after = torch.cuda.memory_allocated()
 held = d.message.allocated_bytes - base_alloc
 print("RESULT " + json.dumps({
@@ -184,7 +184,7 @@ def test_oom_from_leftovers_of_earlier_cells_names_them():
         REPORT,
         "before = torch.cuda.memory_allocated()\n%gpumem --free junk\n"
         "print('RESULT', json.dumps({'freed': before - torch.cuda.memory_allocated(), 'junk': junk_size}))"
-        .replace("junk_size", "shared()['last_oom'].census.find('junk').nbytes"),
+        .replace("junk_size", "kernel_state().last_oom.census.find('junk').nbytes"),
         "train_step(bs); torch.cuda.synchronize(); print('RESULT', json.dumps({'fits_without_leftovers': True}))",
     ], "leftovers")
     _assert_failed_cell_shows_traceback_then_diagnosis(nb.cells[7], "leftovers")
