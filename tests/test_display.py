@@ -39,8 +39,8 @@ def _cell_profile():
 
 
 def _batch_fit():
-    run, _ = simulated_gpu(20 * GiB, 40 * MiB, 120 * GiB, 0.01, 0.04)
-    fit = search(run, capacity=120 * GiB, start=2, max_batch=None, margin=0.05)
+    run, _ = simulated_gpu(20 * GiB, 40 * MiB, 120 * GiB, 0.04)
+    fit = search(run, capacity=120 * GiB, start=2, max_batch=None)
     fit.device = "cuda:0"
     return fit
 

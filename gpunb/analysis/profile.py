@@ -34,13 +34,8 @@ from gpunb.analysis.throughput import assess
 from gpunb.analysis.throughput_records import OpsReport
 from gpunb.analysis.verdict import judge
 from gpunb.readings import torch_state
-from gpunb.readings.gpu_activity import (
-    UtilWindow,
-    now_us,
-    nvml_index_for_uuid,
-    read_device_memory,
-    read_util_since,
-)
+from gpunb.readings.devices import read_device_map, read_ownership
+from gpunb.readings.gpu_activity import UtilWindow, now_us, read_util_since
 from gpunb.readings.nvml import NvmlSession, default_session, is_available
 from gpunb.readings.peak_cache import lookup as measured_peaks
 from gpunb.readings.process import read_process_usage, reset_peak_rss
@@ -204,8 +199,9 @@ class ProfileSession:
             dev = torch_state.current_device(torch)
         except Exception:
             return None
-        index = nvml_index_for_uuid(nvml, torch_state.device_uuid(torch, dev), dev)
-        self._nvml_index = (dev, index)
+        index = read_device_map(nvml, torch=torch).nvml_index(dev)  # kept for the session once CUDA is up
+        if index is None:
+            return None
 
         def used() -> int | None:
             mem = nvml.device_query(index, "nvmlDeviceGetMemoryInfo")
@@ -281,27 +277,28 @@ class ProfileSession:
             # the counter still holds an older peak: it is the cell's only if the cell raised it
             peak_alloc = peak_alloc if peak_alloc > before.peak_allocated_bytes else None
             peak_res = peak_res if peak_res > before.peak_reserved_bytes else None
-        known = getattr(self, "_nvml_index", None)  # matched at start (one UUID query per GPU)
-        nvml_index = known[1] if known and known[0] == dev else None
-        if nvml_index is None and nvml.device_count():
-            nvml_index = nvml_index_for_uuid(nvml, torch_state.device_uuid(torch, dev), dev)
-        mem = read_device_memory(nvml, nvml_index) if nvml_index is not None else None
+        nvml_index = read_device_map(nvml, torch=torch).nvml_index(dev) if nvml.device_count() else None
+        # PIDs and bytes only: the process names would cost one more driver call per process
+        own = read_ownership(nvml, nvml_index, torch=torch, names=False) if nvml_index is not None else None
         util = read_util_since(nvml, nvml_index, self.util_since_us) if nvml_index is not None else None
         util_ok = isinstance(util, UtilWindow)
         cc = (props.major, props.minor) if hasattr(props, "major") else None
+        total = int(getattr(props, "total_memory", 0) or 0)
+        if not total and nvml_index is not None:
+            mem = nvml.device_query(nvml_index, "nvmlDeviceGetMemoryInfo")
+            total = int(mem.total) if is_available(mem) else 0
         return GpuPart(
             device=dev,
             nvml_index=nvml_index,
             name=str(getattr(props, "name", f"cuda:{dev}")),
-            total_bytes=int(getattr(props, "total_memory", 0)) or (mem.total_bytes if mem else None),
+            total_bytes=total or None,
             peak_allocated_bytes=peak_alloc,
             peak_reserved_bytes=peak_res,
             end_allocated_bytes=stats.allocated_bytes,
             end_reserved_bytes=stats.reserved_bytes,
-            nvml_process_bytes=mem.this_process_bytes if mem and is_available(mem) else None,
+            nvml_process_bytes=own.self_bytes if own is not None else None,
             nvml_device_peak_bytes=self.instruments.device_used_peak if self.instruments else None,
-            other_processes_bytes=(mem.other_processes_bytes if mem and is_available(mem)
-                                   and is_available(mem.other_processes_bytes) else None),
+            other_processes_bytes=own.others_bytes if own is not None else None,
             alloc_retries=stats.alloc_retries - (before.alloc_retries if before else 0),
             ooms=stats.ooms - (before.ooms if before else 0),
             util_mean_pct=util.mean_pct if util_ok else None,
@@ -309,4 +306,6 @@ class ProfileSession:
             util_samples=len(util.samples_pct) if util_ok else 0,
             compute_capability=cc,
             peak_reset=reset or before is None,
+            child_processes_bytes=own.children_bytes if own is not None else None,
+            process_match=own.how if own is not None else "",
         ), ""

@@ -38,7 +38,7 @@ class GpuPart:
     end_reserved_bytes: int
     nvml_process_bytes: int | None  # this process as NVML sees it, at the end of the cell
     nvml_device_peak_bytes: int | None  # highest device-wide "used" seen at step-end samples (all processes)
-    other_processes_bytes: int | None
+    other_processes_bytes: int | None  # processes that are not this kernel's (nor its children)
     alloc_retries: int  # during the cell
     ooms: int  # during the cell
     util_mean_pct: float | None
@@ -46,6 +46,8 @@ class GpuPart:
     util_samples: int
     compute_capability: tuple[int, int] | None
     peak_reset: bool
+    child_processes_bytes: int | None = None  # this kernel's child processes on the GPU (DataLoader workers, ranks)
+    process_match: str = ""  # how NVML's process list was matched to this kernel (readings.devices.OWN_*)
 
 
 @dataclass(frozen=True)

@@ -178,19 +178,20 @@ def fit_batch_size(
     *,
     start: int = 2,
     max_batch: int | None = None,
-    margin: float = 0.05,
+    margin: float = 0.0,
     device: Any = None,
-    steps: int = 2,
+    steps: int = 50,
     tolerance: float = 0.05,
     max_trials: int = 6,
     progress: Callable[[str], None] | bool | None = True,
 ) -> BatchFit:
-    """The largest batch size ``step_fn(batch_size)`` runs with on this GPU (``%gpufit``).
+    """The largest batch size ``step_fn(batch_size)`` trains with on this GPU (``%gpufit``).
 
     ``step_fn`` runs one full training step (forward, backward, optimizer step) at the
-    given batch size. Each trial runs it ``steps`` times and measures the last (the first
-    step creates optimizer state). ``recommended`` keeps ``margin`` (5 %) below the
-    largest batch that ran, for fragmentation over a long run and varying inputs.
+    given batch size. Each trial is a sustained run of ``steps`` steps; ``recommended`` is
+    the largest batch whose run needed no more than the memory there is, with the optimizer
+    state laid out as in a fresh process, and without the allocator giving its cache back.
+    ``margin`` keeps that fraction of the memory free on top. The trials train the model.
     ``progress``: True shows one line that updates in place (printed lines outside IPython),
     a function receives each line, False/None shows nothing.
     Note: this resets torch's peak-memory counters of the device.

@@ -175,14 +175,31 @@ class Monitor(DisplayMixin):
         frame.index.name = "time"
         return frame
 
+    def holders(self) -> dict[int, list[str]]:
+        """Per shown GPU, who holds its memory: notebooks when this kernel's Jupyter server
+        runs gpunb's extension (asked in the background, never on the drawing path), else
+        NVML's PIDs from the sampler's last process list."""
+        from gpunb.analysis.server_holders import ask_server, holder_lines, pid_lines
+
+        reading = ask_server(wait=False)
+        out = {}
+        for g in self.sampler.gpus:
+            if self.devices is None or g.index in self.devices:
+                ours = self.sampler.kernel_processes.get(g.index, ())  # this kernel and its children
+                lines = (holder_lines(reading, g.index) if reading else
+                         pid_lines(self.sampler.processes.get(g.index, ()), ours))
+                if lines:
+                    out[g.index] = lines
+        return out
+
     def text(self) -> str:
-        return monitor_text(self.window())
+        return monitor_text(self.window(), self.holders())
 
     def _state(self) -> str:
         return "stopped" if self._stopped else ("paused" if self._paused else "live")
 
     def html(self) -> str:
-        return monitor_html(self.window(), state=self._state(), messages=self.messages)
+        return monitor_html(self.window(), state=self._state(), messages=self.messages, holders=self.holders())
 
     def to_dict(self) -> dict[str, Any]:
         w = self.window()
@@ -307,6 +324,7 @@ class Monitor(DisplayMixin):
             notes=panel_notes(tuple(sampler.notes), self.messages),
             caption_text=caption(self._state(), hz=sampler.hz, seconds=self.window_s,
                                  started_unix=sampler.started_unix, t_last=panel.t_last),
+            holders=self.holders(),
         )
 
     def _draw(self) -> None:

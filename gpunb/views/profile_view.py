@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from gpunb.analysis.profile_history import compare
 from gpunb.analysis.step_plan import COUNTED_STEP
+from gpunb.readings.devices import OWN_BY_RESERVE
 from gpunb.units import byte_rate, flop_count, flop_rate, gib, milliseconds, seconds
 
 if TYPE_CHECKING:  # the records import this module lazily to display themselves
@@ -60,8 +61,12 @@ def _rows(p: CellProfile) -> list[tuple[str, str]]:
             rest = g.nvml_process_bytes - g.end_reserved_bytes
             if rest > 0:
                 m += f" (+{fmt_bytes(rest)} outside torch's cache: CUDA context, cuBLAS/cuDNN/NCCL workspaces, other libraries)"
+            if g.process_match == OWN_BY_RESERVE:
+                m += " (NVML lists it under a container's host PID: matched by torch's reserve)"
         else:
-            m += " · NVML: this process not listed (container PID namespace or no permission)"
+            m += " · NVML: this process's memory unknown (MIG, no permission, or a container PID it cannot match)"
+        if g.child_processes_bytes:
+            m += f" · its child processes {fmt_bytes(g.child_processes_bytes)}"
         if g.nvml_device_peak_bytes is not None:
             m += f" · NVML device peak {fmt_bytes(g.nvml_device_peak_bytes)} used (all processes)"
         m += f" · device {fmt_bytes(g.total_bytes)}"
