@@ -39,6 +39,12 @@ def __dir__() -> list[str]:
     return sorted(__all__)
 
 
+def _jupyter_server_extension_points() -> list[dict[str, str]]:
+    """The Jupyter server extension (enabled by the installed
+    ``jupyter_server_config.d/gpunb.json``); its module is imported only by a server."""
+    return [{"module": "gpunb.shells.server_extension"}]
+
+
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext gpunb``: register magics and cell hooks (no torch, no CUDA context)."""
     from gpunb.shells.extension import load

@@ -19,6 +19,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from contextlib import contextmanager
@@ -32,6 +33,13 @@ ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 THEMES = {"light": "JupyterLab Light", "dark": "JupyterLab Dark"}
+
+
+def results_dir() -> Path:
+    """Where tests leave screenshots and figures: $GPUNB_RESULTS, else a fresh temp dir."""
+    path = Path(os.environ.get("GPUNB_RESULTS") or tempfile.mkdtemp(prefix="gpunb-results-"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def missing() -> str:

@@ -39,8 +39,8 @@ def _cell_profile():
 
 
 def _batch_fit():
-    run, _ = simulated_gpu(20 * GiB, 40 * MiB, 120 * GiB, 0.01, 0.04)
-    fit = search(run, capacity=120 * GiB, start=2, max_batch=None, margin=0.05)
+    run, _ = simulated_gpu(20 * GiB, 40 * MiB, 120 * GiB, 0.04)
+    fit = search(run, capacity=120 * GiB, start=2, max_batch=None)
     fit.device = "cuda:0"
     return fit
 
@@ -134,7 +134,7 @@ def test_the_figure_is_drawn_only_when_the_html_is_asked_for(monkeypatch):
     from gpunb.views import memory_view
 
     drawn = []
-    monkeypatch.setattr(memory_view, "fit_png", lambda f, dpi=100: drawn.append(f) or "cG5n")
+    monkeypatch.setattr(memory_view, "fit_png", lambda f, dpi=100, title=True: drawn.append(f) or "cG5n")
     fit = _batch_fit()
     assert "text/html" not in fit._repr_mimebundle_(exclude={"text/html"}) and not drawn
     str(fit)

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import re
-import tempfile
 import time
 from pathlib import Path
 
@@ -31,6 +29,7 @@ from tests.jupyter_browser import (
     notebook_json,
     output_images,
     output_text,
+    results_dir,
     visible_images,
     wait_idle,
 )
@@ -41,12 +40,6 @@ pytestmark = pytest.mark.browser
 # Charts the notebook's outputs hold with the two-GPU fake: the monitor (5 per GPU, 2 host),
 # the profile's memory timeline, the memory bar per GPU, the %gpufit curve.
 EXPECTED = {"monitor": 5 * 2 + 2, "profile": 1, "memory": 2, "fit": 1}
-
-
-def _results_dir() -> Path:
-    path = Path(os.environ.get("GPUNB_RESULTS") or tempfile.mkdtemp(prefix="gpunb-results-"))
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +121,7 @@ def test_untrusted_notebook_shows_every_chart_in_jupyterlab(server, views_notebo
     try:
         # The notebook is untrusted: the sanitizer removed the probe's inline <svg>...
         assert page.locator(f"svg.{PROBE_SVG}").count() == 0
-        _check_every_view(page, _results_dir() / "untrusted-lab-light.png")  # ...and no gpunb chart needed it
+        _check_every_view(page, results_dir() / "untrusted-lab-light.png")  # ...and no gpunb chart needed it
     finally:
         page.close()
 
@@ -141,7 +134,7 @@ def test_dark_theme_keeps_every_chart_and_words_take_the_theme_colour(server, vi
         assert _luminance(background) < 0.2, background  # the dark theme is on
         caption = page.locator(".gpunb-caption").first.evaluate("n => getComputedStyle(n).color")
         assert _luminance(caption) > 0.6, caption  # gpunb's words are light on dark, not a fixed grey
-        _check_every_view(page, _results_dir() / "untrusted-lab-dark.png")
+        _check_every_view(page, results_dir() / "untrusted-lab-dark.png")
     finally:
         page.close()
         server.set_theme("light")
@@ -155,7 +148,7 @@ def test_notebook7_shows_every_chart(server, views_notebook, browser):
     page = _open(browser, server.notebook7_url(views_notebook.name))
     try:
         assert page.locator(f"svg.{PROBE_SVG}").count() == 0  # untrusted here too
-        _check_every_view(page, _results_dir() / "untrusted-notebook7.png")
+        _check_every_view(page, results_dir() / "untrusted-notebook7.png")
     finally:
         page.close()
 
@@ -171,7 +164,7 @@ def test_nbconvert_html_shows_every_chart(views_notebook, browser, tmp_path, the
     try:
         page.goto(f"file://{page_path}")
         page.wait_for_timeout(800)
-        page.screenshot(path=str(_results_dir() / f"nbconvert-{theme}.png"), full_page=True)
+        page.screenshot(path=str(results_dir() / f"nbconvert-{theme}.png"), full_page=True)
         shown = page.locator("body").evaluate("""b => Array.from(b.querySelectorAll('img.gpunb-chart')).filter(img => {
             const box = img.getBoundingClientRect();
             return img.complete && img.naturalWidth > 0 && box.width > 0 && box.height > 0;
@@ -188,7 +181,7 @@ def test_live_monitor_redraws_then_survives_save_and_reopen(server, browser):
         "import time\nfor _ in range(40):\n    time.sleep(0.25)\nprint('sleep done')",
     ]))
     page = browser.new_page(viewport={"width": 1400, "height": 1200})
-    out = _results_dir()
+    out = results_dir()
     try:
         page.goto(server.lab_url(name))
         wait_idle(page)

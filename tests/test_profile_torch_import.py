@@ -69,6 +69,7 @@ def test_a_cell_that_imports_torch_is_profiled_like_any_other():
             "torch_version": p.torch_version,
             "gpu_absent": p.gpu_absent,
             "verdict": p.verdict.kind,
+            "flops": p.flops.count.flops if p.flops is not None and p.flops.count is not None else None,
             "report": str(p),
             "post_hooks_left": len(optim_module._global_optimizer_post_hooks),
             "next_unwrapped": _BaseDataLoaderIter.__next__.__module__ != "gpunb.analysis.instruments",
@@ -81,6 +82,7 @@ def test_a_cell_that_imports_torch_is_profiled_like_any_other():
     # The same as when torch was imported before the cell: the same hooks saw the same calls.
     assert result["again"] == [True, 24, 24, result["syncs"]] and result["syncs"]["item"] >= 3
     assert result["param_devices"] == ["cpu"] and result["torch_version"].startswith("2.")
+    assert result["flops"] and result["flops"] > 0  # step 2's FLOPs counted too, planned at the import
     assert "no optimizer.step() seen" not in result["report"]
     assert "torch is not imported" not in result["report"] and "CPU-only build" in result["gpu_absent"]
     assert result["verdict"] == "on-cpu"  # the fake NVML shows an H200 next to a CPU-only torch

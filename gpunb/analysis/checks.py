@@ -15,11 +15,13 @@ from typing import Callable, Mapping
 from gpunb.analysis import checks_gpu, checks_host, checks_torch
 from gpunb.analysis.check_inputs import CheckInputs
 from gpunb.analysis.check_report import CheckReport, CheckResult
-from gpunb.analysis.visible_devices import resolve
+from gpunb.readings import torch_state
 from gpunb.readings.cuda_probe import run_probe
+from gpunb.readings.devices import attribute_processes, kernel_pids, map_devices, torch_device_uuids, torch_reserved_on
 from gpunb.readings.gpu import read_snapshot
 from gpunb.readings.host import read_host_facts
 from gpunb.readings.nvml import NvmlSession, default_session
+from gpunb.readings.peak_cache import remember as remember_matmul_peaks
 from gpunb.readings.torch_build import read_kernel_torch_state, read_torch_build
 
 # (check, needs the subprocess measurements) in the order of the training checklist:
@@ -75,6 +77,17 @@ def _one(fn: Callable[[CheckInputs], CheckResult], inputs: CheckInputs) -> Check
                            {"error": repr(exc)}, f"gpunb bug: {exc!r}", "Please report it with this output.")
 
 
+def _keep_matmul_peaks(inputs: CheckInputs, env: Mapping[str, str]) -> None:
+    """The probe's matmul TFLOP/s per GPU, kept for %%gpuprofile's MFU (readings/peak_cache.py)."""
+    probe = inputs.probe
+    facts = probe.facts if probe is not None else None
+    for dev in (facts or {}).get("devices", []):
+        result = probe.result("matmul", dev.get("index"))
+        if result and dev.get("uuid"):
+            remember_matmul_peaks(dev["uuid"], str(dev.get("name", "")), result,
+                                  torch_version=str(facts.get("torch_version", "")), environ=env)
+
+
 def check(
     quick: bool = False,
     device: int | None = None,
@@ -97,15 +110,22 @@ def check(
     t0 = time.monotonic()
     env = dict(os.environ if environ is None else environ)
     snapshot = read_snapshot(nvml or default_session())
-    visible = resolve(env, snapshot.gpus)
+    torch = torch_state.imported_torch()
+    devices = map_devices(snapshot.gpus, env, torch_device_uuids(torch))
+    visible = devices.visible
+    me = kernel_pids()
+    ownership = tuple(attribute_processes(g.index, procs, me, torch_reserved_on(torch, devices, g.index))
+                      for g, procs in zip(snapshot.gpus, snapshot.processes))
     if device is not None:
         if not isinstance(device, int) or isinstance(device, bool):
             raise DeviceChoiceError(f"device must be an integer CUDA ordinal, not {device!r}")
-        if not 0 <= device < len(visible.nvml_indices):
+        chosen = devices.nvml_index(device)
+        if chosen is None:
+            count = len(devices.devices)
             raise DeviceChoiceError(
-                f"device {device} does not exist: CUDA sees {len(visible.nvml_indices)} GPU(s)"
-                + (f" (cuda:0..cuda:{len(visible.nvml_indices) - 1})" if visible.nvml_indices else ""))
-        selected = (visible.nvml_indices[device],)
+                f"device {device} does not exist: CUDA sees {count} GPU(s)"
+                + (f" (cuda:0..cuda:{count - 1})" if count else ""))
+        selected = (chosen,)
     else:
         selected = tuple(g.index for g in snapshot.gpus)
     inputs = CheckInputs(
@@ -115,7 +135,8 @@ def check(
         torch=read_torch_build(),
         kernel_torch=read_kernel_torch_state(),
         in_kernel=in_kernel,
-        visible=visible,
+        devices=devices,
+        ownership=ownership,
         selected=selected,
         quick=quick,
     )
@@ -143,6 +164,7 @@ def check(
 
         inputs.probe = run_probe(environ=env, devices=[device] if device is not None else None,
                                  timeout_s=probe_timeout_s, on_step=on_step)
+        _keep_matmul_peaks(inputs, env)
     if asker is not None:
         if asker.is_alive() and not quick:
             show("waiting for JAX/TensorFlow to list their devices (subprocess)")

@@ -16,6 +16,8 @@ What each one measures, without changing the user's code:
 - **memory timeline**: at a step end at most every ``TIMELINE_EVERY_S`` (200 ms),
   torch's allocated/reserved bytes and NVML's device "used".
 - **output**: ``sys.stdout.write`` / ``sys.stderr.write`` are timed.
+- **a closer look at a few steps**: ``step_watch(index)``, when set, is called at the end of
+  each step until it returns False (``step_plan.py``: the FLOP count of step 2, ``--ops``).
 
 When the cell starts before torch is imported, the torch hooks are put in the moment the
 cell imports it (``gpunb.readings.import_watch``).
@@ -140,6 +142,10 @@ class Instruments:
         self._last_memory_t = -1e9
         self.device_used: Callable[[], int | None] | None = None  # NVML "used" of the cell's GPU
         self.device_used_peak: int | None = None
+        # called with the step's index at every step end while it returns True (step_plan.py)
+        self.step_watch: Callable[[int], bool] | None = None
+        # called with the module when the cell itself imports torch (after the hooks are in)
+        self.on_torch_import: Callable[[Any], None] | None = None
         self._undo: list[Callable[[], None]] = []
         self.installed = False
 
@@ -175,6 +181,8 @@ class Instruments:
         version = getattr(module, "version", None)
         self._no_events = not (getattr(version, "cuda", None) or getattr(version, "hip", None))
         self._hook_torch(module)
+        if self.on_torch_import is not None:
+            self.on_torch_import(module)
 
     def remove(self) -> None:
         while self._undo:
@@ -213,6 +221,9 @@ class Instruments:
             self._start_step_events()
         if t - self._last_memory_t >= self._memory_every:
             self.sample_memory()
+        watch = self.step_watch
+        if watch is not None and not watch(len(self.step_t) - 1):
+            self.step_watch = None  # nothing left to look at: the per-step path is one test again
 
     def _first_step(self, optimizer: Any) -> bool:
         """True when ``optimizer`` is the one whose steps are counted (the first one seen)."""

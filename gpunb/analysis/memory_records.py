@@ -11,14 +11,17 @@ from gpunb.display import DisplayMixin, Render
 
 @dataclass(frozen=True)
 class GpuMemoryRow:
-    index: int  # torch device index
+    index: int  # torch device index (NVML's index when this kernel has no CUDA)
     name: str
     total_bytes: int | None
     used_bytes: int | None  # NVML, all processes
-    process_bytes: int | None  # NVML, this kernel
+    process_bytes: int | None  # NVML, this kernel's process
     torch_allocated_bytes: int | None
     torch_reserved_bytes: int | None
-    other_processes_bytes: int | None
+    other_processes_bytes: int | None  # NVML, processes that are not this kernel's (nor its children)
+    nvml_index: int | None = None
+    child_processes_bytes: int | None = None  # NVML, this kernel's child processes (workers, ranks)
+    process_match: str = ""  # how NVML's processes were matched to this kernel (readings.devices.OWN_*)
 
     @property
     def non_torch_bytes(self) -> int | None:
@@ -31,7 +34,8 @@ class GpuMemoryRow:
             "index": self.index, "name": self.name, "total_bytes": self.total_bytes, "used_bytes": self.used_bytes,
             "process_bytes": self.process_bytes, "torch_allocated_bytes": self.torch_allocated_bytes,
             "torch_reserved_bytes": self.torch_reserved_bytes, "other_processes_bytes": self.other_processes_bytes,
-            "non_torch_bytes": self.non_torch_bytes,
+            "non_torch_bytes": self.non_torch_bytes, "nvml_index": self.nvml_index,
+            "child_processes_bytes": self.child_processes_bytes, "process_match": self.process_match,
         }
 
 

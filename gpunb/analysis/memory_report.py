@@ -18,22 +18,22 @@ from gpunb.analysis.tensor_census import Census, take_census
 
 
 def _gpu_rows(torch: Any, nvml: Any) -> tuple[tuple[GpuMemoryRow, ...], list[str]]:
-    from gpunb.analysis.oom import nvml_index_for, process_memory
+    from gpunb.readings import torch_state
+    from gpunb.readings.devices import read_device_map, read_ownership
     from gpunb.readings.gpu import read_sample
     from gpunb.readings.nvml import is_available
-    from gpunb.readings.torch_memory import cuda_initialized, read_device
 
     problems: list[str] = []
     status = nvml.start()
     if not status.ok:
         problems.append(f"NVML: {status.cause} {status.fix}")
     rows = []
-    if cuda_initialized(torch):
-        for i in range(torch.cuda.device_count()):
-            t = read_device(torch, i)
-            nidx = nvml_index_for(torch, i, nvml) if status.ok else None
-            mine, others = (process_memory(nvml, nidx, torch_reserved=t.reserved_bytes if t else None)
-                            if status.ok else (None, ()))
+    if torch_state.cuda_initialized(torch):
+        device_map = read_device_map(nvml, torch=torch) if status.ok else None
+        for i in range(torch_state.device_count(torch)):
+            t = torch_state.read_device_memory(torch, i)
+            nidx = device_map.nvml_index(i) if device_map is not None else None
+            own = read_ownership(nvml, nidx, torch=torch, device_map=device_map) if nidx is not None else None
             used = total = None
             if nidx is not None:
                 s = read_sample(nvml, nidx)
@@ -46,9 +46,12 @@ def _gpu_rows(torch: Any, nvml: Any) -> tuple[tuple[GpuMemoryRow, ...], list[str
                 name = torch.cuda.get_device_name(i)
             except Exception:
                 name = f"cuda:{i}"
-            rows.append(GpuMemoryRow(i, name, total or (t.total_bytes if t else None), used, mine,
-                                     t.allocated_bytes if t else None, t.reserved_bytes if t else None,
-                                     sum(p.used_bytes or 0 for p in others)))
+            if own is not None and own.note:
+                problems.append(f"cuda:{i} (NVML GPU {nidx}): {own.note}.")
+            rows.append(GpuMemoryRow(i, name, total or (t.total_bytes if t else None), used,
+                                     own.self_bytes if own else None, t.allocated_bytes if t else None,
+                                     t.reserved_bytes if t else None, own.others_bytes if own else None,
+                                     nidx, own.children_bytes if own else None, own.how if own else ""))
     elif status.ok:
         for i in range(nvml.device_count()):
             s = read_sample(nvml, i)
@@ -56,12 +59,14 @@ def _gpu_rows(torch: Any, nvml: Any) -> tuple[tuple[GpuMemoryRow, ...], list[str
                 problems.append(f"GPU {i} has fallen off the bus (NVML: GPU is lost): its memory cannot be read; "
                                 "`dmesg` shows the Xid error, and a GPU reset or reboot (administrator) is needed.")
             name = nvml.device_query(i, "nvmlDeviceGetName")
-            mine, others = process_memory(nvml, i)
+            own = read_ownership(nvml, i, torch=torch)
+            if own.note:
+                problems.append(f"GPU {i}: {own.note}.")
             rows.append(GpuMemoryRow(
                 i, name if is_available(name) else f"GPU {i}",
                 s.memory_total_bytes if is_available(s.memory_total_bytes) else None,
                 s.memory_used_bytes if is_available(s.memory_used_bytes) else None,
-                mine, None, None, sum(p.used_bytes or 0 for p in others)))
+                own.self_bytes, None, None, own.others_bytes, i, own.children_bytes, own.how))
     return tuple(rows), problems
 
 
@@ -91,7 +96,7 @@ def free_variables(names: Iterable[str], namespace: dict, *, shell: Any = None, 
 
 
 def _cuda(torch: Any) -> bool:
-    from gpunb.readings.torch_memory import cuda_initialized
+    from gpunb.readings.torch_state import cuda_initialized
 
     return cuda_initialized(torch)
 
@@ -114,7 +119,7 @@ def memory(
     ``all_devices``) tensors on every device, so it also explains a CPU session.
     """
     from gpunb.readings.nvml import default_session
-    from gpunb.readings.torch_memory import imported_torch
+    from gpunb.readings.torch_state import imported_torch
 
     if namespace is None:
         namespace = {}
@@ -134,7 +139,7 @@ def memory(
                         if torch.backends.cuda.is_built() and nvml.device_count() > 0 else
                         "torch sees no CUDA GPU (CPU-only build or no driver): showing CPU tensors. "
                         "Run %gpucheck to see why.")
-    gpus, nvml_problems = _gpu_rows(torch, nvml) if torch is not None else _gpu_rows_no_torch(nvml)
+    gpus, nvml_problems = _gpu_rows(torch, nvml)
     problems.extend(nvml_problems)
     use_cuda = torch is not None and _cuda(torch) and not all_devices
     census = None
@@ -144,19 +149,4 @@ def memory(
                              output_history=oh if isinstance(oh, dict) else None,
                              exceptions=[("old exception (sys.last_value)", getattr(sys, "last_value", None))])
     return MemoryReport(gpus, census, problems, freed, top, "cuda" if use_cuda else "all")
-
-
-def _gpu_rows_no_torch(nvml: Any) -> tuple[tuple[GpuMemoryRow, ...], list[str]]:
-    class _NoTorch:
-        class cuda:  # noqa: N801
-            @staticmethod
-            def is_available() -> bool:
-                return False
-
-            @staticmethod
-            def is_initialized() -> bool:
-                return False
-
-    return _gpu_rows(_NoTorch, nvml)
-
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpunb.analysis.advice import Advice
+from gpunb.analysis.throughput_records import OpsReport, Throughput
 from gpunb.display import DisplayMixin, Render
 
 
@@ -21,6 +22,8 @@ class StepStats:
     batch_size: int | None
     source: str  # "CUDA events" (maybe "... every ~N steps, split by the host clock") or "host clock"
     step_ms: tuple[float, ...] = ()  # every step, in order (step 0 from the cell start)
+    # 0-based steps left out of median/p90 besides the warm-up: counted for FLOPs, traced by --ops
+    excluded: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,7 @@ class GpuPart:
     end_reserved_bytes: int
     nvml_process_bytes: int | None  # this process as NVML sees it, at the end of the cell
     nvml_device_peak_bytes: int | None  # highest device-wide "used" seen at step-end samples (all processes)
-    other_processes_bytes: int | None
+    other_processes_bytes: int | None  # processes that are not this kernel's (nor its children)
     alloc_retries: int  # during the cell
     ooms: int  # during the cell
     util_mean_pct: float | None
@@ -43,6 +46,8 @@ class GpuPart:
     util_samples: int
     compute_capability: tuple[int, int] | None
     peak_reset: bool
+    child_processes_bytes: int | None = None  # this kernel's child processes on the GPU (DataLoader workers, ranks)
+    process_match: str = ""  # how NVML's process list was matched to this kernel (readings.devices.OWN_*)
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,8 @@ class CellProfile(DisplayMixin):
     verdict: Verdict = Verdict("none", "", "")
     advice: tuple[Advice, ...] = ()
     extra: dict = field(default_factory=dict)
+    flops: Throughput | None = None  # FLOPs of one counted step, TFLOP/s, MFU (None: not asked for, no steps)
+    ops: OpsReport | None = None  # --ops: top operators and kernels of a few traced steps
     driver_cuda: str | None = None  # the newest CUDA the driver supports ("13.0"), from NVML
 
     def _repr_views_(self) -> dict[str, Render]:

@@ -21,7 +21,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from gpunb.readings.gpu import GpuInfo, read_info, read_processes, read_sample
+from gpunb.readings.devices import kernel_pids, read_ownership
+from gpunb.readings.gpu import GpuInfo, read_info, read_sample
 from gpunb.readings.host import read_host_sample
 from gpunb.readings.nvml import NvmlSession, NvmlStatus, Unavailable, default_session, is_available
 
@@ -233,7 +234,8 @@ class Sampler:
         self._max_hz = self.hz  # the fastest rate used so far: how many rows a window may need
         self._clock = clock
         self._wall_clock = wall_clock
-        self.own_pids = frozenset(own_pids) if own_pids is not None else frozenset({os.getpid()})
+        # this kernel's process (its PIDs in every namespace); children are found through it
+        self.own_pids = frozenset(own_pids) if own_pids is not None else kernel_pids()
         self.process_refresh_s = process_refresh_s
         self._read_host = read_host
         self._tick_lock = threading.Lock()  # one tick at a time (thread or a test's tick())
@@ -248,6 +250,8 @@ class Sampler:
         self._own_mib: dict[int, float | None] = {}  # from the last process list
         self._other_mib: dict[int, float] = {}  # other processes at that moment
         self._used_at_list: dict[int, float] = {}  # used memory at that moment
+        self.processes: dict[int, tuple] = {}  # GPU index -> the last process list (GpuProcess)
+        self.kernel_processes: dict[int, frozenset[int]] = {}  # GPU index -> PIDs of this kernel's processes there
         self._last_process_t: float | None = None
         self._host_thread: int | None = None
         self.thread_cpu_s = 0.0  # CPU time the sampler thread(s) used, all runs together
@@ -380,14 +384,12 @@ class Sampler:
 
     def _refresh_processes(self, used: dict[int, float | None]) -> None:
         for info in self.gpus:
-            procs = read_processes(self.nvml, info.index)
-            if not is_available(procs):
-                self._own_mib[info.index] = None
-                continue
-            own = [p.used_bytes for p in procs if p.pid in self.own_pids]
-            known = [b for b in own if isinstance(b, int)]
-            # MIG and some drivers do not give per-process memory: unknown, not zero.
-            own_mib = (sum(known) / MIB) if len(known) == len(own) else None
+            # this kernel and its child processes (devices.py); MIG and some drivers do not give
+            # per-process memory: unknown (None), not zero
+            own = read_ownership(self.nvml, info.index, pids=self.own_pids)
+            self.processes[info.index] = own.processes + own.others
+            self.kernel_processes[info.index] = frozenset(p.pid for p in own.processes)
+            own_mib = own.own_bytes / MIB if own.own_bytes is not None else None
             self._own_mib[info.index] = own_mib
             now_used = used.get(info.index)
             if now_used is not None:

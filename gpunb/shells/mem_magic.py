@@ -63,7 +63,7 @@ class MemMagics(Magics):
                 return  # only the setting; any other option asks for the report as well
         if args.release:
             from gpunb.analysis.release import release_failure
-            from gpunb.readings.torch_memory import cuda_initialized, imported_torch
+            from gpunb.readings.torch_state import cuda_initialized, imported_torch
             from gpunb.views.memory_view import release_lines
 
             torch = imported_torch()

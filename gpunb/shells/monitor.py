@@ -169,14 +169,31 @@ class Monitor(DisplayMixin):
         frame.index.name = "time"
         return frame
 
+    def holders(self) -> dict[int, list[str]]:
+        """Per shown GPU, who holds its memory: notebooks when this kernel's Jupyter server
+        runs gpunb's extension (asked in the background, never on the drawing path), else
+        NVML's PIDs from the sampler's last process list."""
+        from gpunb.analysis.server_holders import ask_server, holder_lines, pid_lines
+
+        reading = ask_server(wait=False)
+        out = {}
+        for g in self.sampler.gpus:
+            if self.devices is None or g.index in self.devices:
+                ours = self.sampler.kernel_processes.get(g.index, ())  # this kernel and its children
+                lines = (holder_lines(reading, g.index) if reading else
+                         pid_lines(self.sampler.processes.get(g.index, ()), ours))
+                if lines:
+                    out[g.index] = lines
+        return out
+
     def text(self) -> str:
-        return monitor_text(self.window())
+        return monitor_text(self.window(), self.holders())
 
     def _state(self) -> str:
         return "stopped" if self._stopped else "live"
 
     def html(self) -> str:
-        return monitor_html(self.window(), state=self._state(), messages=self.messages)
+        return monitor_html(self.window(), state=self._state(), messages=self.messages, holders=self.holders())
 
     def to_dict(self) -> dict[str, Any]:
         w = self.window()
@@ -246,6 +263,7 @@ class Monitor(DisplayMixin):
             panel.next_index = max(0, sampler.ticks - int(self.window_s * sampler.hz) - 2 * panel.k)
         first, rows = sampler.rows_since(panel.next_index)
         panel.feed(first, rows)
+        holders = self.holders()
         markup = panel.html(
             sampler.gpu_series(self.devices),
             nvml=sampler.status,
@@ -254,9 +272,10 @@ class Monitor(DisplayMixin):
             caption_text=caption(self._state(), hz=sampler.hz, seconds=self.window_s,
                                  started_unix=sampler.started_unix, t_last=panel.t_last),
             clock_text=clock_time(sampler.started_unix, panel.t_last),
+            holders=holders,
         )
         # the text form of the newest readings only (a second's window is a few rows)
-        return {"text/html": markup, "text/plain": monitor_text(self.window(min(self.window_s, 2.0)))}
+        return {"text/html": markup, "text/plain": monitor_text(self.window(min(self.window_s, 2.0)), holders)}
 
     def _send(self, bundle: dict[str, Any]) -> None:
         """Replace the displayed output; callers hold ``self._lock`` (one writer at a time)."""

@@ -3,6 +3,7 @@ registration (the sampler is stopped on ``%unload_ext`` / ``%reload_ext``)."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from IPython.core.magic import Magics, line_magic, magics_class
@@ -91,6 +92,10 @@ def _stop_on_unload(kernel: KernelState):
 
         stop_all(kernel)
         kernel.sampler = None  # a reload starts a fresh one with the reloaded code
+        if "gpunb.readings.server_sessions" in sys.modules:  # the monitors' server link: its thread ends
+            from gpunb.readings.server_sessions import set_default_sessions
+
+            set_default_sessions(None)
 
     return stop
 

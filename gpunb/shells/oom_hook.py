@@ -63,12 +63,13 @@ class OomHook:
 def handle_oom(shell: Any, exc: BaseException, *, before_ids: dict[str, int] | None = None,
                keep: bool = False) -> Any:
     """Diagnose ``exc`` with the notebook's readings, then release what it pins."""
-    from gpunb.analysis.oom import gather_readings, nvml_index_for, process_memory
+    from gpunb.analysis.oom import gather_readings
     from gpunb.analysis.oom_message import parse_oom_message
     from gpunb.analysis.release import release_failure
     from gpunb.analysis.tensor_census import EXCEPTION
+    from gpunb.readings.devices import read_device_map, read_ownership
     from gpunb.readings.nvml import default_session
-    from gpunb.readings.torch_memory import cuda_initialized, imported_torch
+    from gpunb.readings.torch_state import cuda_initialized, imported_torch
 
     torch = imported_torch()
     cuda = cuda_initialized(torch)
@@ -85,13 +86,35 @@ def handle_oom(shell: Any, exc: BaseException, *, before_ids: dict[str, int] | N
     if cuda:
         nvml = default_session()
         if nvml.start().ok:
-            index = nvml_index_for(torch, device, nvml)
-            nvml_bytes = lambda: process_memory(  # noqa: E731
-                nvml, index, torch_reserved=int(torch.cuda.memory_reserved(device)))[0]
+            device_map = read_device_map(nvml, torch=torch)
+            index = device_map.nvml_index(device)
+            if index is not None:
+                nvml_bytes = lambda: read_ownership(  # noqa: E731
+                    nvml, index, torch=torch, device_map=device_map, names=False).self_bytes
     pinned = diagnosis.census.total_bytes(source=EXCEPTION) if diagnosis.census is not None else None
     diagnosis.release = release_failure(shell, exc, torch=torch, device=device, keep_traceback=keep,
-                                        devices=devices, nvml_process_bytes=nvml_bytes, pinned_bytes=pinned)
+                                        devices=devices, nvml_process_bytes=nvml_bytes, pinned_bytes=pinned,
+                                        held_bytes=held_by(diagnosis.census))
     return diagnosis
+
+
+def held_by(census: Any) -> dict[str, int] | None:
+    """Bytes of tensors per holder the release lets go: the failed cell's frames, the previous
+    error's, each output-history entry (``release_failure`` names them the same way)."""
+    if census is None:
+        return None
+    import re
+
+    from gpunb.analysis.oom import PREVIOUS_ERROR
+    from gpunb.analysis.tensor_census import EXCEPTION, OUTPUT_HISTORY
+
+    held = {"frames": census.total_bytes(source=EXCEPTION), "previous error": census.total_bytes(source=PREVIOUS_ERROR)}
+    for e in census.entries:
+        if e.source == OUTPUT_HISTORY:
+            entry = re.match(r"Out\[\d+\]", e.name)
+            key = entry.group(0) if entry else e.name
+            held[key] = held.get(key, 0) + e.nbytes
+    return held
 
 
 def register(shell: Any, state: Any) -> None:

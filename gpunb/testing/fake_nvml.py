@@ -11,6 +11,7 @@ Tests only: the product never uses it unless ``GPUNB_FAKE_NVML`` names a scenari
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,31 @@ class FakeGpu:
     lost_after_s: float | None = None  # every call raises GPU_IS_LOST after this time
     extra_processes: list[dict] = field(default_factory=list)  # other users' processes
     mig_devices: list[dict] = field(default_factory=list)  # [{"uuid":..., "memory_total":...}]
+    # The recorded PIDs as NVML would report them elsewhere: {412: os.getpid()} makes this
+    # process the recorded training process, a PID no process here has plays a container's
+    # host PID, None drops the process.
+    pid_map: dict[int, int | None] = field(default_factory=dict)
+    processes_file: str | None = None  # JSON list of {"gpu", "pid", "used_gpu_memory"}, read per call
+    drop_exited: bool = False  # like a real driver: an exited process holds no memory
+
+    def file_rows(self) -> list[dict]:
+        """The rows of ``processes_file`` (tests that start real processes write their PIDs
+        there, even for a fake in another process); [] while it is not written."""
+        if not self.processes_file:
+            return []
+        try:
+            with open(self.processes_file) as f:
+                rows = json.load(f)
+        except (OSError, ValueError):  # not written yet, or being written
+            return []
+        return rows if isinstance(rows, list) else []
+
+    def listed_processes(self, index: int) -> list[dict]:
+        """``extra_processes`` plus GPU ``index``'s rows of ``processes_file``."""
+        # The file lists real processes: like a driver, forget those that exited.
+        listed = [r for r in self.file_rows() if r.get("gpu", 0) == index and _running(r["pid"])]
+        extra = [r for r in self.extra_processes if _running(r["pid"])] if self.drop_exited else self.extra_processes
+        return extra + listed
 
     def sample_at(self, t: float) -> dict:
         span = self.samples[-1]["t"] + 0.2
@@ -46,6 +72,14 @@ class FakeGpu:
                 break
             current = s
         return current
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+    except (OSError, IndexError):
+        return False
 
 
 class FakePynvml:
@@ -117,6 +151,10 @@ class FakePynvml:
     def nvmlSystemGetProcessName(self, pid: int) -> str:
         if pid in self.process_names:
             return self.process_names[pid]
+        for gpu in self.gpus:
+            for row in gpu.file_rows():
+                if row.get("pid") == pid and row.get("name"):
+                    return row["name"]
         raise _real.NVMLError(_real.NVML_ERROR_NOT_FOUND)
 
     def nvmlDeviceGetCount(self) -> int:
@@ -206,7 +244,7 @@ class FakePynvml:
         s = self._now(gpu)
         total = gpu.facts["memory_total"]
         reserved = gpu.facts["memory_reserved"]
-        used = s["memory_used"] + sum(p["used_gpu_memory"] for p in gpu.extra_processes)
+        used = s["memory_used"] + sum(p["used_gpu_memory"] for p in gpu.listed_processes(h.index))
         if version:  # v2 separates the driver's reservation from "used"
             return SimpleNamespace(total=total, reserved=reserved, used=used, free=total - reserved - used)
         return SimpleNamespace(total=total, used=used + reserved, free=total - reserved - used)
@@ -233,8 +271,13 @@ class FakePynvml:
 
     def nvmlDeviceGetComputeRunningProcesses(self, h: Any) -> list[Any]:
         gpu = self._gpu(h, "nvmlDeviceGetComputeRunningProcesses")
-        procs = self._now(gpu)["processes"] + gpu.extra_processes
-        return [SimpleNamespace(pid=p["pid"], usedGpuMemory=p["used_gpu_memory"]) for p in procs]
+        recorded = [] if gpu.processes_file else [
+            {**p, "pid": gpu.pid_map.get(p["pid"], p["pid"])} for p in self._now(gpu)["processes"]]
+        procs = [p for p in recorded if p["pid"] is not None] + gpu.listed_processes(h.index)
+        # MIG: NVML does not report per-process memory (pynvml gives None for "not available")
+        per_process = not (gpu.mig_devices and gpu.facts["mig_mode"][0])
+        return [SimpleNamespace(pid=p["pid"], usedGpuMemory=p["used_gpu_memory"] if per_process else None)
+                for p in procs]
 
     def nvmlDeviceGetSamples(self, h: Any, sampling_type: int, last_seen_us: int) -> tuple[int, list[Any]]:
         """Utilization samples newer than ``last_seen_us`` (CPU wall clock in µs, like NVML),
@@ -277,7 +320,21 @@ def scenario(name: str, clock: Callable[[], float] | None = None) -> FakePynvml:
     ``mig``              MIG enabled with two MIG devices
     ``busy``             another user's process holds 40 GiB
     ``eight-gpus``       eight H200s, as in an HGX node (each its own UUID and bus id)
+
+    ``GPUNB_FAKE_NVML_PROCESSES=<file.json>`` replaces the recorded process list with the
+    rows of that file, re-read on every call (``[{"gpu": 0, "pid": 123,
+    "used_gpu_memory": 2**30, "name": "python3"}]``): a test puts the PIDs of real kernels
+    on the fake GPU, also for a Jupyter server and kernels running in other processes.
     """
+    fake = _scenario(name, clock)
+    path = os.environ.get("GPUNB_FAKE_NVML_PROCESSES")
+    if path:
+        for gpu in fake.gpus:
+            gpu.processes_file = path
+    return fake
+
+
+def _scenario(name: str, clock: Callable[[], float] | None) -> FakePynvml:
     trace = load_trace()
     if name == "h200":
         return FakePynvml([_h200(trace)], clock=clock)

@@ -23,10 +23,6 @@ def size(n: Any) -> str:
     return gib(int(n) if isinstance(n, float) else n, digits=2)
 
 
-def _pct(x: float | None) -> str:
-    return "" if x is None else f"≈{x * 100:.0f} %"
-
-
 _STYLE = ("font-family:var(--jp-code-font-family,monospace);font-size:12px;border-collapse:collapse")
 _TD = "padding:1px 8px;text-align:left;border-bottom:1px solid rgba(140,149,159,0.35)"
 
@@ -52,9 +48,28 @@ def _group_lines(census: Any) -> list[str]:
 
 # -- OOM diagnosis -----------------------------------------------------------------------------
 
+def _off_gpu(census: Any) -> str:
+    if any(e.device.startswith("cuda") for e in census.entries):
+        return ""
+    return ", none on a GPU: they hold no GPU memory and count toward no saving"
+
+
+def fix_saving(f: Any, d: Any) -> str:
+    """"saves ≈ 8.40 GiB: covers the 16.80 GiB short" (or says it is not enough alone)."""
+    saving = getattr(f, "saving_bytes", None)
+    if saving is None:
+        return ""
+    short = d.shortfall_bytes
+    if not short:
+        return f"saves ≈{size(saving)}"
+    if f.severity >= 2 and saving >= short:
+        return f"saves ≈{size(saving)}: covers the {size(short)} short"
+    return f"saves ≈{size(saving)} of the {size(short)} short: not enough alone"
+
+
 def diagnosis_text(d: Any, top: int = 8) -> str:
     m = d.message
-    lines = [f"gpunb OOM doctor: {d.exception_type}"]
+    lines = [f"gpunb OOM doctor: {d.exception_type}: {d.headline}"]
     if m is not None:
         gpu = f"GPU {m.device if m.device is not None else '?'} total"
         facts = [f"{label} {size(n)}" for label, n in (
@@ -64,18 +79,20 @@ def diagnosis_text(d: Any, top: int = 8) -> str:
         if facts:
             lines.append("  " + ", ".join(facts))
     for p in d.other_processes:
-        lines.append(f"  other process PID {p.pid} {p.name}: {size(p.used_bytes)}")
+        lines.append(f"  other process PID {p.pid} {p.name}{' = ' + p.holder if p.holder else ''}: "
+                     f"{size(p.used_bytes)}")
     lines.append("Why:")
     for c in d.causes:
         lines.append(f"  - [{c.code}] {c.summary}")
     if d.census is not None and d.census.entries:
-        lines.append("Largest live tensors (" + "; ".join(_group_lines(d.census)) + "):")
+        lines.append("Largest live tensors (" + "; ".join(_group_lines(d.census)) + ")" + _off_gpu(d.census) + ":")
         for e in d.census.entries[:top]:
             lines.append(f"  {size(e.nbytes):>11}  {e.name}  {e.dtype} {e.device} [{e.role}; {e.source}]")
     if d.fixes:
         lines.append("Fixes (estimated saving for this case):")
         for i, f in enumerate(d.fixes, 1):
-            lines.append(f"  {i}. {f.title} {_pct(f.gain)} — {f.reason}")
+            saving = fix_saving(f, d)
+            lines.append(f"  {i}. {f.title}" + (f" ({saving})" if saving else "") + f" — {f.reason}")
             for h in f.how.splitlines():
                 lines.append(f"       {h}")
     for n in d.notes:
@@ -110,7 +127,7 @@ def release_lines(r: Any) -> list[str]:
 def diagnosis_html(d: Any, top: int = 8) -> str:
     m = d.message
     parts = [f"<div style='border-left:3px solid #c0392b;padding-left:8px'><b>gpunb OOM doctor</b>: "
-             f"{escape(d.exception_type)}"]
+             f"{escape(d.exception_type)}: <b>{escape(d.headline)}</b>"]
     if m is not None:
         rows = [[k, size(v)] for k, v in (
             ("asked", m.requested_bytes), ("free", m.free_bytes), ("GPU total", m.total_bytes),
@@ -120,16 +137,18 @@ def diagnosis_html(d: Any, top: int = 8) -> str:
         if rows:
             parts.append(_table(["", "bytes"], rows))
     if d.other_processes:
-        parts.append(_table(["other process", "name", "memory"],
-                            [[str(p.pid), p.name, size(p.used_bytes)] for p in d.other_processes]))
+        parts.append(_table(["other process", "name", "whose", "memory"],
+                            [[str(p.pid), p.name, p.holder, size(p.used_bytes)] for p in d.other_processes]))
     parts.append("<b>Why</b><ul>" + "".join(f"<li><code>{escape(c.code)}</code> {escape(c.summary)}</li>"
                                             for c in d.causes) + "</ul>")
     if d.census is not None and d.census.entries:
-        parts.append("<b>Largest live tensors</b> (" + escape("; ".join(_group_lines(d.census))) + ")")
+        parts.append("<b>Largest live tensors</b> (" + escape("; ".join(_group_lines(d.census))) + ")"
+                     + escape(_off_gpu(d.census)))
         parts.append(_table(_TENSOR_HEAD, _tensor_rows(d.census.entries, top)))
     if d.fixes:
         items = "".join(
-            f"<li><b>{escape(f.title)}</b> {escape(_pct(f.gain))} — {escape(f.reason)}"
+            f"<li><b>{escape(f.title)}</b>"
+            + (f" <i>({escape(fix_saving(f, d))})</i>" if fix_saving(f, d) else "") + f" — {escape(f.reason)}"
             + (f"<pre style='margin:2px 0'>{escape(f.how)}</pre>" if f.how else "")
             + (f" <a href='{escape(f.link)}' target='_blank'>docs</a>" if f.link else "") + "</li>"
             for f in d.fixes)
@@ -181,10 +200,18 @@ def _absent_note(report: Any) -> str:
     return f"not shown ({', '.join(missing)}): " + "; ".join(reasons or ["no reading on any GPU"])
 
 
+def _gpu_cell(heading: str, get: Any, g: Any) -> str:
+    text = size(get(g))
+    children = getattr(g, "child_processes_bytes", None)
+    if heading == "this kernel" and children:  # its child processes (workers, ranks) when they hold some
+        text += f" + {size(children)} in child processes"
+    return text
+
+
 def _gpu_table_rows(report: Any) -> tuple[list[str], list[list[str]]]:
     columns = _gpu_columns(report)
     head = ["GPU"] + [h for h, _ in columns]
-    rows = [[f"{g.index} {g.name}"] + [size(get(g)) for _, get in columns] for g in report.gpus]
+    rows = [[f"{g.index} {g.name}"] + [_gpu_cell(h, get, g) for h, get in columns] for g in report.gpus]
     return head, rows
 
 
@@ -204,10 +231,13 @@ def memory_parts(g: Any) -> list[tuple[str, int, str]]:
         mine = g.process_bytes if g.process_bytes is not None else g.torch_reserved_bytes
     elif mine is not None:
         parts.append(("this kernel", mine, chart.BLUE))
+    children = getattr(g, "child_processes_bytes", None) or 0
+    if children:
+        parts.append(("this kernel's child processes", children, chart.TEAL))
     if other:
         parts.append(("other processes", other, chart.ORANGE))
     if used is not None:
-        rest = used - (mine or 0) - other
+        rest = used - (mine or 0) - children - other
         if rest > 2**20:  # NVML's used memory nobody here accounts for (driver reserve, hidden processes)
             parts.append(("used, not attributed", rest, chart.GREY))
     if total is not None and used is not None:
@@ -358,23 +388,41 @@ def memory_html(r: Any) -> str:
 
 # -- %gpufit ------------------------------------------------------------------------------------
 
+def fit_headline(f: Any) -> str:
+    """The answer in one line, with the measurement that justifies it."""
+    t = f.recommended_trial
+    line = f"recommended batch: {f.recommended}"
+    if t is not None and t.peak_reserved_bytes is not None and f.capacity_bytes:
+        line += (f" (trained {t.steps_done} steps at {size(t.peak_reserved_bytes)} peak reserved of "
+                 f"{size(f.capacity_bytes)}: {size(f.headroom_bytes)} free"
+                 + (", optimizer state laid out as in a fresh process" if t.relocated_bytes else "") + ")")
+    return line
+
+
+def _trial_line(t: Any) -> str:
+    s = f"{t.index}. batch {t.batch:>6} ({t.purpose}): {t.verdict}"
+    if t.peak_allocated_bytes is not None:
+        s += f"; peak {size(t.peak_allocated_bytes)} allocated, {size(t.peak_reserved_bytes)} reserved"
+        fb = getattr(t, "peak_before_step_bytes", None)
+        if fb is not None:
+            s += f", {size(fb)} before optimizer.step"
+    return s + f"; {t.steps_done}/{t.steps} steps, {t.seconds:.1f} s"
+
+
 def fit_text(f: Any) -> str:
     if not f.ok:
         return f"gpunb %gpufit: {f.problem}"
-    lines = [f"gpunb %gpufit on {f.device}: largest batch that ran: {f.max_batch}; "
-             f"recommended (−{f.margin * 100:.0f} % margin): {f.recommended}"]
+    lines = [f"gpunb %gpufit on {f.device}: {fit_headline(f)}"]
+    if f.max_batch is not None and f.max_batch != f.recommended:
+        edge = next((t for t in f.trials if t.ok and t.batch == f.max_batch), None)
+        lines.append(f"  largest batch that completed: {f.max_batch}" + (f" ({edge.verdict})" if edge else ""))
     if f.predicted is not None:
-        lines.append(f"  predicted from the probes: {f.predicted}"
-                     + (f" (reserved-bytes line: {f.predicted_reserved})" if f.predicted_reserved is not None else ""))
-    lines.append(f"  capacity: {size(f.capacity_bytes)}; {f.trial_count} trials:")
+        lines.append(f"  predicted from the allocated-memory line: {f.predicted}"
+                     + (f"; from the reserved-memory line: {f.predicted_reserved}"
+                        if f.predicted_reserved is not None else ""))
+    lines.append(f"  {f.trial_count} trials in {f.seconds:.1f} s ({f.steps} steps each, a sustained run):")
     for t in f.trials:
-        if t.ok:
-            fb = getattr(t, "peak_before_step_bytes", None)
-            lines.append(f"    {t.index}. batch {t.batch:>6} ({t.purpose}): peak {size(t.peak_allocated_bytes)} "
-                         f"allocated, {size(t.peak_reserved_bytes)} reserved"
-                         + (f", {size(fb)} before optimizer.step" if fb is not None else "") + f", {t.seconds:.1f} s")
-        else:
-            lines.append(f"    {t.index}. batch {t.batch:>6} ({t.purpose}): out of memory, {t.seconds:.1f} s")
+        lines.append("    " + _trial_line(t))
     if f.line_allocated is not None:
         lines.append(f"  memory per sample ≈ {size(f.line_allocated.slope)}; fixed ≈ {size(f.line_allocated.intercept)}")
     for n in f.notes:
@@ -385,14 +433,15 @@ def fit_text(f: Any) -> str:
 def fit_html(f: Any) -> str:
     if not f.ok:
         return f"<div><b>gpunb %gpufit</b>: {escape(f.problem)}</div>"
-    rows = [[str(t.index), str(t.batch), t.purpose, "ran" if t.ok else "out of memory",
-             size(t.peak_allocated_bytes), size(t.peak_reserved_bytes), f"{t.seconds:.1f} s"] for t in f.trials]
-    head = (f"<div><b>gpunb %gpufit</b> on {escape(f.device)}: largest batch that ran <b>{f.max_batch}</b>; "
-            f"recommended (−{f.margin * 100:.0f} % margin) <b>{f.recommended}</b>; predicted "
-            f"{escape(str(f.predicted))} from the probes; capacity {escape(size(f.capacity_bytes))}</div>")
+    rows = [[str(t.index), str(t.batch), t.purpose, t.verdict, size(t.peak_allocated_bytes),
+             size(t.peak_reserved_bytes), f"{t.steps_done}/{t.steps}", f"{t.seconds:.1f} s"] for t in f.trials]
+    head = (f"<div><b>gpunb %gpufit</b> on {escape(f.device)}: <b>{escape(fit_headline(f))}</b></div>"
+            f"<div>{f.trial_count} trials in {f.seconds:.1f} s; largest batch that completed "
+            f"{escape(str(f.max_batch))}; predicted {escape(str(f.predicted))} (allocated line), "
+            f"{escape(str(f.predicted_reserved))} (reserved line)</div>")
     notes = "".join(f"<div>note: {escape(n)}</div>" for n in f.notes)
-    return (head + _table(["#", "batch", "why", "result", "peak allocated", "peak reserved", "time"], rows) + notes
-            + fit_chart_html(f))
+    return (head + _table(["#", "batch", "why", "result", "peak allocated", "peak reserved", "steps", "time"],
+                          rows) + notes + fit_chart_html(f))
 
 
 FIT_FIGSIZE = (7.6, 3.4)  # inches at 100 dpi: the plot and its legend beside it
@@ -410,16 +459,18 @@ def _theme_neutral(fig: Any, ax: Any) -> None:
     ax.grid(True, which="major", color=chart.NEUTRAL, alpha=0.25, lw=0.6)
 
 
-def fit_figure(f: Any) -> Any:
+def fit_figure(f: Any, title: bool = True) -> Any:
     """Peak memory against batch size (log scale: probes at 8 and 64 stay apart from a
-    prediction at 50,000): trials, fitted lines, capacity, the answer."""
+    prediction at 50,000): trials, fitted lines, capacity, the answer. ``title=False`` when
+    the HTML around it says what it is."""
     from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
 
     fig = Figure(figsize=FIT_FIGSIZE, dpi=100)
     ax = fig.add_subplot()
     _theme_neutral(fig, ax)
-    ok = [t for t in f.trials if t.ok]
+    ok = [t for t in f.trials if t.ok and t.peak_allocated_bytes is not None]
     bad = [t for t in f.trials if not t.ok]
+    edge = [t for t in ok if not t.clean]
     ax.scatter([t.batch for t in ok], [t.peak_allocated_bytes / GiB for t in ok], color=chart.BLUE,
                label="peak allocated", zorder=3)
     ax.scatter([t.batch for t in ok], [(t.peak_reserved_bytes or 0) / GiB for t in ok], marker="s",
@@ -433,20 +484,25 @@ def fit_figure(f: Any) -> Any:
         for t in bad:
             ax.scatter([t.batch], [f.capacity_bytes / GiB], marker="x", color=chart.RED, zorder=4,
                        label="out of memory" if t is bad[0] else None)
-    batches = [t.batch for t in f.trials] + [f.max_batch or 1]
+        if edge:
+            ax.scatter([t.batch for t in edge], [f.capacity_bytes / GiB] * len(edge), marker="o", facecolors="none",
+                       edgecolors=chart.RED, zorder=4, label="at the edge (cache released)")
+    batches = [t.batch for t in f.trials] + [f.recommended or 1]
     xmin, xmax = max(1.0, min(batches) / 1.5), max(batches) * 1.5
     xs = [xmin * (xmax / xmin) ** (i / 60) for i in range(61)]  # a straight line is a curve on a log axis
     for line, style, color, label in ((f.line_reserved, "--", chart.ORANGE, "fit (reserved)"),
                                       (f.line_allocated, ":", chart.BLUE, "fit (allocated, used to predict)")):
         if line is not None:
             ax.plot(xs, [line.at(x) / GiB for x in xs], style, color=color, lw=1, label=label)
-    if f.max_batch:
-        ax.axvline(f.max_batch, color=chart.GREEN, lw=1.2, label=f"max batch {f.max_batch}")
+    if f.recommended:
+        ax.axvline(f.recommended, color=chart.GREEN, lw=1.2, label=f"recommended {f.recommended}")
     ax.set_xscale("log")
     ax.set_xlim(xmin, xmax)
     ax.set_ylim(bottom=0)
     ax.set_xlabel("batch size (log scale)")
     ax.set_ylabel("GiB")
+    if title:
+        ax.set_title(f"peak memory over {f.steps} training steps", color=chart.GREY, fontsize=10)
     # beside the plot, not on it: the capacity line and the curve stay clear
     legend = ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
     for text in legend.get_texts():
@@ -455,10 +511,10 @@ def fit_figure(f: Any) -> Any:
     return fig
 
 
-def fit_png(f: Any, dpi: int = 100) -> str | None:
+def fit_png(f: Any, dpi: int = 100, title: bool = True) -> str | None:
     """The figure as base64 PNG (None when it cannot be drawn)."""
     try:
-        fig = fit_figure(f)
+        fig = fit_figure(f, title=title)
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=dpi, transparent=True)
         return base64.b64encode(buf.getvalue()).decode()
@@ -471,14 +527,14 @@ def fit_chart_html(f: Any) -> str:
     HTML table in JupyterLab and never be seen)."""
     if not f.ok or not f.trials:
         return ""
-    png = fit_png(f, dpi=150)  # drawn at 1.5x: sharp on high-density screens
+    png = fit_png(f, dpi=150, title=False)  # drawn at 1.5x: sharp on high-density screens
     if png is None:
         return ""
     ok = [t for t in f.trials if t.ok]
     alt = (f"peak memory against batch size (log scale): {len(f.trials)} trials, {len(ok)} ran; "
-           f"capacity {size(f.capacity_bytes)}; largest batch that ran {f.max_batch}")
+           f"capacity {size(f.capacity_bytes)}; largest batch that ran {f.max_batch}; recommended {f.recommended}")
     words = escape(alt, quote=True)
     width, height = (round(v * 100) for v in FIT_FIGSIZE)
-    return (f"<div style='margin-top:6px'><b>Peak memory per training step</b>"
+    return (f"<div style='margin-top:6px'><b>Peak memory over {escape(str(f.steps))} training steps</b>"
             f"<img class='gpunb-chart' src='data:image/png;base64,{png}' width='{width}' height='{height}' "
             f"alt='{words}' title='{words}' style='display:block;max-width:none'></div>")

@@ -14,12 +14,13 @@ import html
 import math
 import time
 from collections import deque
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from gpunb.analysis.sampler import GpuSeries, Window
 from gpunb.readings.gpu import CLOCK_EVENT_REASONS, SLOWDOWN_BITS
 from gpunb.views import chart
 from gpunb.views.chart import DIM, SMALL
+from gpunb.views.holders_view import holders_html, holders_text
 
 WIDTH = 100  # plot pixels of one chart
 HEIGHT = 38
@@ -469,12 +470,19 @@ class SparkPanel:
         notes: Sequence[str] = (),
         caption_text: str = "",
         clock_text: str = "",
+        holders: Mapping[int, Sequence[str]] | None = None,
     ) -> str:
-        """The whole monitor: a row per GPU (``gpus`` gives names and lost flags now), the
-        host row, the time axis, notes, a caption."""
+        """The whole monitor: a row per GPU (``gpus`` gives names and lost flags now), under
+        it who holds its memory (``holders``: lines per GPU index), the host row, the time
+        axis, notes, a caption."""
+        holders = holders or {}
         shown = [g for g in gpus if g.index in self.memory]
         rows = [self.header_html(shown)] if shown else []
-        rows += [self.gpu_html(g) for g in shown]
+        for g in shown:
+            rows.append(self.gpu_html(g))
+            held = holders_html(holders.get(g.index, ()))
+            if held:
+                rows.append(f'<tr><td></td><td colspan="5" style="text-align:left;padding:0 6px">{held}</td></tr>')
         if shown:
             rows.append(self.time_axis_html(5, clock_text))
         rows.append(self.host_html())
@@ -603,7 +611,8 @@ def panel_notes(window_notes: Sequence[str], messages: Sequence[str]) -> list[st
     return [m for m in messages if not m.startswith("No GPU to show")] + list(window_notes[-5:])
 
 
-def monitor_html(window: Window, *, state: str = "live", messages: Sequence[str] = ()) -> str:
+def monitor_html(window: Window, *, state: str = "live", messages: Sequence[str] = (),
+                 holders: Mapping[int, Sequence[str]] | None = None) -> str:
     """The whole monitor for one window, at once (snapshots, saved notebooks). ``state``
     is "live" or "stopped"; ``messages`` are the caller's own notes."""
     panel = SparkPanel(
@@ -620,11 +629,14 @@ def monitor_html(window: Window, *, state: str = "live", messages: Sequence[str]
         caption_text=caption(state, hz=window.hz, seconds=window.seconds, started_unix=window.started_unix,
                              t_last=t_last),
         clock_text=clock_time(window.started_unix, t_last),
+        holders=holders,
     )
 
 
-def monitor_text(window: Window) -> str:
-    """One line per GPU plus the host, for terminal IPython and ``text/plain``."""
+def monitor_text(window: Window, holders: Mapping[int, Sequence[str]] | None = None) -> str:
+    """One line per GPU (and who holds its memory) plus the host, for terminal IPython and
+    ``text/plain``."""
+    holders = holders or {}
     lines = []
     for g in window.gpus:
         c = g.columns
@@ -647,6 +659,7 @@ def monitor_text(window: Window) -> str:
         if g.lost:
             line += " · LOST"
         lines.append(line)
+        lines.extend(holders_text(holders.get(g.index, ())))
     if not window.gpus and not window.gpu_count:
         cause = window.nvml.cause if not window.nvml.ok else "NVML sees no GPU."
         lines.append(f"No GPU to show ({cause}); monitoring the host only.")
