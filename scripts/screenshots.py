@@ -3,7 +3,8 @@
 A notebook of every view (``tests/output_notebook.py``) is run by nbclient in a kernel that
 reads the fake NVML (``two-gpus``: readings recorded on an H200, replayed for two GPUs) and
 trains with CPU torch; the monitor watches half a minute of the replay. ``%gpufit`` shows
-the result recorded on the H200 and the OOM doctor the message recorded there. The notebook
+a result recorded on the H200 (the batch-fit zoo's transformer) and the OOM doctor the
+message recorded there. The notebook
 is opened in JupyterLab in Debian's Chromium and each output is cropped to
 ``docs/screenshots/<view>-<theme>.png`` (kept under 200 KB); a second notebook shows the
 monitor of the ``eight-gpus`` fake (``monitor-8gpus-light.png``).

@@ -3,8 +3,8 @@ workshop handout produces a notebook someone else opens untrusted).
 
 The kernel reads the fake NVML (``GPUNB_FAKE_NVML``: real H200 readings replayed) and trains
 with CPU torch. ``%gpufit`` needs a GPU, so its cell shows the result recorded on the H200
-(``benchmarks/results/h200_oom_gpufit_mlp.json``) through the same record and view; the OOM
-doctor reads the message recorded on the H200. Used by the browser tests and by
+(``benchmarks/results/h200x2_batch_fit_zoo_run1.json``, the transformer) through the same
+record and view; the OOM doctor reads the message recorded on the H200. Used by the browser tests and by
 ``scripts/screenshots.py``.
 """
 
@@ -29,14 +29,16 @@ for epoch in range(4):
         opt.zero_grad(); nn.functional.cross_entropy(model(xb), yb).backward(); opt.step()
     print("epoch", epoch)"""
 
-FIT_REPLAY = """# %gpufit needs a GPU: this is its result from the H200 run, shown by the same record and view
-import json
+FIT_REPLAY = """# %gpufit needs a GPU: this is its result on the H200 (the transformer of the batch-fit zoo,
+# benchmarks/results/h200x2_batch_fit_zoo_run1.json), shown by the same record and view
+import dataclasses, json
 from gpunb.analysis.batch_fit_records import BatchFit, Line, Trial
-run = json.load(open(RESULTS + "/h200_oom_gpufit_mlp.json"))["gpufit"]
-fit = BatchFit(**{k: v for k, v in run.items() if k not in ("trials", "line_reserved", "line_allocated", "trial_count")},
-               trials=tuple(Trial(**t) for t in run["trials"]),
-               line_reserved=Line(run["line_reserved"]["intercept_bytes"], run["line_reserved"]["slope_bytes_per_sample"]),
-               line_allocated=Line(run["line_allocated"]["intercept_bytes"], run["line_allocated"]["slope_bytes_per_sample"]))
+zoo = json.load(open(RESULTS + "/h200x2_batch_fit_zoo_run1.json"))
+run = next(m for m in zoo["models"] if m["model"] == "transformer")["finders"]["gpufit"]["fit"]
+known = lambda cls, d: {k: v for k, v in d.items() if k in {f.name for f in dataclasses.fields(cls)}}
+line = lambda d: Line(d["intercept_bytes"], d["slope_bytes_per_sample"]) if d else None
+fit = dataclasses.replace(BatchFit(**known(BatchFit, run)), trials=tuple(Trial(**known(Trial, t)) for t in run["trials"]),
+                          line_reserved=line(run["line_reserved"]), line_allocated=line(run["line_allocated"]))
 fit"""
 
 OOM_REPLAY = """# the out-of-memory message recorded on the H200, raised here so the doctor reads it
