@@ -259,14 +259,14 @@ class NvmlSession:
         if known is not None:
             return known
         return self._hop(self._start_here, (), wait=INIT_WAIT_S, what="nvmlInit",
-                         fallback=lambda why: NvmlStatus(False, f"NVML did not start: {why}", _HUNG_FIX, TIMEOUT))
+                         fallback=lambda why: NvmlStatus(False, f"NVML did not start: {why}", HUNG_FIX, TIMEOUT))
 
     def _known_status(self) -> NvmlStatus | None:
         """The status when no nvmlInit is needed now (lock held)."""
         now = time.monotonic()
         if self._init_since is not None:
             return NvmlStatus(False, f"NVML is still starting (nvmlInit has run for {now - self._init_since:.1f} s).",
-                              _HUNG_FIX, TIMEOUT)
+                              HUNG_FIX, TIMEOUT)
         if self._status is not None and (self._status.ok or now < self._retry_at):
             return self._status
         return None
@@ -354,7 +354,11 @@ class NvmlSession:
                          fallback=fallback, budget_s=budget_s)
 
     def _hop(self, fn: Callable[..., Any], args: tuple, *, wait: float, what: str,
-             fallback: Callable[[str], Any], budget_s: float | None = None) -> Any:
+             fallback: Callable[[str], Any], budget_s: float | None = None, retry: bool = True) -> Any:
+        """Run ``fn(*args)`` on the worker and wait for it: at most ``wait`` (a run: its
+        budget plus one call's timeout), and never longer than one call's timeout for a
+        single call that hangs. A run that met a hung call is run once more (the hung
+        function is now skipped), so one hang costs a part of it, not all of it."""
         now = time.monotonic()
         local = self._caller
         deadline = getattr(local, "deadline", None)
@@ -377,12 +381,30 @@ class NvmlSession:
                 return fallback(why)
             job = _Job(fn, args, deadline, owner or what)
             worker.jobs.put(job)
-        if job.done.wait(wait):
-            if job.error is not None:
-                raise job.error
-            return job.result
+        end = now + wait
+        hung = False
+        while True:
+            call = worker.call
+            started = time.monotonic() if call is None or call.name == "nvmlInit" else call.t0
+            limit = min(end, started + self.call_timeout_s)  # then look again: is a call hanging?
+            if job.done.wait(max(0.0, limit - time.monotonic()) + 0.001):
+                if job.error is not None:
+                    raise job.error
+                return job.result
+            now = time.monotonic()
+            call = worker.call
+            if call is not None and call.name != "nvmlInit" and now - call.t0 > self.call_timeout_s:
+                hung = True
+                break
+            if now >= end:
+                break
         job.cancelled = True
-        return fallback(self._why_late(worker, what, wait))
+        late = self._why_late(worker, what, now - (end - wait))
+        if hung and retry and budget_s is not None and (deadline is None or time.monotonic() < deadline):
+            again = self._hop(fn, args, wait=wait, what=what, fallback=lambda _why: fallback(late),
+                              budget_s=max(0.0, (deadline or end) - time.monotonic()), retry=False)
+            return again
+        return fallback(late)
 
     def _why_late(self, worker: _Worker, what: str, waited: float) -> str:
         call = worker.call
@@ -471,6 +493,10 @@ class NvmlSession:
             if job is not None and job.deadline is not None and now >= job.deadline:
                 return f"not read: {job.what or 'this reading'}'s NVML time budget was used up (NVML answered slowly)"
         with self._lock:
+            for stuck in self._stuck:
+                call = stuck.call
+                if call is not None and call.key == key:  # never a second thread into the same hang
+                    return f"NVML has not answered {_label(key)} for {now - call.t0:.0f} s; not asked while it hangs"
             if now < self._paused_until:
                 return f"{self._pause_reason}; asked again in {self._paused_until - now:.0f} s"
             cooling = self._cooling.get(key)
@@ -610,7 +636,7 @@ def _safe_str(exc: BaseException) -> str:
     return text if len(text) <= 300 else text[:299] + "…"
 
 
-_HUNG_FIX = ("If `nvidia-smi` hangs too, the driver is stuck: look for Xid errors in `dmesg`; the GPU may "
+HUNG_FIX = ("If `nvidia-smi` hangs too, the driver is stuck: look for Xid errors in `dmesg`; the GPU may "
              "need a reset or the machine a reboot (administrator). gpunb keeps trying in the background.")
 
 _SESSIONS: "weakref.WeakSet[NvmlSession]" = weakref.WeakSet()

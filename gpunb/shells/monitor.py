@@ -142,7 +142,8 @@ class Monitor:
         self.sampler = sampler
         self.window_s = window_s
         self.devices = devices
-        self.messages = tuple(m for m in messages if m)
+        self.requested_hz: float | None = None  # the rate this monitor asked for, or joined at
+        self._messages = tuple(m for m in messages if m)
         self._registry = registry
         self._use_widget = use_widget
         self._cell_id = cell_id
@@ -156,8 +157,18 @@ class Monitor:
         self._fallback_at = 0.0
         self._drawn_at = 0.0
         self._panel: SparkPanel | None = None
+        self._layout = -1
 
     # -- data -------------------------------------------------------------------
+    @property
+    def messages(self) -> tuple[str, ...]:
+        """The monitor's own notes (a clamped or shared rate), and while no GPU is found, why."""
+        if self.sampler.gpus:
+            return self._messages
+        status = self.sampler.status
+        cause = status.cause if not status.ok else "NVML sees no GPU."
+        return (*self._messages, f"No GPU to show: {cause} Monitoring the host only.")
+
     @property
     def hz(self) -> float:
         return self.sampler.hz
@@ -314,7 +325,8 @@ class Monitor:
         formatted (this runs on the sampler thread, which holds the GIL meanwhile)."""
         sampler = self.sampler
         panel = self._panel
-        if panel is None or panel.hz != sampler.hz:  # first frame, or the rate changed
+        if panel is None or panel.hz != sampler.hz or self._layout != sampler.layout:  # first frame, new rate or GPUs
+            self._layout = sampler.layout
             panel = self._panel = SparkPanel(
                 window_s=self.window_s, hz=sampler.hz, gpus=sampler.gpu_series(self.devices),
                 ram_total_mib=sampler.ram_total_mib, cpu_count=sampler.cpu_count,
@@ -374,6 +386,10 @@ class Monitor:
             monitors.remove(self)
         if self.sampler.listener_count == 0:
             self.sampler.stop()
+        else:  # the fastest rate still asked for (see ``monitor``)
+            rates = [m.requested_hz for m in monitors if m.sampler is self.sampler and m.requested_hz]
+            if rates and max(rates) != self.sampler.hz:
+                self.sampler.set_hz(max(rates))
         if self._handles:
             final = self._static_bundle()
             for handle in self._handles:
@@ -382,7 +398,7 @@ class Monitor:
                 except Exception:  # no kernel any more (shutdown): nothing to update
                     pass
         for widget in self._widgets:
-            widget.close()
+            _close_widget(widget)
         self._widgets = []
 
     def close(self) -> None:
@@ -390,8 +406,39 @@ class Monitor:
         self.stop()
 
 
+def _close_widget(widget: Any) -> None:
+    """Close a widget and the Layout/Style models every ipywidgets widget owns; closing
+    only the widget left 8 models per monitor in ipywidgets' registry."""
+    for part in (getattr(widget, "layout", None), getattr(widget, "style", None), widget):
+        close = getattr(part, "close", None)
+        if close is not None:
+            try:
+                close()
+            except Exception:  # a frontend gone away: the model is gone with it
+                pass
+
+
+# NVML time starting a monitor may take (finding the GPUs and the first reading).
+START_BUDGET_S = 1.2
+
+
+def _shared_rate(sampler: Sampler, monitors: list, requested: float) -> tuple[float, str]:
+    """The rule for one sampler serving several monitors: it runs at the fastest rate any
+    live monitor asked for, so a new monitor never slows another one down; the new one
+    says when its rate is not the one it asked for, or when it sped the others up."""
+    others = [m.requested_hz or sampler.hz for m in monitors if m.sampler is sampler]
+    fastest = max(others, default=0.0)
+    if fastest > requested:
+        return fastest, (f"sampling at {fastest:g} Hz, not the {requested:g} Hz asked for: another monitor of "
+                         f"this kernel asked for {fastest:g} Hz and one sampler serves them all (the fastest "
+                         f"request wins; {requested:g} Hz comes back when that monitor stops).")
+    if others and requested > sampler.hz:
+        return requested, f"the other monitors of this kernel now update at {requested:g} Hz too (one sampler serves all)."
+    return requested, ""
+
+
 def monitor(
-    hz: float = HZ_DEFAULT,
+    hz: float | None = None,
     window_s: float = 120.0,
     device: int | Iterable[int] | None = None,
     *,
@@ -399,8 +446,10 @@ def monitor(
 ) -> Monitor:
     """Live GPU sparklines (memory split into this kernel / other processes / free,
     utilization, power against its limit, temperature, SM clock, throttle reasons) and
-    host CPU/RAM, sampled ``hz`` times a second (0.5 to 10) by the kernel's one sampler
-    thread, showing the last ``window_s`` seconds. ``device`` limits it to some GPUs.
+    host CPU/RAM, sampled ``hz`` times a second (0.5 to 10; default 2, or the rate already
+    running) by the kernel's one sampler thread, showing the last ``window_s`` seconds.
+    ``device`` limits it to some GPUs. Several monitors share the sampler, which runs at
+    the fastest rate any of them asked for.
 
     Display it (last line of a cell, or ``display(m)``); it keeps updating while later
     cells run. ``m.samples()`` / ``m.to_pandas()`` give the readings; ``m.stop()`` ends it
@@ -408,36 +457,40 @@ def monitor(
     """
     if frontend not in ("auto", "widget", "text"):
         raise ValueError(f"frontend must be 'auto', 'widget' or 'text', got {frontend!r}")
-    hz, hz_message = clamp_hz(hz)
+    requested, hz_message = clamp_hz(hz) if hz is not None else (None, "")
     shell = _current_shell()
     registry = registry_for(shell)
     sampler = registry.get("sampler")
-    if sampler is None:
-        sampler = Sampler(hz=hz)
-        registry["sampler"] = sampler
-    else:
-        sampler.set_hz(hz)
-    window_s = _check_window(window_s, hz)
-    devices = _check_devices(device, sampler)
-    use_widget = _widget_frontend(shell) if frontend == "auto" else frontend == "widget"
-    messages = [hz_message]
-    if not sampler.gpus:
-        cause = sampler.status.cause if not sampler.status.ok else "NVML sees no GPU."
-        messages.append(f"No GPU to show: {cause} Monitoring the host only.")
-    cell = _cell_run(shell)
-    m = Monitor(
-        sampler, registry, window_s=window_s, devices=devices, use_widget=use_widget,
-        messages=messages, cell_id=cell,
-    )
     monitors = registry.setdefault("monitors", [])
-    replaced = [
-        old for old in monitors
-        if cell is not None and old._cell_id is not None and old._cell_id[0] == cell[0] and old._cell_id[1] != cell[1]
-    ]
-    monitors.append(m)
-    sampler.add_listener(m._on_tick)
-    if sampler.ticks == 0:
-        sampler.tick()  # something to show at once; the thread takes over from here
+    from gpunb.readings.nvml import default_session
+
+    nvml = sampler.nvml if sampler is not None else default_session()
+    with nvml.budget(START_BUDGET_S, "starting the monitor"):  # a hung NVML costs this cell little
+        if sampler is None:
+            sampler = Sampler(nvml, hz=requested or HZ_DEFAULT)
+            registry["sampler"] = sampler
+        rate_message = ""
+        if requested is not None:
+            rate, rate_message = _shared_rate(sampler, monitors, requested)
+            sampler.set_hz(rate)
+        window_s = _check_window(window_s, sampler.hz)
+        devices = _check_devices(device, sampler)
+        use_widget = _widget_frontend(shell) if frontend == "auto" else frontend == "widget"
+        cell = _cell_run(shell)
+        m = Monitor(
+            sampler, registry, window_s=window_s, devices=devices, use_widget=use_widget,
+            messages=[hz_message, rate_message], cell_id=cell,
+        )
+        m.requested_hz = requested if requested is not None else sampler.hz  # without hz: the rate it joined at
+        replaced = [
+            old for old in monitors
+            if cell is not None and old._cell_id is not None and old._cell_id[0] == cell[0]
+            and old._cell_id[1] != cell[1]
+        ]
+        monitors.append(m)
+        sampler.add_listener(m._on_tick)
+        if sampler.ticks == 0:
+            sampler.tick()  # something to show at once; the thread takes over from here
     sampler.start()
     for old in replaced:  # the same cell run again: its old output is gone
         old.stop()

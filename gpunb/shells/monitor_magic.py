@@ -17,7 +17,8 @@ from gpunb.shells.arguments import parse_args
 class MonitorMagics(Magics):
     @magic_arguments()
     @argument("--hz", type=float, default=None, metavar="HZ",
-              help="samples per second, 0.5 to 10 (default 2; shared by all monitors of this kernel)")
+              help="samples per second, 0.5 to 10 (default 2, or the rate already running; one sampler "
+                   "serves all monitors of this kernel at the fastest rate any of them asked for)")
     @argument("--window", type=float, default=120.0, metavar="SECONDS",
               help="seconds of history to show (default 120)")
     @argument("--device", type=int, default=None, metavar="N", help="show only GPU N (default: every GPU)")
@@ -52,11 +53,7 @@ class MonitorMagics(Magics):
                   if n else "gpunb: no monitor was running; the sampler thread is stopped.")
             return
         try:
-            mon = monitor(
-                hz=args.hz if args.hz is not None else _current_hz(self.shell),
-                window_s=args.window,
-                device=args.device,
-            )
+            mon = monitor(hz=args.hz, window_s=args.window, device=args.device)  # no --hz: the running rate
         except ValueError as exc:  # bad values: say what and how, no traceback
             raise UsageError(f"%gpumonitor: {exc}") from None
         for message in mon.messages:
@@ -67,15 +64,6 @@ class MonitorMagics(Magics):
         from IPython.display import display
 
         display(mon)
-
-
-def _current_hz(shell: Any) -> float:
-    """Without ``--hz``, keep the rate a running sampler already has."""
-    from gpunb.analysis.sampler import HZ_DEFAULT
-    from gpunb.shells.monitor import registry_for
-
-    sampler = registry_for(shell).get("sampler")
-    return sampler.hz if sampler is not None else HZ_DEFAULT
 
 
 def _refresh_fallbacks(shared: dict[str, Any]):
@@ -91,10 +79,12 @@ def _refresh_fallbacks(shared: dict[str, Any]):
 
 def _stop_on_unload(shared: dict[str, Any]):
     def stop() -> None:
+        from gpunb.readings.nvml import stop_default_worker
         from gpunb.shells.monitor import stop_all
 
         stop_all(shared)
         shared.pop("sampler", None)  # a reload starts a fresh one with the reloaded code
+        stop_default_worker()  # the NVML worker thread too (the next read starts a new one)
 
     return stop
 
