@@ -211,6 +211,8 @@ def memory(
         census = take_census(namespace, torch=torch, devices={"cuda"} if use_cuda else None,
                              output_history=oh if isinstance(oh, dict) else None,
                              exceptions=[("old exception (sys.last_value)", getattr(sys, "last_value", None))])
+        if census.skipped_count:
+            problems.append(census.skipped_note())
     return MemoryReport(gpus, census, problems, freed, top, "cuda" if use_cuda else "all")
 
 
