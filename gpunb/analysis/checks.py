@@ -18,9 +18,9 @@ from gpunb.analysis.check_inputs import CheckInputs
 from gpunb.analysis.check_report import CheckReport, CheckResult
 from gpunb.analysis.visible_devices import resolve
 from gpunb.readings.cuda_probe import run_probe
-from gpunb.readings.gpu import read_snapshot
+from gpunb.readings.gpu import DriverInfo, GpuSnapshot, read_snapshot
 from gpunb.readings.host import read_host_facts
-from gpunb.readings.nvml import NvmlSession, default_session
+from gpunb.readings.nvml import NvmlSession, NvmlStatus, Unavailable, default_session
 from gpunb.readings.torch_build import read_kernel_torch_state, read_torch_build
 
 # (check, needs the subprocess measurements) in the order of the training checklist:
@@ -67,6 +67,13 @@ class DeviceChoiceError(ValueError):
     """``device=N`` names no GPU CUDA can see."""
 
 
+def _describe(exc: BaseException) -> str:
+    try:
+        return f"{type(exc).__name__}: {str(exc)[:300]}"
+    except Exception:
+        return type(exc).__name__
+
+
 def _in_ipython() -> bool:
     ipython = sys.modules.get("IPython")
     return ipython is not None and ipython.get_ipython() is not None
@@ -101,15 +108,25 @@ def check(
     """
     t0 = time.monotonic()
     env = dict(os.environ if environ is None else environ)
-    snapshot = read_snapshot(nvml or default_session())
+    try:
+        snapshot = read_snapshot(nvml or default_session())
+    except Exception as exc:  # a reader bug must not take the rest of the checklist with it
+        status = NvmlStatus(False, f"gpunb could not read NVML: {_describe(exc)}",
+                            "This is a gpunb bug: please report it with this output. The other checks still ran.")
+        gap = Unavailable(status.cause)
+        snapshot = GpuSnapshot(DriverInfo(status, gap, gap, 0))
     visible = resolve(env, snapshot.gpus)
     if device is not None:
         if not isinstance(device, int) or isinstance(device, bool):
             raise DeviceChoiceError(f"device must be an integer CUDA ordinal, not {device!r}")
         if not 0 <= device < len(visible.nvml_indices):
+            unusable = [g for g in snapshot.gpus if not isinstance(g.uuid, str)]
             raise DeviceChoiceError(
                 f"device {device} does not exist: CUDA sees {len(visible.nvml_indices)} GPU(s)"
-                + (f" (cuda:0..cuda:{len(visible.nvml_indices) - 1})" if visible.nvml_indices else ""))
+                + (f" (cuda:0..cuda:{len(visible.nvml_indices) - 1})" if visible.nvml_indices else "")
+                + "".join(f"; GPU{g.index} is {'lost (NVML: GPU is lost)' if g.lost else 'unreadable: ' + str(g.uuid)}"
+                          ", so CUDA cannot use it until it is reset (see `gpunb check` without --device)"
+                          for g in unusable))
         selected = (visible.nvml_indices[device],)
     else:
         selected = tuple(g.index for g in snapshot.gpus)

@@ -329,9 +329,14 @@ def check_precision(inputs: CheckInputs) -> CheckResult:
     k, facts = inputs.kernel_torch, _facts(inputs)
     setting = k.matmul_precision if k is not None else (facts or {}).get("matmul_precision")
     parts, tips = [], []
+    unread = [g for g in inputs.gpus if not is_available(g.compute_capability)]
+    if len(unread) == len(inputs.gpus):  # nothing to judge: not "ok"
+        return CheckResult("precision", title, "skip", "; ".join(
+            f"GPU{g.index}: compute capability could not be read ({g.compute_capability.reason})" for g in unread))
     for g in inputs.gpus:
         cc = g.compute_capability
         if not is_available(cc):
+            parts.append(f"GPU{g.index}: compute capability {cc}")
             continue
         parts.append(f"GPU{g.index}: " + ("TF32 and bf16 supported" if tuple(cc) >= (8, 0)
                                           else "no TF32/bf16 (before Ampere): use fp16 autocast with GradScaler"))

@@ -24,6 +24,12 @@ class VisibleDevices:
     notes: tuple[str, ...] = field(default=())
 
 
+def shown(value: str, limit: int = 40) -> str:
+    """A value for a message: repr'd, and cut short (an environment value may be huge)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 1]}… ({len(value):,} characters)"
+
+
 def _match_uuid(token: str, gpus: Sequence[GpuInfo]) -> tuple[str, int] | None | str:
     """The (uuid, nvml index) a UUID token names; a string explains an ambiguity."""
     hits = []
@@ -43,12 +49,18 @@ def _match_uuid(token: str, gpus: Sequence[GpuInfo]) -> tuple[str, int] | None |
 def resolve(environ: Mapping[str, str], gpus: Sequence[GpuInfo]) -> VisibleDevices:
     raw = environ.get("CUDA_VISIBLE_DEVICES")
     if raw is None:
-        uuids = tuple(g.uuid for g in gpus if isinstance(g.uuid, str))
+        readable = [g for g in gpus if isinstance(g.uuid, str)]
         notes = []
         if any(g.mig_enabled is True for g in gpus):
             notes.append("MIG is enabled and CUDA_VISIBLE_DEVICES is unset: CUDA enumerates MIG "
                          "instances itself; select one with CUDA_VISIBLE_DEVICES=MIG-<uuid>.")
-        return VisibleDevices(None, uuids, tuple(g.index for g in gpus), notes=tuple(notes))
+        unread = [g for g in gpus if not isinstance(g.uuid, str)]
+        if unread:  # a lost GPU: CUDA cannot use it either
+            notes.append("CUDA cannot use " + ", ".join(
+                f"GPU{g.index} ({'lost' if g.lost else 'its UUID could not be read: ' + str(g.uuid)})"
+                for g in unread) + ".")
+        return VisibleDevices(None, tuple(g.uuid for g in readable), tuple(g.index for g in readable),
+                              notes=tuple(notes))
     tokens = [t.strip() for t in raw.split(",")]
     if raw.strip() == "":
         return VisibleDevices(raw, (), (), problems=("CUDA_VISIBLE_DEVICES is set to an empty string, "
@@ -58,24 +70,31 @@ def resolve(environ: Mapping[str, str], gpus: Sequence[GpuInfo]) -> VisibleDevic
     for pos, token in enumerate(tokens):
         hit: tuple[str, int] | None | str
         if token.lstrip("-").isdigit():
-            g = by_index.get(int(token))
+            # Compared as text first: int() refuses more than 4,300 digits, and no GPU index is that long.
+            number = int(token) if len(token) <= 9 else None
+            g = by_index.get(number) if number is not None else None
             hit = (g.uuid, g.index) if g is not None and isinstance(g.uuid, str) else None
-            if hit is None:
-                reason = (f"index {token} does not exist (this machine has {len(gpus)} GPU(s): "
-                          f"0..{len(gpus) - 1})" if int(token) >= 0 else f"{token} is not a device")
+            if hit is None and g is not None:
+                reason = f"index {token} is GPU{g.index}, whose UUID NVML could not read ({g.uuid})"
+            elif hit is None:
+                plain = token if len(token) <= 20 else shown(token)
+                reason = (f"index {plain} does not exist (this machine has {len(gpus)} GPU(s): "
+                          f"0..{len(gpus) - 1})" if not token.startswith("-") else f"{plain} is not a device")
         elif token.startswith(("GPU-", "MIG-")):
             hit = _match_uuid(token, gpus)
-            reason = hit if isinstance(hit, str) else f"no GPU or MIG device has UUID {token!r}"
+            reason = hit if isinstance(hit, str) else f"no GPU or MIG device has UUID {shown(token)}"
         else:
-            hit, reason = None, f"{token!r} is neither an index nor a GPU-/MIG- UUID"
+            hit, reason = None, f"{shown(token)} is neither an index nor a GPU-/MIG- UUID"
         if not isinstance(hit, tuple):
             ignored = tokens[pos + 1:]
-            tail = f"; the entries after it ({', '.join(ignored)}) are ignored too" if ignored else ""
+            listed = ", ".join(t if len(t) <= 20 else shown(t, 20) for t in ignored[:5])
+            listed += f" and {len(ignored) - 5} more" if len(ignored) > 5 else ""
+            tail = f"; the entries after it ({listed}) are ignored too" if ignored else ""
             problems.append(f"CUDA_VISIBLE_DEVICES entry {pos + 1}: {reason}. CUDA stops reading the list "
                             f"there{tail}.")
             break
         if hit[0] in visible:
-            problems.append(f"CUDA_VISIBLE_DEVICES lists {token!r} twice.")
+            problems.append(f"CUDA_VISIBLE_DEVICES lists {shown(token)} twice.")
             break
         visible.append(hit[0])
         indices.append(hit[1])
