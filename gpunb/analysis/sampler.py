@@ -50,6 +50,7 @@ MIB = 2**20
 # a tick at most this plus one call's timeout, so the thread always comes back to its stop flag.
 TICK_BUDGET_S = 0.4
 START_BUDGET_S = 0.8
+TICK_GRACE_S = 0.02  # a tick waits no longer than its budget (plus this) for a GPU's readings
 # When NVML could not list the GPUs (not started, a timeout), ask again after this many
 # seconds, doubling up to the second figure.
 REDISCOVER_S = (1.0, 60.0)
@@ -368,9 +369,9 @@ class Sampler:
         """Read every GPU and the host once, append a row, tell the listeners. NVML gets
         at most TICK_BUDGET_S (less at high rates); what it did not answer is a gap."""
         with self._tick_lock:
-            if self._discover_at is not None and time.monotonic() >= self._discover_at:
-                self._discover()
             with self.nvml.budget(min(TICK_BUDGET_S, 0.8 / self.hz), "the monitor"):
+                if self._discover_at is not None and time.monotonic() >= self._discover_at:
+                    self._discover()
                 row = self._read_row()
             with self._data_lock:
                 self._store.append(row)
@@ -412,7 +413,7 @@ class Sampler:
 
     def _read_gpu(self, index: int, row: dict[str, Any]) -> float | None:
         t = self._clock()
-        s = self.nvml.run(read_sample, self.nvml, index, self._clock,
+        s = self.nvml.run(read_sample, self.nvml, index, self._clock, grace_s=TICK_GRACE_S,
                           fallback=lambda why: unread_sample(index, t, why))
         col = lambda name: gpu_column(index, name)  # noqa: E731
         used = _mib(s.memory_used_bytes)

@@ -342,19 +342,21 @@ class NvmlSession:
             local.deadline, local.what = before
 
     def run(self, fn: Callable[..., T], *args: Any, fallback: Callable[[str], T],
-            budget_s: float = RUN_BUDGET_S, what: str = "") -> T:
+            budget_s: float = RUN_BUDGET_S, what: str = "", grace_s: float | None = None) -> T:
         """``fn(*args)`` on the NVML worker, its NVML reads done there without a hop each.
         The caller waits until the budget (its own, or ``budget_s``, whichever ends first)
-        plus one call's timeout; reads after the deadline return ``Unavailable`` and the
-        partial result comes back. ``fallback(reason)`` is returned when nothing came back
-        in time (a call hung)."""
+        plus ``grace_s`` (default: one call's timeout, for a call running at the deadline);
+        reads after the deadline return ``Unavailable`` and the partial result comes back.
+        ``fallback(reason)`` is returned when nothing came back in time (a call hung)."""
         if self._current_worker() is not None:
             return fn(*args)
         return self._hop(fn, args, wait=budget_s, what=what or getattr(fn, "__name__", "reading"),
-                         fallback=fallback, budget_s=budget_s)
+                         fallback=fallback, budget_s=budget_s,
+                         grace_s=self.call_timeout_s if grace_s is None else grace_s)
 
     def _hop(self, fn: Callable[..., Any], args: tuple, *, wait: float, what: str,
-             fallback: Callable[[str], Any], budget_s: float | None = None, retry: bool = True) -> Any:
+             fallback: Callable[[str], Any], budget_s: float | None = None, grace_s: float = 0.0,
+             retry: bool = True) -> Any:
         """Run ``fn(*args)`` on the worker and wait for it: at most ``wait`` (a run: its
         budget plus one call's timeout), and never longer than one call's timeout for a
         single call that hangs. A run that met a hung call is run once more (the hung
@@ -372,7 +374,7 @@ class NvmlSession:
                                 "(NVML answered slowly)")
             wait = min(wait, left) if budget_s is None else left
         if budget_s is not None:
-            wait += self.call_timeout_s  # a call running at the deadline may still finish
+            wait += grace_s  # a call running at the deadline may still finish
         with self._lock:
             if self._init_since is not None and getattr(fn, "__func__", None) is not NvmlSession._start_here:
                 return fallback(f"NVML is still starting (nvmlInit has run for {now - self._init_since:.1f} s)")
@@ -402,7 +404,8 @@ class NvmlSession:
         late = self._why_late(worker, what, now - (end - wait))
         if hung and retry and budget_s is not None and (deadline is None or time.monotonic() < deadline):
             again = self._hop(fn, args, wait=wait, what=what, fallback=lambda _why: fallback(late),
-                              budget_s=max(0.0, (deadline or end) - time.monotonic()), retry=False)
+                              budget_s=max(0.0, (deadline or end) - time.monotonic()), grace_s=grace_s,
+                              retry=False)
             return again
         return fallback(late)
 
