@@ -1,4 +1,5 @@
-"""Human-readable numbers with units (used by every layer's one-line summaries)."""
+"""Human-readable numbers with units, and values cut short for messages (used by every
+layer's one-line summaries)."""
 
 from __future__ import annotations
 
@@ -30,3 +31,9 @@ def num(value: Any, unit: str = "", digits: int = 0) -> str:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return "n/a"
     return f"{value:.{digits}f}{(' ' + unit) if unit else ''}"
+
+
+def shown(value: str, limit: int = 40) -> str:
+    """``repr(value)`` for a message, cut short: an environment value may be a megabyte."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 1]}… ({len(value):,} characters)"

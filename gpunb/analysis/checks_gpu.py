@@ -6,10 +6,10 @@ import os
 
 from gpunb.analysis.check_inputs import CheckInputs
 from gpunb.analysis.check_report import CheckResult, Status, worst
-from gpunb.analysis.visible_devices import VisibleDevices, shown
+from gpunb.analysis.visible_devices import VisibleDevices
 from gpunb.readings.gpu import SLOWDOWN_BITS, clock_event_explanations, clock_event_names
 from gpunb.readings.nvml import is_available
-from gpunb.units import gib, num
+from gpunb.units import gib, num, shown
 
 NVIDIA_SMI_DOC = "https://docs.nvidia.com/deploy/nvidia-smi/index.html"
 NVML_DOC = "https://docs.nvidia.com/deploy/nvml-api/"

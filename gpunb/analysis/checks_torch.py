@@ -10,7 +10,7 @@ from gpunb.analysis.check_report import CheckResult, Status, worst
 from gpunb.analysis.gpu_specs import pcie_gbps, peak_for
 from gpunb.readings.gpu import GpuInfo
 from gpunb.readings.nvml import is_available
-from gpunb.units import num
+from gpunb.units import num, shown
 
 INSTALL_DOC = "https://pytorch.org/get-started/locally/"
 COMPAT_DOC = "https://docs.nvidia.com/deploy/cuda-compatibility/"
@@ -373,10 +373,10 @@ def parse_alloc_conf(value: str) -> tuple[dict[str, str], list[str]]:
         key, sep, val = item.partition(":")
         key = key.strip()
         if not sep:
-            problems.append(f"{item!r} has no ':' (expected key:value)")
+            problems.append(f"{shown(item)} has no ':' (expected key:value)")
             continue
         if key not in _ALLOC_KEYS:
-            problems.append(f"unknown key {key!r}")
+            problems.append(f"unknown key {shown(key)}")
         settings[key] = val.strip()
     return settings, problems
 
@@ -391,10 +391,17 @@ def check_alloc_conf(inputs: CheckInputs) -> CheckResult:
         return CheckResult("alloc_conf", title, "ok", "unset: torch's default caching allocator", {}, link=link, tip=tip)
     raw = inputs.environ[name]
     settings, problems = parse_alloc_conf(raw)
-    summary = f"{name}={raw!r} → " + (", ".join(f"{k}={v}" for k, v in settings.items()) or "nothing")
+    # Shown cut short: the value (and so its keys and problems) may be huge.
+    parsed = ", ".join(f"{k if len(k) <= 40 else shown(k)}={v if len(v) <= 40 else shown(v)}"
+                       for k, v in list(settings.items())[:10])
+    summary = f"{name}={shown(raw, 80)} → " + (parsed or "nothing") + (
+        f" and {len(settings) - 10} more" if len(settings) > 10 else "")
+    listed = problems[:5] + ([f"{len(problems) - 5} more problems"] if len(problems) > 5 else [])
+    if len(raw) > 4096 or len(settings) > 50:
+        settings = {"(value too long to list)": shown(raw, 80)}
     if problems:
-        return CheckResult("alloc_conf", title, "warn", summary, {"settings": settings, "problems": problems},
-                           "; ".join(problems) + ": torch rejects unrecognized keys with an error at the first CUDA "
+        return CheckResult("alloc_conf", title, "warn", summary, {"settings": settings, "problems": listed},
+                           "; ".join(listed) + ": torch rejects unrecognized keys with an error at the first CUDA "
                            "allocation.", "Correct the value (keys: " + ", ".join(sorted(_ALLOC_KEYS)) + ").", link)
     if inputs.kernel_torch is not None and inputs.kernel_torch.cuda_initialized:
         tip = "This kernel's CUDA is already initialized: changes to the variable now apply only after a restart."

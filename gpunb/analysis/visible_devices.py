@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from gpunb.readings.gpu import GpuInfo
+from gpunb.units import shown
 
 
 @dataclass(frozen=True)
@@ -22,12 +23,6 @@ class VisibleDevices:
     nvml_indices: tuple[int, ...]  # the physical GPUs behind them
     problems: tuple[str, ...] = field(default=())
     notes: tuple[str, ...] = field(default=())
-
-
-def shown(value: str, limit: int = 40) -> str:
-    """A value for a message: repr'd, and cut short (an environment value may be huge)."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit - 1]}… ({len(value):,} characters)"
 
 
 def _match_uuid(token: str, gpus: Sequence[GpuInfo]) -> tuple[str, int] | None | str:
