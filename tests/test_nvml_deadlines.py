@@ -7,6 +7,7 @@ the hang ends or the test releases it, like a C call stuck in the driver.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -219,3 +220,18 @@ def test_unknown_fake_scenario_is_a_status_not_a_crash(monkeypatch):
         assert "Unset GPUNB_FAKE_NVML" in status.fix
     finally:
         nvml_module.set_default_session(None)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX only")
+def test_a_forked_child_starts_its_own_worker(fake, session):
+    assert session.device_count() == 1  # the parent's worker runs now
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's worker thread is gone, its locks are fresh
+        try:
+            os.write(write, str(session.device_count()).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    _, status = os.waitpid(pid, 0)
+    assert status == 0 and os.read(read, 16) == b"1"

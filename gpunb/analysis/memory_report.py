@@ -17,6 +17,9 @@ from gpunb.analysis.release import MemoryPoint, measure
 from gpunb.analysis.tensor_census import Census, take_census
 
 
+NVML_BUDGET_S = 1.0
+
+
 @dataclass(frozen=True)
 class GpuMemoryRow:
     index: int  # torch device index
@@ -202,7 +205,8 @@ def memory(
                         if torch.backends.cuda.is_built() and nvml.device_count() > 0 else
                         "torch sees no CUDA GPU (CPU-only build or no driver): showing CPU tensors. "
                         "Run %gpucheck to see why.")
-    gpus, nvml_problems = _gpu_rows(torch, nvml) if torch is not None else _gpu_rows_no_torch(nvml)
+    with nvml.budget(NVML_BUDGET_S, "%gpumem"):  # a hung NVML costs the cell at most this (plus one call)
+        gpus, nvml_problems = _gpu_rows(torch, nvml) if torch is not None else _gpu_rows_no_torch(nvml)
     problems.extend(nvml_problems)
     use_cuda = torch is not None and _cuda(torch) and not all_devices
     census = None

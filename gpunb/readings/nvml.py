@@ -176,7 +176,7 @@ class _Call:
 
 
 class _Job:
-    __slots__ = ("fn", "args", "deadline", "what", "done", "result", "error", "cancelled")
+    __slots__ = ("fn", "args", "deadline", "what", "done", "result", "error", "cancelled", "refused")
 
     def __init__(self, fn: Callable[..., Any], args: tuple, deadline: float | None, what: str) -> None:
         self.fn, self.args, self.deadline, self.what = fn, args, deadline, what
@@ -184,6 +184,11 @@ class _Job:
         self.result: Any = None
         self.error: BaseException | None = None
         self.cancelled = False
+        self.refused: str | None = None  # why it was never run (no worker left to run it)
+
+    def refuse(self, why: str) -> None:
+        self.refused = why
+        self.done.set()
 
 
 class _Worker(threading.Thread):
@@ -390,6 +395,8 @@ class NvmlSession:
             started = time.monotonic() if call is None or call.name == "nvmlInit" else call.t0
             limit = min(end, started + self.call_timeout_s)  # then look again: is a call hanging?
             if job.done.wait(max(0.0, limit - time.monotonic()) + 0.001):
+                if job.refused is not None:
+                    return fallback(job.refused)
                 if job.error is not None:
                     raise job.error
                 return job.result
@@ -425,24 +432,29 @@ class NvmlSession:
         worker = self._worker
         if worker is not None and not worker.is_alive():
             worker = self._worker = None  # ended (idle, or this process was forked)
+        waiting: list[_Job] = []
         if worker is not None:
             call = worker.call
             if call is not None and call.name != "nvmlInit" and now - call.t0 > self.call_timeout_s:
-                self._abandon(worker, call, now)
+                waiting = self._abandon(worker, call, now)
                 worker = None
         if worker is None:
             self._stuck = [w for w in self._stuck if w.is_alive()]
             if len(self._stuck) >= MAX_STUCK_WORKERS:
                 calls = "; ".join(f"{_label(w.call.key)} for {now - w.call.t0:.0f} s"
                                   for w in self._stuck if w.call is not None)
-                return None, (f"NVML is not answering: {len(self._stuck)} calls hang ({calls}); readings "
-                              "resume when they return")
+                why = f"NVML is not answering: {len(self._stuck)} calls hang ({calls}); readings resume when they return"
+                for job in waiting:
+                    job.refuse(why)
+                return None, why
             worker = self._worker = _Worker(self)
+            for job in waiting:  # queued behind the hung call: they go first on the fresh worker
+                worker.jobs.put(job)
             worker.start()
         return worker, ""
 
-    def _abandon(self, worker: _Worker, call: _Call, now: float) -> None:
-        """Leave ``worker`` inside its hung call; its queued jobs go to a fresh worker (lock held)."""
+    def _abandon(self, worker: _Worker, call: _Call, now: float) -> list[_Job]:
+        """Leave ``worker`` inside its hung call; returns the jobs queued behind it (lock held)."""
         worker.abandoned = True
         self._stuck.append(worker)
         self._worker = None
@@ -450,14 +462,12 @@ class NvmlSession:
         waiting = []
         while True:
             try:
-                waiting.append(worker.jobs.get_nowait())
+                job = worker.jobs.get_nowait()
             except queue.Empty:
                 break
-        if waiting:
-            fresh = self._worker = _Worker(self)
-            for job in waiting:
-                fresh.jobs.put(job)
-            fresh.start()
+            if job is not None:
+                waiting.append(job)
+        return waiting
 
     def _retire_idle(self, worker: _Worker) -> bool:
         with self._lock:
