@@ -618,7 +618,7 @@ class NvmlSession:
         h = self.handle(index)
         if not is_available(h):
             return h
-        return self._call(name, (h, *args))
+        return self.query(name, h, *args)  # on the worker: no hop
 
     def device_count(self) -> int:
         n = self.query("nvmlDeviceGetCount")
