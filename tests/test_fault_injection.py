@@ -227,6 +227,7 @@ def test_the_monitor_keeps_drawing_through_random_faults():
     assert missing <= hangs + 1, f"{missing} ticks missing for {hangs} hangs in {len(t)} ticks"
     TRIED["monitor ticks under random faults"] += len(t)
     TRIED["monitor hangs"] += hangs
+    TRIED["monitor ticks missing"] += missing
     HELD["monitor ticks missing (at most one per hang)"] += 1
 
 
@@ -251,6 +252,7 @@ def test_memory_stays_bounded_under_faults():
     assert grown < 256 * 1024, f"{grown / 1024:.0f} KiB more after 2,000 faulty ticks"
     assert len(sampler.samples()["t_s"]) == 300
     TRIED["faulty ticks for the memory bound"] += 2600
+    TRIED["KiB grown over the last 2,000 faulty ticks"] += round(grown / 1024)
     HELD["memory bounded under faults"] += 1
 
 
