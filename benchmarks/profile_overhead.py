@@ -303,7 +303,8 @@ def call_costs(device: str, opt) -> dict:
     from gpunb.analysis.instruments import Instruments
     from gpunb.analysis.profile import ProfileSession
     from gpunb.analysis.cell_meter import CellMeter
-    from gpunb.readings.gpu_activity import nvml_index_for_uuid, now_us, read_device_memory, read_util_since
+    from gpunb.readings.devices import read_device_map, read_ownership
+    from gpunb.readings.gpu_activity import now_us, read_util_since
     from gpunb.readings.nvml import default_session
     from gpunb.readings.process import read_process_usage, reset_peak_rss
     from gpunb.readings import torch_state
@@ -348,9 +349,9 @@ def call_costs(device: str, opt) -> dict:
         costs["torch.cuda.synchronize() (idle)"] = per_call_us(torch.cuda.synchronize, max_n=500)
         nvml = default_session()
         if nvml.device_count():
-            index = nvml_index_for_uuid(nvml, torch_state.device_uuid(torch, dev), dev)
-            costs["NVML index by UUID"] = per_call_us(
-                lambda: nvml_index_for_uuid(nvml, torch_state.device_uuid(torch, dev), dev), max_n=200)
+            index = read_device_map(nvml, torch=torch).nvml_index(dev)
+            costs["NVML index by UUID (device map, kept once CUDA is up)"] = per_call_us(
+                lambda: read_device_map(nvml, torch=torch).nvml_index(dev), max_n=200)
             costs["NVML nvmlDeviceGetMemoryInfo"] = per_call_us(
                 lambda: nvml.device_query(index, "nvmlDeviceGetMemoryInfo"), max_n=500)
             costs["NVML nvmlDeviceGetUtilizationRates"] = per_call_us(
@@ -358,8 +359,8 @@ def call_costs(device: str, opt) -> dict:
             since = now_us() - 2_000_000
             costs["NVML util samples since 2 s ago"] = per_call_us(
                 lambda: read_util_since(nvml, index, since), budget_s=0.2, max_n=100)
-            costs["NVML device memory + process list"] = per_call_us(
-                lambda: read_device_memory(nvml, index), budget_s=0.2, max_n=100)
+            costs["NVML process list, this kernel's share"] = per_call_us(
+                lambda: read_ownership(nvml, index, torch=torch, names=False), budget_s=0.2, max_n=100)
 
     def empty_profile() -> None:
         s = ProfileSession()

@@ -11,14 +11,15 @@ from typing import Any
 
 from gpunb._version import __version__
 
-# Public API name -> "module:attribute", imported on first access.
+# Public API name -> "module:attribute", imported on first access. The API twins of the
+# magics live in the shells layer: they find the shell and display; analysis only measures.
 _LAZY = {
-    "check": "gpunb.analysis.checks:check",
+    "check": "gpunb.shells.api:check",
     "monitor": "gpunb.shells.monitor:monitor",
-    "profile": "gpunb.analysis.profile:profile",
-    "memory": "gpunb.analysis.memory_report:memory",
-    "diagnose_oom": "gpunb.shells.oom_hook:diagnose_oom",
-    "fit_batch_size": "gpunb.analysis.batch_fit:fit_batch_size",
+    "profile": "gpunb.shells.api:profile",
+    "memory": "gpunb.shells.api:memory",
+    "diagnose_oom": "gpunb.shells.api:diagnose_oom",
+    "fit_batch_size": "gpunb.shells.api:fit_batch_size",
 }
 
 __all__ = ["__version__", "load_ipython_extension", "unload_ipython_extension", *_LAZY]
@@ -36,6 +37,12 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(__all__)
+
+
+def _jupyter_server_extension_points() -> list[dict[str, str]]:
+    """The Jupyter server extension (enabled by the installed
+    ``jupyter_server_config.d/gpunb.json``); its module is imported only by a server."""
+    return [{"module": "gpunb.shells.server_extension"}]
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -1,15 +1,23 @@
-"""Human-readable numbers with units, and values cut short for messages (used by every
-layer's one-line summaries)."""
+"""Human-readable numbers with units: the one set of formatters every view and summary uses,
+and values cut short for messages (an environment value may be a megabyte).
+
+A missing reading (None, an ``Unavailable`` NVML value, NaN) reads "n/a", never a crash.
+"""
 
 from __future__ import annotations
 
+import math
 from typing import Any
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def gib(n_bytes: Any, digits: int = 1) -> str:
     """1.5 GiB, 512.0 MiB, 12 B; 'n/a' for non-numbers (None, Unavailable readings).
     ``digits`` is for GiB; smaller units keep one decimal."""
-    if not isinstance(n_bytes, (int, float)) or isinstance(n_bytes, bool):
+    if not _number(n_bytes):
         return "n/a"
     for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(n_bytes) >= size:
@@ -17,7 +25,10 @@ def gib(n_bytes: Any, digits: int = 1) -> str:
     return f"{int(n_bytes)} B"
 
 
-def seconds(t_s: float) -> str:
+def seconds(t_s: Any) -> str:
+    """2 min 5 s, 1.25 s, 12.5 ms, 40 µs; 'n/a' for a missing time."""
+    if not _number(t_s):
+        return "n/a"
     if t_s >= 60:
         return f"{int(t_s // 60)} min {t_s % 60:.0f} s"
     if t_s >= 1:
@@ -27,8 +38,13 @@ def seconds(t_s: float) -> str:
     return f"{t_s * 1e6:.0f} µs"
 
 
+def milliseconds(t_ms: Any) -> str:
+    """A time given in milliseconds, written like :func:`seconds`."""
+    return seconds(t_ms / 1000.0) if _number(t_ms) else "n/a"
+
+
 def num(value: Any, unit: str = "", digits: int = 0) -> str:
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
+    if not _number(value):
         return "n/a"
     return f"{value:.{digits}f}{(' ' + unit) if unit else ''}"
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up a development/test environment on a fresh Linux machine: .venv with a CPU build of
 # torch (pinned: an unpinned `torch` would pull a multi-GB CUDA build), gpunb in editable
-# mode with its test tools, and Debian's Chromium for the real-browser test.
+# mode with its test tools, Debian's Chromium for the real-browser test, and a small
+# .venv-ipython8 for the cell-number tests on IPython 8 (scripts/setup-ipython8.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
@@ -16,3 +17,4 @@ if ! command -v chromium >/dev/null 2>&1; then
   fi
 fi
 python -c "import gpunb, torch; print('gpunb', gpunb.__version__, '| torch', torch.__version__)"
+bash scripts/setup-ipython8.sh

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import IPython
 import pytest
 
 from gpunb.readings import nvml as nvml_module
 from gpunb.readings.nvml import NvmlSession
 from gpunb.testing import scenario
+
+
+def pytest_report_header() -> str:
+    return f"IPython {IPython.__version__}"  # the cell-number tests run on IPython 8 and 9
 
 
 @pytest.fixture

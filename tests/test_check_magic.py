@@ -41,9 +41,9 @@ def test_json_output_is_machine_readable(ip, fake_nvml):
 
 @pytest.mark.parametrize("line, message", [
     ("--bogus", "unrecognized arguments: --bogus"),
-    ("--device x", "invalid int value: 'x'"),
+    ("--device x", "'x' is not a whole number (allowed: 0 or more)"),
     ("--device 7", "device 7 does not exist"),
-    ("-o 1abc", "-o needs a Python variable name"),
+    ("-o 1abc", "'1abc' is not a Python variable name"),
 ])
 def test_bad_input_is_a_usage_message_not_a_traceback(ip, fake_nvml, line, message):
     with capture_output() as out:

@@ -45,7 +45,7 @@ def test_gpumem_bad_flags_show_usage(ip):
         ip.run_line_magic("gpumem", "-o 1x")
     with pytest.raises(UsageError):
         ip.run_line_magic("gpumem", "--keep-traceback maybe")
-    with pytest.raises(UsageError, match="positive"):
+    with pytest.raises(UsageError, match=r"--top: 0 is out of range \(allowed: 1 or more\)"):
         ip.run_line_magic("gpumem", "--top 0")
 
 
@@ -117,3 +117,13 @@ def test_gpumem_names_a_lost_gpu(fake_nvml):
     report = gpunb.memory(namespace={})
     text = report._repr_mimebundle_()["text/plain"]
     assert "GPU 1 has fallen off the bus" in text and "GPU 0 has fallen off" not in text
+
+
+def test_keep_traceback_alone_changes_the_setting_with_another_option_also_reports(ip, capsys):
+    kernel = ip._gpunb_extension_state.kernel
+    ip.run_line_magic("gpumem", "--keep-traceback off")
+    out = capsys.readouterr().out
+    assert kernel.oom_keep_traceback is False and "frames are released" in out and "gpunb memory" not in out
+    ip.run_line_magic("gpumem", "--keep-traceback on --top 3 -o mem")
+    assert kernel.oom_keep_traceback is True and ip.user_ns["mem"].to_dict()["census"] is not None
+    kernel.oom_keep_traceback = None

@@ -8,13 +8,15 @@ torch = pytest.importorskip("torch")
 
 from gpunb.analysis import oom as oom_mod  # noqa: E402
 from gpunb.analysis.oom import (  # noqa: E402
-    FRAGMENTATION, LEFTOVERS, OTHER_PROCESSES, TOO_LARGE_FOR_GPU, WORKING_SET, diagnose, process_memory,
+    FRAGMENTATION, LEFTOVERS, OTHER_PROCESSES, TOO_LARGE_FOR_GPU, WORKING_SET, OtherProcess, diagnose,
 )
 from gpunb.analysis.oom_message import find_oom, parse_oom_message, size_to_bytes  # noqa: E402
 from gpunb.analysis.tensor_census import EXCEPTION as EXCEPTION_SRC  # noqa: E402
 from gpunb.analysis.tensor_census import take_census  # noqa: E402
 from gpunb.readings.nvml import NvmlSession  # noqa: E402
-from gpunb.readings.torch_memory import from_stats  # noqa: E402
+from gpunb.readings.devices import OWN_BY_RESERVE, OWN_PID, attribute_processes, read_ownership  # noqa: E402
+from gpunb.readings.gpu import read_processes  # noqa: E402
+from gpunb.readings.torch_state import allocator_from_stats  # noqa: E402
 from gpunb.testing import scenario  # noqa: E402
 from gpunb.testing.fake_nvml import load_trace  # noqa: E402
 
@@ -79,8 +81,8 @@ def test_recognises_wrapped_and_library_errors_but_not_host_ram():
 def test_diagnosis_of_the_recorded_oom_uses_allocator_stats():
     stats = dict(TRACE["memory_stats_after_train"])
     stats.update(TRACE["oom_stats"])
-    mem = from_stats(0, stats, total_bytes=TRACE["facts"]["memory_total"])
-    assert mem.num_ooms == 1 and mem.reserved_bytes == TRACE["oom_stats"]["reserved_bytes.all.current"]
+    mem = allocator_from_stats(0, stats, total_bytes=TRACE["facts"]["memory_total"])
+    assert mem.ooms == 1 and mem.reserved_bytes == TRACE["oom_stats"]["reserved_bytes.all.current"]
     d = diagnose(torch.OutOfMemoryError(REAL), torch_memory=mem)
     assert d.primary_cause == WORKING_SET
     assert {c.code for c in d.causes} == {WORKING_SET}  # 2 MiB unallocated: not fragmentation
@@ -123,12 +125,48 @@ def test_a_request_larger_than_the_gpu_cannot_be_fixed_by_freeing():
 
 def test_other_processes_from_fake_nvml_busy_scenario():
     nvml = NvmlSession(scenario("busy", clock=lambda: 200.0))  # in the recorded "train" phase
-    mine, others = process_memory(nvml, 0, pid=TRACE["pid"])
-    assert mine is not None and mine > 0  # the recorded kernel's own memory
+    own = read_ownership(nvml, 0, pids=[TRACE["pid"]])  # be the recorded training process
+    assert own.how == OWN_PID and own.self_bytes > 0  # the recorded kernel's own memory
+    others = tuple(OtherProcess(p.pid, p.used_bytes, p.name) for p in own.others)
     assert [(p.pid, p.used_bytes, p.name) for p in others] == [(999_001, 40 * GiB, "python3")]
     d = diagnose(message=_msg(30 * GiB, 12 * GiB, 139.8 * GiB, 80 * GiB, 0), other_processes=others)
     assert d.primary_cause == OTHER_PROCESSES
     assert "999001" in d.fixes[0].reason
+
+
+def test_other_processes_are_named_by_notebook_when_the_jupyter_server_says():
+    import time
+
+    from gpunb.readings import server_sessions as ss
+    from gpunb.views.memory_view import diagnosis_text
+
+    now = time.time()
+    row = {"gpu_index": 0, "pid": 999_001, "used_bytes": 40 * GiB, "kind": "kernel", "kernel_id": "k1",
+           "path": "lesson3.ipynb", "execution_state": "idle", "last_activity_unix": now - 40 * 60}
+    answer = {"t_unix": now, "gpus": [{"index": 0, "processes": [row]}], "kernels": [], "notes": []}
+    link = ss.ServerLink("http://127.0.0.1:1/", "t", None, "k2", "parent process")
+    ss.set_default_sessions(ss.ServerSessions(find=lambda: link, fetch=lambda *args: answer))
+    try:
+        others = oom_mod.name_holders((oom_mod.OtherProcess(999_001, 40 * GiB, "python3"),
+                                       oom_mod.OtherProcess(31_337, GiB, "python3")))
+    finally:
+        ss.set_default_sessions(None)
+    assert [p.holder for p in others] == ["lesson3.ipynb (idle 40 min)", ""]
+    d = diagnose(message=_msg(30 * GiB, 12 * GiB, 139.8 * GiB, 80 * GiB, 0), other_processes=others)
+    assert d.primary_cause == OTHER_PROCESSES
+    assert "lesson3.ipynb (idle 40 min): 40.00 GiB, PID 31337 (python3): 1.00 GiB" in d.causes[0].summary
+    assert "held by lesson3.ipynb (idle 40 min), 31337" in d.fixes[0].reason
+    assert "PID 999001 python3 = lesson3.ipynb (idle 40 min): 40.00 GiB" in diagnosis_text(d)
+    assert oom_mod.name_holders(()) == ()  # nothing to name: the server is not asked
+
+
+def _as_if_on_gpu(census):
+    """The census of CPU tensors, relabelled as on cuda:0 (only GPU tensors count toward savings)."""
+    from dataclasses import replace
+
+    from gpunb.analysis.tensor_census import Census
+
+    return Census(tuple(replace(e, device="cuda:0") for e in census.entries))
 
 
 def test_leftovers_from_earlier_cells_are_named_with_their_variable():
@@ -136,6 +174,7 @@ def test_leftovers_from_earlier_cells_are_named_with_their_variable():
     census = oom_mod.relabel_earlier(take_census(ns, torch=torch), {"junk": id(ns["junk"])}, ns)
     entry = census.find("junk")
     assert entry.source == oom_mod.EARLIER_CELLS
+    census = _as_if_on_gpu(census)
     # message scaled to the CPU tensors' sizes: junk (4 MiB) >= half of the 6 MiB asked
     # 2 MiB free + junk's 4 MiB would have held the 6 MiB asked
     d = diagnose(message=_msg(6 * 2**20, 2 * 2**20, 512 * 2**20, 5 * 2**20, 0), census=census)
@@ -149,7 +188,7 @@ def test_leftovers_from_earlier_cells_are_named_with_their_variable():
 
 
 def test_diagnose_oom_api_refuses_non_oom_with_a_clear_message():
-    from gpunb.analysis.oom import diagnose_oom
+    from gpunb import diagnose_oom
 
     with pytest.raises(ValueError, match="needs a CUDA out-of-memory error"):
         diagnose_oom(KeyError("x"))
@@ -173,11 +212,15 @@ def test_in_a_container_our_own_process_is_recognised_by_its_memory():
     assert [p.pid for p in d.other_processes] == [77]
     assert d.this_process_bytes == size_to_bytes("120.60", "GiB")
     assert d.primary_cause == OTHER_PROCESSES  # the 17 GiB of PID 77 is real
-    nvml = NvmlSession(scenario("busy", clock=lambda: 200.0))
-    now = nvml.lib.gpus[0].sample_at(200.0)  # the recorded reading at that time: torch reserve and NVML
+    fake = scenario("busy", clock=lambda: 200.0)
+    host_pid = 2**22 + TRACE["pid"]  # above any pid_max: no process here has it, like a host PID
+    fake.gpus[0].pid_map = {TRACE["pid"]: host_pid}
+    nvml = NvmlSession(fake)
+    now = fake.gpus[0].sample_at(200.0)  # the recorded reading at that time: torch reserve and NVML
     assert now["torch_reserved"] and now["processes"]
-    mine, others = process_memory(nvml, 0, pid=-1, torch_reserved=now["torch_reserved"])
-    assert [p.pid for p in others] == [999_001] and mine == now["processes"][0]["used_gpu_memory"]
+    own = attribute_processes(0, read_processes(nvml, 0), {-1}, now["torch_reserved"])
+    assert own.how == OWN_BY_RESERVE and [p.pid for p in own.processes] == [host_pid]
+    assert [p.pid for p in own.others] == [999_001] and own.self_bytes == now["processes"][0]["used_gpu_memory"]
 
 
 def test_a_per_process_cap_is_the_limit_not_the_device():
@@ -272,3 +315,93 @@ def test_other_processes_first_when_they_alone_would_have_made_it_fit():
                  allocator_conf="")
     assert d.primary_cause == OTHER_PROCESSES, [c.code for c in d.causes]
     assert d.fixes[0].title == "Free the GPU from other processes" and d.fixes[0].severity == 2
+
+
+# -- issue 13: the shortfall first, only GPU tensors, fixes sized to the shortfall ------------------
+
+PICTURE = ("CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 139.81 GiB of which "
+           "3.2 GiB is free.")  # the review picture's error (shared/review/oom-doctor-fixes.png)
+
+
+def _picture_census():
+    ns = {"model": torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256)),
+          "X": torch.zeros(16000, 256)}
+    ns["opt"] = torch.optim.Adam(ns["model"].parameters())
+    ns["model"](ns["X"][:8]).sum().backward()
+    ns["opt"].step()
+    return take_census(ns, torch=torch)
+
+
+def test_the_first_line_states_the_shortfall():
+    d = diagnose(message=PICTURE)
+    assert d.headline == "asked 20.00 GiB, 3.20 GiB free: short by 16.80 GiB"
+    assert d.shortfall_bytes == 20 * GiB - size_to_bytes("3.2", "GiB")
+    bundle = d._repr_mimebundle_()
+    assert bundle["text/plain"].splitlines()[0] == (
+        "gpunb OOM doctor: OutOfMemoryError: asked 20.00 GiB, 3.20 GiB free: short by 16.80 GiB")
+    assert "<b>asked 20.00 GiB, 3.20 GiB free: short by 16.80 GiB</b>" in bundle["text/html"]
+    assert d.to_dict()["shortfall_bytes"] == d.shortfall_bytes
+    # under a per-process cap what was left under the cap is the free memory
+    capped = diagnose(message=H200_FRAGMENTATION, allocator_conf="")
+    assert capped.headline == "asked 6.00 GiB, 4.00 GiB free: short by 2.00 GiB"
+
+
+def test_cpu_tensors_never_count_toward_savings():
+    census = _picture_census()  # model, gradients, Adam state and X: all on the CPU, as in the picture
+    assert census.total_bytes(role="optimizer state") > 0
+    d = diagnose(message=PICTURE, census=census, batch_size=("bs", 512))
+    titles = [f.title for f in d.fixes]
+    assert not any("set_to_none" in t or "lighter optimizer" in t or "leftovers" in t.lower() for t in titles)
+    assert titles[:3] == ["Use a smaller batch", "Train in bf16 autocast", "Use activation checkpointing"]
+    small = d.fixes[0]
+    # without the allocator's numbers the request is the working set's lower bound: at most 16 % fits
+    assert small.severity == 2 and small.saving_bytes == d.shortfall_bytes
+    assert "at least 20.00 GiB" in small.reason and "≈16 %" in small.reason and "bs = 512 → at most ≈81" in small.reason
+    assert "%gpufit step" in small.how
+    text = d._repr_mimebundle_()["text/plain"]
+    assert "saves ≈16.80 GiB: covers the 16.80 GiB short" in text
+    assert "saves ≈10.00 GiB of the 16.80 GiB short: not enough alone" in text  # bf16: half of 20 GiB
+    assert "KiB" not in text.split("Fixes")[1]  # no saving computed from CPU tensors
+
+
+def test_working_set_fixes_come_first_with_savings_from_the_measured_activations():
+    census = _census(("train_step() local x", 65536000000, "float32", "other", EXCEPTION_SRC), *MLP_STATE)
+    d = diagnose(message=H200_TOO_LARGE_BATCH, census=census, other_processes=PYTEST_RUNNER, allocator_conf="",
+                 batch_size=("train_step() bs", 4_000_000))
+    titles = [f.title for f in d.fixes]
+    assert titles[:3] == ["Use a smaller batch", "Train in bf16 autocast", "Use activation checkpointing"], titles
+    m = d.message
+    fixed = 537001984 + 1074003968  # the census's parameters and optimizer state on the GPU
+    need = m.requested_bytes + m.allocated_bytes - fixed  # activations alive at the failure + the request
+    short = m.requested_bytes - m.free_bytes
+    small, bf16, ckpt = d.fixes[:3]
+    assert small.saving_bytes == short and small.severity == 2
+    assert bf16.saving_bytes == need // 2 and bf16.severity == 2  # half of 183 GiB covers 55.67 GiB
+    assert ckpt.saving_bytes == need // 2
+    other = next(f for f in d.fixes if f.title == "Free the GPU from other processes")
+    assert other.severity == 1 and d.fixes.index(other) > 2
+
+
+def test_fixes_are_ranked_by_whether_they_cover_the_shortfall():
+    # leftovers primary: freeing them covers and comes first; fixes that cannot cover come last
+    census = _census(("junk", 102630604800, "uint8", "other", oom_mod.EARLIER_CELLS),
+                     ("train_step() local x", 5263097856, "float32", "other", EXCEPTION_SRC), *MLP_STATE,
+                     ("model.0.0.weight.grad", 537001984, "float32", "gradient", "namespace"))
+    d = diagnose(message=H200_LEFTOVERS, census=census, other_processes=PYTEST_RUNNER, allocator_conf="")
+    severities = [f.severity for f in d.fixes]
+    assert severities == sorted(severities, reverse=True), [(f.title, f.severity) for f in d.fixes]
+    assert d.fixes[0].title == "Free leftovers from earlier cells"
+    covering = [f for f in d.fixes if f.severity == 2]
+    assert all(f.saving_bytes is None or f.saving_bytes >= d.shortfall_bytes for f in covering)
+    grads = next(f for f in d.fixes if "set_to_none" in f.title)
+    assert grads.saving_bytes == 537001984 and grads.severity == 1  # 0.5 GiB of 3.46 GiB short
+
+
+def test_gpufit_value_of_this_kernel_is_offered(monkeypatch):
+    from gpunb.analysis import batch_fit
+
+    fit = batch_fit.BatchFit(True, recommended=363, capacity_bytes=20 * GiB, steps=50, step_name="step")
+    monkeypatch.setattr(batch_fit, "_LAST", [fit])
+    d = diagnose(message=PICTURE)
+    small = next(f for f in d.fixes if f.title == "Use a smaller batch")
+    assert small.how.startswith("batch_size = 363   # %gpufit step measured it trains 50 steps in 20.00 GiB")

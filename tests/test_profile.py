@@ -7,12 +7,14 @@ import sys
 import time
 
 import pytest
+from IPython.core.error import UsageError
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 import gpunb  # noqa: E402
-from gpunb.analysis.profile_history import HISTORY, Comparison, compare  # noqa: E402
+from gpunb.analysis.profile_history import Comparison, compare  # noqa: E402
+from gpunb.shells.extension import kernel_state  # noqa: E402
 
 
 class SlowDataset(Dataset):
@@ -226,7 +228,7 @@ def test_history_compares_two_real_runs():
     c = compare(slow.result, fast.result)
     assert c.speed_basis == "median step" and c.speedup > 1.5
     assert "faster" in c.words()
-    assert HISTORY.entries()[-2:] == [slow.result, fast.result]
+    assert kernel_state().profile_history.entries()[-2:] == [slow.result, fast.result]
 
 
 def test_history_compares_throughput_across_batch_sizes():
@@ -337,33 +339,33 @@ def test_cell_magic_syntax_error(ip, capsys):
 
 
 @pytest.mark.parametrize("line, message", [
-    ("--bogus", "unrecognized arguments"),
-    ("--steps -2", "--steps must be 0 or more"),
-    ("--steps x", "invalid int value"),
-    ("-o 1abc", "-o needs a Python variable name"),
+    ("--bogus", "unrecognized arguments: --bogus"),
+    ("--steps -2", "--steps: -2 is out of range (allowed: 0 or more)"),
+    ("--steps x", "--steps: 'x' is not a whole number"),
+    ("-o 1abc", "'1abc' is not a Python variable name"),
     ("", "say what to do"),
-    ("sideways", "invalid choice"),
+    ("sideways", "invalid choice: 'sideways'"),
 ])
-def test_bad_flags_print_usage_not_a_traceback(ip, capsys, line, message):
+def test_bad_flags_fail_the_cell_with_usage_not_a_traceback(ip, capsys, line, message):
     r = ip.run_cell(f"%gpuprofile {line}")
     out = capsys.readouterr()
-    assert message in out.out and "usage:" in out.out
+    assert isinstance(r.error_in_exec, UsageError) and not r.success
+    assert message in str(r.error_in_exec) and "usage: %gpuprofile" in str(r.error_in_exec)
     assert "Traceback" not in out.out + out.err
-    assert r.success
 
 
-def test_bad_cell_flags_do_not_run_the_cell(ip, capsys):
+def test_bad_cell_flags_fail_and_do_not_run_the_cell(ip, capsys):
     ip.user_ns.pop("_gpunb_ran", None)
-    ip.run_cell("%%gpuprofile --steps -1\n_gpunb_ran = True\n")
+    r = ip.run_cell("%%gpuprofile --steps -1\n_gpunb_ran = True\n")
     assert "_gpunb_ran" not in ip.user_ns
-    assert "--steps must be 0 or more" in capsys.readouterr().out
-    ip.run_cell("%%gpuprofile on\n_gpunb_ran = True\n")
+    assert isinstance(r.error_in_exec, UsageError) and "--steps: -1 is out of range" in str(r.error_in_exec)
+    r = ip.run_cell("%%gpuprofile on\n_gpunb_ran = True\n")
     assert "_gpunb_ran" not in ip.user_ns
-    assert "for the line magic" in capsys.readouterr().out
+    assert isinstance(r.error_in_exec, UsageError) and "for the line magic" in str(r.error_in_exec)
 
 
 def test_one_line_mode_and_history(ip, capsys):
-    HISTORY.clear()
+    ip.run_cell("%gpuprofile history --clear")
     ip.run_cell("%gpuprofile on")
     ip.run_cell("sum(range(100000))")
     out = capsys.readouterr().out
@@ -381,7 +383,7 @@ def test_one_line_mode_and_history(ip, capsys):
     assert "sum(range(10))" in out  # unlabelled cells are named by their first line of code
     assert len(ip.user_ns["_gpunb_test"].entries) == 2
     ip.run_cell("%gpuprofile history --clear")
-    assert len(HISTORY) == 0
+    assert len(kernel_state(ip).profile_history) == 0
 
 
 def test_unload_turns_one_line_mode_off(ip, capsys):

@@ -9,6 +9,7 @@ checked in tests/gpu/test_profile_gpu.py.
 
 from __future__ import annotations
 
+import os
 import time
 from types import SimpleNamespace
 
@@ -58,6 +59,9 @@ class FakeCuda:
     def current_device(self) -> int:
         return 0
 
+    def device_count(self) -> int:
+        return 1
+
     def memory_stats(self, device: int = 0) -> dict:
         return self.stats
 
@@ -101,12 +105,13 @@ def fake_cuda(monkeypatch):
     # NVML replays the recorded H200 from 16 s on: training, PID 412 holds ~9 GiB, util 98-100 %
     start = time.monotonic()
     clock = lambda: 16.0 + (time.monotonic() - start)  # noqa: E731 (advances like the real one)
-    nvml_module.set_default_session(NvmlSession(scenario("h200", clock=clock)))
+    fake = scenario("h200", clock=clock)
+    # the recorded H200 trace lists PID 412 as the training process: NVML names this process so
+    fake.gpus[0].pid_map = {412: os.getpid()}
+    nvml_module.set_default_session(NvmlSession(fake))
     cuda = FakeCuda()
     proxy = TorchWithFakeCuda(cuda)
     monkeypatch.setattr(torch_state, "imported_torch", lambda: proxy)
-    # the recorded H200 trace lists PID 412 as the training process: be that process
-    monkeypatch.setattr("gpunb.readings.gpu_activity.os.getpid", lambda: 412)
     yield cuda
     nvml_module.set_default_session(None)
 
@@ -138,7 +143,7 @@ def test_steps_from_events_read_back_in_batches(fake_cuda):
     assert g.name == "NVIDIA H200" and g.compute_capability == (9, 0)
     assert g.peak_allocated_bytes == 8931427840 and g.peak_reserved_bytes == 9216983040
     recorded = {q["used_gpu_memory"] for s in load_trace()["samples"] for q in s["processes"] if q["pid"] == 412}
-    assert g.nvml_index == 0 and g.nvml_process_bytes in recorded  # matched by UUID and PID
+    assert g.nvml_index == 0 and g.nvml_process_bytes in recorded and g.process_match == "pid"  # by UUID and PID
     assert g.other_processes_bytes == 0 and g.util_mean_pct > 95
     recorded_used = {s["memory_used"] for s in load_trace()["samples"]}
     reserved = load_trace()["facts"]["memory_reserved"]  # NVML v1 "used" includes the driver's reservation

@@ -90,7 +90,7 @@ def test_gpu_views_reconcile_memory_and_escape():
     p = _profile(gpu=_gpu(name="<b>evil</b>"))
     text = profile_text(p)
     assert "torch peak 8.00 GiB allocated / 9.00 GiB reserved" in text
-    assert "NVML this process 9.60 GiB at cell end (+614.40 MiB outside torch's cache" in text
+    assert "NVML this process 9.60 GiB at cell end (+614.4 MiB outside torch's cache" in text
     html = profile_html(p)
     assert "<b>evil</b>" not in html and "&lt;b&gt;evil&lt;/b&gt;" in html
     assert "<svg" in html and "reserved (orange)" in html

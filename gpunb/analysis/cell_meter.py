@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass
 
 from gpunb.readings import torch_state
-from gpunb.readings.gpu_activity import UtilWindow, now_us, nvml_index_for_uuid, read_util_since
+from gpunb.readings.devices import read_device_map
+from gpunb.readings.gpu_activity import UtilWindow, now_us, read_util_since
 from gpunb.readings.nvml import NvmlSession, default_session
 from gpunb.readings.process import read_process_usage, reset_peak_rss
 
@@ -41,7 +42,6 @@ class CellMeter:
         self.reset_peak = reset_peak
         self.nvml = nvml
         self._t0: float | None = None
-        self._nvml_index: dict[int, int] = {}  # torch device -> NVML index (fixed for the process)
 
     def start(self) -> None:
         torch = torch_state.imported_torch()
@@ -73,12 +73,10 @@ class CellMeter:
                     peak, note = None, "peak VRAM not above the earlier peak"
                 nvml = self.nvml or default_session()
                 if synced >= UTIL_MIN_S and nvml.device_count():
-                    index = self._nvml_index.get(dev)
-                    if index is None:
-                        index = self._nvml_index[dev] = nvml_index_for_uuid(
-                            nvml, torch_state.device_uuid(torch, dev), dev)
-                    window = read_util_since(nvml, index, self._since)
-                    util = window.mean_pct if isinstance(window, UtilWindow) else None
+                    index = read_device_map(nvml, torch=torch).nvml_index(dev)  # kept per session once CUDA is up
+                    if index is not None:
+                        window = read_util_since(nvml, index, self._since)
+                        util = window.mean_pct if isinstance(window, UtilWindow) else None
             except Exception as exc:  # a broken CUDA context: say so, never break the cell
                 note = f"CUDA unreadable ({type(exc).__name__})"
         usage = read_process_usage(peak_was_reset=self._rss_reset)

@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from gpunb.analysis.visible_devices import VisibleDevices
 from gpunb.readings.cuda_probe import ProbeResult
+from gpunb.readings.devices import DeviceMap, GpuOwnership
 from gpunb.readings.gpu import GpuInfo, GpuSnapshot
 from gpunb.readings.host import HostFacts
 from gpunb.readings.torch_build import KernelTorchState, TorchBuild
+from gpunb.readings.visible_devices import VisibleDevices
 
 
 @dataclass
@@ -20,12 +21,17 @@ class CheckInputs:
     torch: TorchBuild
     kernel_torch: KernelTorchState | None  # None unless the user imported torch in this process
     in_kernel: bool  # running inside a notebook/IPython kernel
-    visible: VisibleDevices
+    devices: DeviceMap  # cuda:N <-> NVML GPU, from the environment (and torch, once CUDA is up here)
     selected: tuple[int, ...]  # NVML indices of the GPUs being checked
+    ownership: tuple[GpuOwnership, ...] = ()  # per NVML GPU: this kernel's processes and everyone else's
     probe: ProbeResult | None = None  # None with --quick
     probe_devices: tuple[int, ...] = ()  # CUDA ordinals measured by the probe, matching ``selected``
     frameworks: dict = field(default_factory=dict)  # "jax"/"tensorflow" -> report
     quick: bool = False
+
+    @property
+    def visible(self) -> VisibleDevices:
+        return self.devices.visible
 
     @property
     def gpus(self) -> list[GpuInfo]:

@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping, Sequence
 
+from gpunb.display import DisplayMixin, Render, jsonable
+
 Status = Literal["ok", "warn", "fail", "skip"]
 STATUSES: tuple[Status, ...] = ("ok", "warn", "fail", "skip")
 _SEVERITY = {"skip": 0, "ok": 1, "warn": 2, "fail": 3}
@@ -17,7 +19,7 @@ def worst(statuses: Sequence[Status]) -> Status:
 
 
 @dataclass(frozen=True)
-class CheckResult:
+class CheckResult(DisplayMixin):
     """One check: what it looked at, what it found, and, when not ok, why and what to do."""
 
     id: str
@@ -30,22 +32,14 @@ class CheckResult:
     link: str = ""
     tip: str = ""  # advice worth reading even when the status is ok
 
-    def to_dict(self) -> dict:
-        return {
-            "id": self.id,
-            "title": self.title,
-            "status": self.status,
-            "summary": self.summary,
-            "measured": _jsonable(self.measured),
-            "cause": self.cause,
-            "fix": self.fix,
-            "link": self.link,
-            "tip": self.tip,
-        }
+    def _repr_views_(self) -> dict[str, Render]:
+        from gpunb.views.check_view import render_check_html, render_check_text
+
+        return {"text/plain": lambda c: "\n".join(render_check_text(c)), "text/html": render_check_html}
 
 
 @dataclass(frozen=True)
-class CheckReport:
+class CheckReport(DisplayMixin):
     """The whole checklist. Rich display in notebooks, text in terminals, data via ``to_dict``."""
 
     checks: tuple[CheckResult, ...]
@@ -78,38 +72,20 @@ class CheckReport:
         return " · ".join(f"{counts[s]} {s}" for s in STATUSES if counts[s])
 
     def to_dict(self) -> dict:
+        # the documented JSON of `%gpucheck --json` / `gpunb check --json`: counts first
         return {
             "summary": self.counts,
             "ok": self.ok,
             "quick": self.quick,
             "device": self.device,
             "duration_s": round(self.duration_s, 3),
-            "checks": [c.to_dict() for c in self.checks],
+            "checks": jsonable(self.checks),
         }
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
 
-    # -- display (rendering lives in gpunb.views.check_view) --------------------------
-    def __str__(self) -> str:
-        from gpunb.views.check_view import render_text
-
-        return render_text(self)
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(str(self) if not cycle else "CheckReport(...)")
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
+    def _repr_views_(self) -> dict[str, Render]:
         from gpunb.views.check_view import render_html, render_text
 
-        return {"text/plain": render_text(self), "text/html": render_html(self)}
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    return str(value)  # Unavailable and friends: their reason in words
+        return {"text/plain": render_text, "text/html": render_html}

@@ -8,7 +8,6 @@ and the checks that need its measurements complete the report.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 from typing import Callable, Mapping
@@ -16,8 +15,9 @@ from typing import Callable, Mapping
 from gpunb.analysis import checks_gpu, checks_host, checks_torch
 from gpunb.analysis.check_inputs import CheckInputs
 from gpunb.analysis.check_report import CheckReport, CheckResult
-from gpunb.analysis.visible_devices import resolve
+from gpunb.readings import torch_state
 from gpunb.readings.cuda_probe import run_probe
+from gpunb.readings.devices import attribute_processes, kernel_pids, map_devices, torch_device_uuids, torch_reserved_on
 from gpunb.readings.gpu import DriverInfo, GpuSnapshot, read_snapshot
 from gpunb.readings.host import read_host_facts
 from gpunb.readings.nvml import NvmlSession, NvmlStatus, Unavailable, default_session
@@ -74,11 +74,6 @@ def _describe(exc: BaseException) -> str:
         return type(exc).__name__
 
 
-def _in_ipython() -> bool:
-    ipython = sys.modules.get("IPython")
-    return ipython is not None and ipython.get_ipython() is not None
-
-
 def _one(fn: Callable[[CheckInputs], CheckResult], inputs: CheckInputs) -> CheckResult:
     try:
         return fn(inputs)
@@ -95,7 +90,7 @@ def check(
     environ: Mapping[str, str] | None = None,
     nvml: NvmlSession | None = None,
     progress: ProgressFn | None = None,
-    in_kernel: bool | None = None,
+    in_kernel: bool = False,
     probe_timeout_s: float = 180.0,
 ) -> CheckReport:
     """Run the setup checklist and return a :class:`CheckReport`.
@@ -103,8 +98,9 @@ def check(
     quick: skip the subprocess measurements (CUDA smoke test, matmul and copy speed).
     device: check only ``cuda:N`` (numbered as CUDA sees GPUs under CUDA_VISIBLE_DEVICES).
     progress: called with the partial report whenever a step starts or finishes.
-    in_kernel: whether to report this process's CUDA state as a notebook kernel's (default:
-        inside IPython); it is reported anyway once this process has imported torch.
+    in_kernel: whether to report this process's CUDA state as a notebook kernel's (the
+        shells layer says so inside IPython); it is reported anyway once this process has
+        imported torch.
     """
     t0 = time.monotonic()
     env = dict(os.environ if environ is None else environ)
@@ -115,19 +111,26 @@ def check(
                             "This is a gpunb bug: please report it with this output. The other checks still ran.")
         gap = Unavailable(status.cause)
         snapshot = GpuSnapshot(DriverInfo(status, gap, gap, 0))
-    visible = resolve(env, snapshot.gpus)
+    torch = torch_state.imported_torch()
+    devices = map_devices(snapshot.gpus, env, torch_device_uuids(torch))
+    visible = devices.visible
+    me = kernel_pids()
+    ownership = tuple(attribute_processes(g.index, procs, me, torch_reserved_on(torch, devices, g.index))
+                      for g, procs in zip(snapshot.gpus, snapshot.processes))
     if device is not None:
         if not isinstance(device, int) or isinstance(device, bool):
             raise DeviceChoiceError(f"device must be an integer CUDA ordinal, not {device!r}")
-        if not 0 <= device < len(visible.nvml_indices):
+        chosen = devices.nvml_index(device)
+        if chosen is None:
+            count = len(devices.devices)
             unusable = [g for g in snapshot.gpus if not isinstance(g.uuid, str)]
             raise DeviceChoiceError(
-                f"device {device} does not exist: CUDA sees {len(visible.nvml_indices)} GPU(s)"
-                + (f" (cuda:0..cuda:{len(visible.nvml_indices) - 1})" if visible.nvml_indices else "")
+                f"device {device} does not exist: CUDA sees {count} GPU(s)"
+                + (f" (cuda:0..cuda:{count - 1})" if count else "")
                 + "".join(f"; GPU{g.index} is {'lost (NVML: GPU is lost)' if g.lost else 'unreadable: ' + str(g.uuid)}"
                           ", so CUDA cannot use it until it is reset (see `gpunb check` without --device)"
                           for g in unusable))
-        selected = (visible.nvml_indices[device],)
+        selected = (chosen,)
     else:
         selected = tuple(g.index for g in snapshot.gpus)
     inputs = CheckInputs(
@@ -136,8 +139,9 @@ def check(
         host=read_host_facts(),
         torch=read_torch_build(),
         kernel_torch=read_kernel_torch_state(),
-        in_kernel=_in_ipython() if in_kernel is None else in_kernel,
-        visible=visible,
+        in_kernel=in_kernel,
+        devices=devices,
+        ownership=ownership,
         selected=selected,
         quick=quick,
     )

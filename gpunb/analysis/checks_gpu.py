@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
-
 from gpunb.analysis.check_inputs import CheckInputs
 from gpunb.analysis.check_report import CheckResult, Status, worst
-from gpunb.analysis.visible_devices import VisibleDevices
 from gpunb.readings.gpu import SLOWDOWN_BITS, clock_event_explanations, clock_event_names
 from gpunb.readings.nvml import is_available
+from gpunb.readings.visible_devices import VisibleDevices
 from gpunb.units import gib, num, shown
 
 NVIDIA_SMI_DOC = "https://docs.nvidia.com/deploy/nvidia-smi/index.html"
@@ -67,7 +65,6 @@ def check_other_processes(inputs: CheckInputs) -> CheckResult:
     skipped = _no_nvml("gpu_processes", title, inputs)
     if skipped:
         return skipped
-    me = os.getpid()
     statuses: list[Status] = []
     parts, measured = [], {}
     for g in inputs.gpus:
@@ -76,7 +73,7 @@ def check_other_processes(inputs: CheckInputs) -> CheckResult:
             statuses.append("skip")
             parts.append(f"GPU{g.index}: process list {procs}")
             continue
-        others = [p for p in procs if p.pid != me]
+        others = list(inputs.ownership[g.index].others)  # not this kernel nor its children (devices.py)
         held = sum(p.used_bytes for p in others if isinstance(p.used_bytes, int))
         measured[f"gpu{g.index}"] = [{"pid": p.pid, "name": p.name, "used_bytes": p.used_bytes} for p in others]
         sample = inputs.sample(g.index)
@@ -290,17 +287,22 @@ def check_visible_devices(inputs: CheckInputs) -> CheckResult:
                            measured, " ".join(vis.problems),
                            "Fix the value (indices, GPU-<uuid> or MIG-<uuid>, comma-separated), or unset it: "
                            "`%env CUDA_VISIBLE_DEVICES=0` in a notebook must run before torch touches CUDA.", link)
+    devices = inputs.devices
+    pairs = ", ".join(f"cuda:{d.cuda_index} = GPU{d.nvml_index}{'' if d.certain else ' (uncertain)'}"
+                      for d in devices.devices)
     unusable = [g for g in inputs.snapshot.gpus if not isinstance(g.uuid, str)]
     if vis.raw is None and unusable:  # a lost GPU: CUDA sees the others, not "all"
-        shown_gpus = ", ".join(f"cuda:{i} = GPU{n}" for i, n in enumerate(vis.nvml_indices)) or "no GPU"
-        return CheckResult("cuda_visible_devices", title, "warn", f"unset: CUDA sees {shown_gpus}", measured,
+        return CheckResult("cuda_visible_devices", title, "warn", f"unset: CUDA sees {pairs or 'no GPU'}", measured,
                            " ".join(vis.notes), "See the driver check: a lost GPU needs a reset; until then "
                            "CUDA_VISIBLE_DEVICES=<the others> keeps programs off it.", link)
     if vis.raw is None:
-        summary = f"unset: CUDA sees all {len(vis.visible)} GPU(s)"
+        summary = f"unset: CUDA sees all {len(vis.visible)} GPU(s)" + (f" ({pairs})" if len(devices.devices) > 1 else "")
     else:
-        summary = f"CUDA_VISIBLE_DEVICES={raw}: CUDA sees " + ", ".join(
-            f"cuda:{i} = GPU{n}" for i, n in enumerate(vis.nvml_indices))
-    return CheckResult("cuda_visible_devices", title, "warn" if vis.notes else "ok", summary, measured,
-                       " ".join(vis.notes), "Select devices by UUID (GPU-... or MIG-...), which names the same device "
-                       "for CUDA and NVML." if vis.notes else "", link)
+        summary = f"CUDA_VISIBLE_DEVICES={raw}: CUDA sees {pairs}"
+    if devices.confirmed_by_torch:
+        summary += "; confirmed by torch's device UUIDs"
+    measured["cuda_to_nvml"] = {f"cuda:{d.cuda_index}": d.nvml_index for d in devices.devices}
+    cause = " ".join(vis.notes) if vis.notes and not devices.confirmed_by_torch else devices.uncertain
+    return CheckResult("cuda_visible_devices", title, "warn" if cause else "ok", summary, measured,
+                       cause, "Select devices by UUID (GPU-... or MIG-...), which names the same device "
+                       "for CUDA and NVML." if cause else "", link)

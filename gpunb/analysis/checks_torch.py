@@ -8,6 +8,7 @@ import re
 from gpunb.analysis.check_inputs import CheckInputs
 from gpunb.analysis.check_report import CheckResult, Status, worst
 from gpunb.analysis.gpu_specs import pcie_gbps, peak_for
+from gpunb.readings.devices import uuid_key
 from gpunb.readings.gpu import GpuInfo
 from gpunb.readings.nvml import is_available
 from gpunb.units import num, shown
@@ -47,13 +48,13 @@ def _probe_missing(check_id: str, title: str, inputs: CheckInputs) -> CheckResul
 
 
 def _cuda_ordinal(inputs: CheckInputs, gpu: GpuInfo) -> int | None:
-    """Which ``cuda:N`` is this NVML GPU: matched by UUID, as DESIGN asks (never by index)."""
+    """Which ``cuda:N`` is this NVML GPU: by the UUID the probe's torch gave each device (as
+    DESIGN asks), else by the device map (a MIG slice's UUID is not its parent's)."""
     for dev in (_facts(inputs) or {}).get("devices", []):
-        if dev.get("uuid") and isinstance(gpu.uuid, str) and dev["uuid"] == gpu.uuid:
+        if dev.get("uuid") and isinstance(gpu.uuid, str) and uuid_key(dev["uuid"]) == uuid_key(gpu.uuid):
             return dev["index"]
-    if gpu.index in inputs.visible.nvml_indices:  # MIG slices: the parent's UUID differs
-        return inputs.visible.nvml_indices.index(gpu.index)
-    return None
+    found = inputs.devices.cuda_indices(gpu.index)
+    return found[0] if found else None
 
 
 def check_torch_build(inputs: CheckInputs) -> CheckResult:

@@ -1,7 +1,8 @@
 """One profiled cell: start the instruments, stop them, and turn what they saw into a
 :class:`CellProfile` record (with its verdict and advice).
 
-Used by ``%%gpuprofile`` and by the API twin ``with gpunb.profile() as p:``.
+Used by ``%%gpuprofile`` and by the API twin ``with gpunb.profile() as p:`` (in
+:mod:`gpunb.shells.api`); the records live in :mod:`gpunb.analysis.profile_records`.
 
 Peak VRAM: torch's allocator keeps ONE global peak counter per device. A profiled cell
 resets it at the start (``torch.cuda.reset_peak_memory_stats``) so the peak is the cell's;
@@ -14,139 +15,18 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-import sys
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
-from gpunb.analysis.advice import Advice
 from gpunb.analysis.instruments import TIMELINE_EVERY_S, Instruments
+from gpunb.analysis.profile_records import CellProfile, GpuPart, StepStats, TimeShares
 from gpunb.analysis.step_events import per_step_ms
+from gpunb.analysis.verdict import judge
 from gpunb.readings import torch_state
-from gpunb.readings.gpu_activity import (
-    UtilWindow,
-    now_us,
-    nvml_index_for_uuid,
-    read_device_memory,
-    read_util_since,
-)
+from gpunb.readings.devices import read_device_map, read_ownership
+from gpunb.readings.gpu_activity import UtilWindow, now_us, read_util_since
 from gpunb.readings.nvml import NvmlSession, default_session, is_available
 from gpunb.readings.process import read_process_usage, reset_peak_rss
-
-
-@dataclass(frozen=True)
-class StepStats:
-    count: int  # optimizer steps seen (first optimizer only)
-    skipped: int  # warm-up steps left out of median/p90
-    first_ms: float | None  # the first step, from the start of the cell (includes warm-up work)
-    median_ms: float | None
-    p90_ms: float | None
-    steps_per_s: float | None
-    samples_per_s: float | None
-    batch_size: int | None
-    source: str  # "CUDA events" (maybe "... every ~N steps, split by the host clock") or "host clock"
-    step_ms: tuple[float, ...] = ()  # every step, in order (step 0 from the cell start)
-
-
-@dataclass(frozen=True)
-class GpuPart:
-    device: int  # torch's index
-    nvml_index: int | None
-    name: str
-    total_bytes: int | None
-    peak_allocated_bytes: int | None  # None with --no-reset when the old peak was not exceeded
-    peak_reserved_bytes: int | None
-    end_allocated_bytes: int
-    end_reserved_bytes: int
-    nvml_process_bytes: int | None  # this process as NVML sees it, at the end of the cell
-    nvml_device_peak_bytes: int | None  # highest device-wide "used" seen at step-end samples (all processes)
-    other_processes_bytes: int | None
-    alloc_retries: int  # during the cell
-    ooms: int  # during the cell
-    util_mean_pct: float | None
-    util_idle_share: float | None
-    util_samples: int
-    compute_capability: tuple[int, int] | None
-    peak_reset: bool
-
-
-@dataclass(frozen=True)
-class TimeShares:
-    loop_s: float  # from the first batch (or cell start) to the last step (or cell end)
-    data_wait_s: float
-    batches: int
-    sync_n: int
-    sync_gpu_n: int
-    sync_s: float
-    sync_gpu_s: float
-    sync_by_method: dict
-    output_s: float
-    output_writes: int
-    output_chars: int
-    loader_workers: int | None
-    loader_pin_memory: bool | None
-
-    def share(self, seconds: float) -> float:
-        return seconds / self.loop_s if self.loop_s > 0 else 0.0
-
-
-@dataclass(frozen=True)
-class Verdict:
-    kind: str  # input-bound | sync-bound | compute-bound | memory-bound | on-cpu | output-bound | host-bound | none
-    headline: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class CellProfile:
-    label: str
-    cell: int | None
-    started: str  # local wall-clock time, ISO
-    wall_s: float
-    synced_wall_s: float | None  # until the GPU finished the cell's work
-    gpu_time_s: float | None  # CUDA events, cell start to end
-    cpu_s: float
-    peak_rss_bytes: int | None
-    peak_rss_is_cell: bool
-    steps: StepStats
-    shares: TimeShares
-    gpu: GpuPart | None
-    gpu_absent: str  # why there is no GPU part ("" when there is one)
-    gpu_visible: str  # name of a GPU NVML sees ("" when none), for the on-the-CPU verdict
-    torch_version: str | None
-    torch_cuda: str | None
-    matmul_precision: str | None
-    param_devices: tuple[str, ...]
-    param_dtypes: tuple[str, ...]
-    param_count: int
-    optimizers: int
-    memory_timeline: tuple[tuple[float, int, int | None], ...]  # (s since start, bytes, reserved)
-    step_marks_s: tuple[float, ...]
-    error: str = ""  # "ValueError: ..." when the cell raised
-    verdict: Verdict = Verdict("none", "", "")
-    advice: tuple[Advice, ...] = ()
-    extra: dict = field(default_factory=dict)
-
-    def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["advice"] = [a.to_dict() for a in self.advice]
-        return d
-
-    # Display goes through the views layer (records -> text/HTML).
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
-        from gpunb.views.profile_view import profile_html, profile_text
-
-        return {"text/plain": profile_text(self), "text/html": profile_html(self)}
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        from gpunb.views.profile_view import profile_text
-
-        p.text(profile_text(self))
-
-    def __str__(self) -> str:
-        from gpunb.views.profile_view import profile_text
-
-        return profile_text(self)
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:
@@ -255,8 +135,6 @@ class ProfileSession:
             step_marks_s=tuple(t - self.t0 for t in ins.step_t),
             error=f"{type(error).__name__}: {error}" if error is not None else "",
         )
-        from gpunb.analysis.verdict import judge
-
         verdict, advice = judge(profile)
         self.result = dataclasses.replace(profile, verdict=verdict, advice=tuple(advice))
         return self.result
@@ -269,8 +147,9 @@ class ProfileSession:
             dev = torch_state.current_device(torch)
         except Exception:
             return None
-        index = nvml_index_for_uuid(nvml, torch_state.device_uuid(torch, dev), dev)
-        self._nvml_index = (dev, index)
+        index = read_device_map(nvml, torch=torch).nvml_index(dev)  # kept for the session once CUDA is up
+        if index is None:
+            return None
 
         def used() -> int | None:
             mem = nvml.device_query(index, "nvmlDeviceGetMemoryInfo")
@@ -332,27 +211,28 @@ class ProfileSession:
             # the counter still holds an older peak: it is the cell's only if the cell raised it
             peak_alloc = peak_alloc if peak_alloc > before.peak_allocated_bytes else None
             peak_res = peak_res if peak_res > before.peak_reserved_bytes else None
-        known = getattr(self, "_nvml_index", None)  # matched at start (one UUID query per GPU)
-        nvml_index = known[1] if known and known[0] == dev else None
-        if nvml_index is None and nvml.device_count():
-            nvml_index = nvml_index_for_uuid(nvml, torch_state.device_uuid(torch, dev), dev)
-        mem = read_device_memory(nvml, nvml_index) if nvml_index is not None else None
+        nvml_index = read_device_map(nvml, torch=torch).nvml_index(dev) if nvml.device_count() else None
+        # PIDs and bytes only: the process names would cost one more driver call per process
+        own = read_ownership(nvml, nvml_index, torch=torch, names=False) if nvml_index is not None else None
         util = read_util_since(nvml, nvml_index, self.util_since_us) if nvml_index is not None else None
         util_ok = isinstance(util, UtilWindow)
         cc = (props.major, props.minor) if hasattr(props, "major") else None
+        total = int(getattr(props, "total_memory", 0) or 0)
+        if not total and nvml_index is not None:
+            mem = nvml.device_query(nvml_index, "nvmlDeviceGetMemoryInfo")
+            total = int(mem.total) if is_available(mem) else 0
         return GpuPart(
             device=dev,
             nvml_index=nvml_index,
             name=str(getattr(props, "name", f"cuda:{dev}")),
-            total_bytes=int(getattr(props, "total_memory", 0)) or (mem.total_bytes if mem else None),
+            total_bytes=total or None,
             peak_allocated_bytes=peak_alloc,
             peak_reserved_bytes=peak_res,
             end_allocated_bytes=stats.allocated_bytes,
             end_reserved_bytes=stats.reserved_bytes,
-            nvml_process_bytes=mem.this_process_bytes if mem and is_available(mem) else None,
+            nvml_process_bytes=own.self_bytes if own is not None else None,
             nvml_device_peak_bytes=self.instruments.device_used_peak if self.instruments else None,
-            other_processes_bytes=(mem.other_processes_bytes if mem and is_available(mem)
-                                   and is_available(mem.other_processes_bytes) else None),
+            other_processes_bytes=own.others_bytes if own is not None else None,
             alloc_retries=stats.alloc_retries - (before.alloc_retries if before else 0),
             ooms=stats.ooms - (before.ooms if before else 0),
             util_mean_pct=util.mean_pct if util_ok else None,
@@ -360,65 +240,6 @@ class ProfileSession:
             util_samples=len(util.samples_pct) if util_ok else 0,
             compute_capability=cc,
             peak_reset=reset or before is None,
+            child_processes_bytes=own.children_bytes if own is not None else None,
+            process_match=own.how if own is not None else "",
         ), ""
-
-
-class profile:
-    """``with gpunb.profile() as p:`` measures the block like ``%%gpuprofile`` measures a cell.
-
-    After the block ``p.result`` is the :class:`CellProfile` (``p`` itself displays it, and
-    ``p.to_dict()`` gives plain data). An exception in the block is recorded and then
-    propagates unchanged. Options: ``warmup_steps`` (steps left out of median/p90),
-    ``reset_peak`` (reset torch's global peak-memory counter; False leaves it untouched),
-    ``timeline`` (memory points at most every 200 ms at step ends), ``label``, ``show``
-    (display the report when the block ends; default: when running in IPython/Jupyter),
-    ``record`` (add it to ``%gpuprofile history``).
-    """
-
-    def __init__(self, label: str = "", *, warmup_steps: int = 1, reset_peak: bool = True,
-                 timeline: bool = True, show: bool | None = None, record: bool = True) -> None:
-        if not isinstance(label, str):
-            raise TypeError(f"label must be a string, got {type(label).__name__}")
-        self._session = ProfileSession(label=label, warmup_steps=warmup_steps, reset_peak=reset_peak,
-                                       timeline=timeline)
-        self.show = show
-        self.record = record
-        self.result: CellProfile | None = None
-
-    def __enter__(self) -> "profile":
-        self._session.start()
-        return self
-
-    def __exit__(self, etype: Any, exc: BaseException | None, tb: Any) -> bool:
-        self.result = self._session.stop(exc)
-        if self.record:
-            from gpunb.analysis.profile_history import HISTORY
-
-            HISTORY.add(self.result)
-        show = self.show
-        if show is None:  # in a notebook the report appears like %%gpuprofile's; in scripts only on request
-            ipython = sys.modules.get("IPython")
-            show = ipython is not None and ipython.get_ipython() is not None
-        if show:
-            try:
-                from IPython.display import display
-
-                display(self.result)
-            except ImportError:
-                print(self.result)
-        return False  # never swallow the user's exception
-
-    def to_dict(self) -> dict:
-        return self.result.to_dict() if self.result else {}
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
-        if self.result is None:
-            return {"text/plain": "gpunb.profile: not finished yet (use it as `with gpunb.profile() as p:`)"}
-        return self.result._repr_mimebundle_(include, exclude)
-
-    def __getattr__(self, name: str) -> Any:
-        result = self.__dict__.get("result")
-        if result is not None and not name.startswith("_"):
-            return getattr(result, name)
-        raise AttributeError(name)
-

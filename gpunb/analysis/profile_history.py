@@ -71,6 +71,8 @@ def compare(earlier: Any, later: Any) -> Comparison:
 
 
 class ProfileHistory:
+    """The profiled cells of one kernel, oldest first (``KernelState.profile_history``)."""
+
     def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
         self._entries: deque = deque(maxlen=max_entries)
         self._lock = threading.Lock()
@@ -93,5 +95,3 @@ class ProfileHistory:
     def __iter__(self) -> Iterator:
         return iter(self.entries())
 
-
-HISTORY = ProfileHistory()  # one per kernel process

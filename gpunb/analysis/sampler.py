@@ -21,7 +21,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from gpunb.readings.gpu import GpuInfo, read_info, read_processes, read_sample, unread_sample
+from gpunb.readings.devices import kernel_pids, read_ownership
+from gpunb.readings.gpu import GpuInfo, read_info, read_sample, unread_sample
 from gpunb.readings.host import read_host_sample
 from gpunb.readings.nvml import (
     HUNG_FIX,
@@ -44,6 +45,9 @@ PROCESS_REFRESH_S = 5.0
 MEMORY_JUMP_MIB = 256.0
 # A day at the default rate; with one GPU that is ~6 MB (see ``bytes_per_tick``).
 HISTORY_TICKS = 24 * 3600 * int(HZ_DEFAULT)
+# The longest and shortest window a monitor can show (the buffer holds a day at 2 Hz).
+WINDOW_MAX_S = HISTORY_TICKS / HZ_DEFAULT
+WINDOW_MIN_S = 1.0
 THREAD_NAME = "gpunb-sampler"
 MIB = 2**20
 # NVML time one tick may use (and finding the GPUs when a monitor starts): a hung call costs
@@ -249,7 +253,7 @@ _FIELD_WORDS = {
 class Sampler:
     """Reads all GPUs (NVML) and the host every ``1/hz`` seconds into ring buffers.
 
-    One per kernel (the extension stores it in ``ExtensionState.shared["sampler"]``).
+    One per kernel (``KernelState.sampler``, see ``gpunb.shells.kernel_state``).
     ``start()`` runs a fresh thread each time; ``stop()`` is idempotent and joins it.
     """
 
@@ -270,7 +274,8 @@ class Sampler:
         self._max_hz = self.hz  # the fastest rate used so far: how many rows a window may need
         self._clock = clock
         self._wall_clock = wall_clock
-        self.own_pids = frozenset(own_pids) if own_pids is not None else frozenset({os.getpid()})
+        # this kernel's process (its PIDs in every namespace); children are found through it
+        self.own_pids = frozenset(own_pids) if own_pids is not None else kernel_pids()
         self.process_refresh_s = process_refresh_s
         self._read_host = read_host
         self._tick_lock = threading.Lock()  # one tick at a time (thread or a test's tick())
@@ -285,6 +290,8 @@ class Sampler:
         self._own_mib: dict[int, float | None] = {}  # from the last process list
         self._other_mib: dict[int, float] = {}  # other processes at that moment
         self._used_at_list: dict[int, float] = {}  # used memory at that moment
+        self.processes: dict[int, tuple] = {}  # GPU index -> the last process list (GpuProcess)
+        self.kernel_processes: dict[int, frozenset[int]] = {}  # GPU index -> PIDs of this kernel's processes there
         self._last_process_t: float | None = None
         self._host_thread: int | None = None
         self.thread_cpu_s = 0.0  # CPU time the sampler thread(s) used, all runs together
@@ -464,14 +471,12 @@ class Sampler:
 
     def _refresh_processes(self, used: dict[int, float | None]) -> None:
         for info in self.gpus:
-            procs = read_processes(self.nvml, info.index)
-            if not is_available(procs):
-                self._own_mib[info.index] = None
-                continue
-            own = [p.used_bytes for p in procs if p.pid in self.own_pids]
-            known = [b for b in own if isinstance(b, int)]
-            # MIG and some drivers do not give per-process memory: unknown, not zero.
-            own_mib = (sum(known) / MIB) if len(known) == len(own) else None
+            # this kernel and its child processes (devices.py); MIG and some drivers do not give
+            # per-process memory: unknown (None), not zero
+            own = read_ownership(self.nvml, info.index, pids=self.own_pids)
+            self.processes[info.index] = own.processes + own.others
+            self.kernel_processes[info.index] = frozenset(p.pid for p in own.processes)
+            own_mib = own.own_bytes / MIB if own.own_bytes is not None else None
             self._own_mib[info.index] = own_mib
             now_used = used.get(info.index)
             if now_used is not None:

@@ -12,10 +12,10 @@ so the time it can give back is about min(host work, GPU wait) per step (LANfact
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from gpunb.analysis.advice import Advice, ranked
 from gpunb.analysis.gpu_specs import peak_for
+from gpunb.analysis.profile_records import CellProfile, Verdict
 
 VERDICT_SHARE = 0.20
 ADVICE_SHARE = 0.05
@@ -26,7 +26,7 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
 
 
-def sync_gain(p: Any) -> float:
+def sync_gain(p: CellProfile) -> float:
     """Share of the loop that removing per-step GPU syncs could give back (0 on CPU)."""
     s = p.shares
     steps = max(p.steps.count, 1)
@@ -37,9 +37,8 @@ def sync_gain(p: Any) -> float:
     return min(host, wait) / s.loop_s
 
 
-def judge(p: Any) -> tuple[Any, list[Advice]]:
-    from gpunb.analysis.profile import Verdict
-
+def judge(p: CellProfile) -> tuple[Verdict, list[Advice]]:
+    """The verdict on a measured cell and its advice, most useful first."""
     s = p.shares
     data, output, syncs = s.share(s.data_wait_s), s.share(s.output_s), sync_gain(p)
     advice: list[Advice] = []

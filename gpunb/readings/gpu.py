@@ -144,7 +144,8 @@ def _is_lost(value: Any) -> bool:
     return isinstance(value, Unavailable) and value.code == 15
 
 
-def _mig_devices(nvml: NvmlSession, index: int) -> tuple[MigDevice, ...]:
+def read_mig_devices(nvml: NvmlSession, index: int) -> tuple[MigDevice, ...]:
+    """The MIG instances of GPU ``index`` (empty when MIG is off or NVML cannot list them)."""
     parent = nvml.handle(index)
     count = nvml.query("nvmlDeviceGetMaxMigDeviceCount", parent)
     if not is_available(count):
@@ -195,7 +196,7 @@ def read_info(nvml: NvmlSession, index: int) -> GpuInfo:
         mig_enabled=mig_enabled,
         ecc_enabled=(bool(_first(ecc_mode)) if is_available(ecc_mode) else ecc_mode),
         ecc_uncorrected_volatile=ecc_errors,
-        mig_devices=_mig_devices(nvml, index) if mig_enabled is True else (),
+        mig_devices=read_mig_devices(nvml, index) if mig_enabled is True else (),
         lost=_is_lost(name),
     )
 
@@ -244,15 +245,16 @@ def unread_info(index: int, reason: str) -> GpuInfo:
     return GpuInfo(index, gap, gap, gap, gap, gap, gap, gap, gap, gap, gap, gap, gap, gap, gap, gap, gap)
 
 
-def read_processes(nvml: NvmlSession, index: int) -> tuple[GpuProcess, ...] | Unavailable:
-    """Compute processes on GPU ``index`` (tens of µs per call: not for every sampler tick)."""
+def read_processes(nvml: NvmlSession, index: int, *, names: bool = True) -> tuple[GpuProcess, ...] | Unavailable:
+    """Compute processes on GPU ``index`` (tens of µs per call: not for every sampler tick).
+    ``names=False`` skips the name query, one more driver call per process."""
     procs = nvml.device_query(index, "nvmlDeviceGetComputeRunningProcesses")
     if not is_available(procs):
         return procs
     out = []
     for p in procs:
         used = getattr(p, "usedGpuMemory", None)
-        name = nvml.query("nvmlSystemGetProcessName", p.pid)
+        name = nvml.query("nvmlSystemGetProcessName", p.pid) if names else ""
         out.append(GpuProcess(p.pid, used, name if is_available(name) else ""))
     return tuple(out)
 

@@ -1,4 +1,4 @@
-"""What one GPU did during a time window: NVML's utilization samples and who holds memory.
+"""What one GPU did during a time window: NVML's utilization samples.
 
 NVML keeps a ring of utilization samples stamped with the CPU clock in microseconds;
 ``nvmlDeviceGetSamples(handle, NVML_GPU_UTILIZATION_SAMPLES, last_seen_us)`` returns the
@@ -8,7 +8,6 @@ without a polling thread.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -55,48 +54,3 @@ def read_util_since(nvml: NvmlSession, index: int, since_us: int) -> UtilWindow 
     _, samples = got
     ordered = sorted(samples, key=lambda s: s.timeStamp)
     return UtilWindow(tuple(_sample_value(s) for s in ordered if s.timeStamp > since_us))
-
-
-@dataclass(frozen=True)
-class DeviceMemory:
-    index: int
-    name: Any
-    total_bytes: Any
-    used_bytes: Any  # all processes
-    this_process_bytes: Any  # None: this PID is not in NVML's list (container PID namespace)
-    other_processes_bytes: Any
-
-
-def nvml_index_for_uuid(nvml: NvmlSession, uuid: str | None, fallback: int) -> int:
-    """NVML's index of the GPU torch calls ``fallback``; matched by UUID when torch gives one,
-    since NVML (PCI order) and CUDA (fastest first, CUDA_VISIBLE_DEVICES) may number differently."""
-    if uuid:
-        want = _norm_uuid(uuid)
-        for i in range(nvml.device_count()):
-            got = nvml.device_query(i, "nvmlDeviceGetUUID")
-            if is_available(got) and _norm_uuid(str(got)) == want:
-                return i
-    return fallback
-
-
-def _norm_uuid(uuid: str) -> str:
-    """torch prints the bare UUID, NVML prefixes "GPU-"; compare without it."""
-    uuid = uuid.strip().lower()
-    return uuid[4:] if uuid.startswith("gpu-") else uuid
-
-
-def read_device_memory(nvml: NvmlSession, index: int, pid: int | None = None) -> DeviceMemory | Unavailable:
-    mem = nvml.device_query(index, "nvmlDeviceGetMemoryInfo")
-    if not is_available(mem):
-        return mem
-    pid = os.getpid() if pid is None else pid
-    # PIDs and bytes only: read_processes also asks NVML for every process's name, one more
-    # driver call per process that a cell's memory split does not need
-    procs = nvml.device_query(index, "nvmlDeviceGetComputeRunningProcesses")
-    mine: Any = None
-    others: Any = procs
-    if is_available(procs):
-        used = [(p.pid, getattr(p, "usedGpuMemory", None) or 0) for p in procs]
-        mine = sum(b for q, b in used if q == pid) if any(q == pid for q, _ in used) else None
-        others = sum(b for q, b in used if q != pid)
-    return DeviceMemory(index, nvml.device_query(index, "nvmlDeviceGetName"), mem.total, mem.used, mine, others)

@@ -13,6 +13,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpunb.readings import torch_state
+
 
 @dataclass(frozen=True)
 class TorchBuild:
@@ -28,7 +30,7 @@ class TorchBuild:
 class KernelTorchState:
     """Facts from the kernel's own torch; only read when the user already imported it."""
 
-    arch_list: tuple[str, ...] | None  # None: unknown without initialising CUDA
+    arch_list: tuple[str, ...] | None  # None: not read before CUDA is up (the probe gives it)
     cudnn_version: int | None
     nccl_version: str | None
     matmul_precision: str
@@ -69,18 +71,29 @@ def read_torch_build() -> TorchBuild:
 
 
 def read_kernel_torch_state() -> KernelTorchState | None:
-    """Read torch facts in this process without creating a CUDA context; None if torch is not imported."""
-    torch = sys.modules.get("torch")
-    if torch is None or not hasattr(torch, "cuda"):
+    """Read torch facts in this process without starting CUDA or poisoning fork; None if torch
+    is not imported.
+
+    Before CUDA is up only settings are read here. torch's C++ getters behind
+    ``torch.cuda.get_arch_list()`` (``_cuda_getArchFlags``) and the CUDA-runtime device count
+    call ``poison_fork()`` although they create no context (torch/csrc/cuda/Module.cpp), and
+    ``torch.backends.cudnn.version()`` initialized CUDA on the H200 (torch 2.11): after any of
+    them ``accelerate.notebook_launcher`` fails with "Cannot re-initialize CUDA in forked
+    subprocess". So architectures and library versions come from the subprocess probe until
+    the user's own code has started CUDA here."""
+    torch = torch_state.imported_torch()
+    if torch is None:
         return None
-    arch_flags = getattr(torch._C, "_cuda_getArchFlags", None)  # compile-time list, no CUDA init
-    arch = tuple(arch_flags().split()) if arch_flags is not None and arch_flags() else None
-    initialized = bool(torch.cuda.is_initialized())
+    initialized = torch_state.cuda_initialized(torch)
+    arch = None
     cudnn = nccl = None
-    # Measured on the H200 (torch 2.11): torch.backends.cudnn.version() initializes CUDA in
-    # this process. So library versions are read here only once CUDA is up anyway; before
-    # that they come from the subprocess probe.
+    context_error = None
     if initialized:
+        try:
+            flags = torch.cuda.get_arch_list()
+            arch = tuple(flags) if flags else None
+        except Exception:
+            arch = None
         try:
             cudnn = torch.backends.cudnn.version()
         except Exception:
@@ -90,10 +103,8 @@ def read_kernel_torch_state() -> KernelTorchState | None:
             nccl = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
         except Exception:
             nccl = None
-    context_error = None
-    if initialized:
         try:  # a sticky error (device-side assert, illegal address) makes every CUDA call raise
             torch.cuda.mem_get_info()
         except Exception as exc:
             context_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    return KernelTorchState(arch, cudnn, nccl, torch.get_float32_matmul_precision(), initialized, context_error)
+    return KernelTorchState(arch, cudnn, nccl, torch_state.matmul_precision(torch), initialized, context_error)

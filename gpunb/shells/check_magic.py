@@ -5,13 +5,12 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from gpunb.analysis.check_report import CheckReport
 from gpunb.analysis.checks import DeviceChoiceError, check
-from gpunb.shells.arguments import parse_args
+from gpunb.shells.arguments import output_option, parse_args, usage_error, whole_number
 
 
 @magics_class
@@ -19,11 +18,10 @@ class CheckMagics(Magics):
     @magic_arguments()
     @argument("--quick", action="store_true",
               help="Skip the subprocess measurements (CUDA smoke test, matmul and copy speed): well under a second.")
-    @argument("--device", type=int, default=None, metavar="N",
+    @argument("--device", type=whole_number(0), default=None, metavar="N",
               help="Check only cuda:N (numbered as CUDA sees GPUs under CUDA_VISIBLE_DEVICES).")
     @argument("--json", action="store_true", help="Print the report as JSON instead of the formatted checklist.")
-    @argument("-o", "--output", metavar="NAME", default=None,
-              help="Also bind the CheckReport object to NAME in the notebook namespace.")
+    @output_option("the CheckReport")
     @line_magic
     def gpucheck(self, line: str = "") -> None:
         """Run the GPU training setup checklist and show each check's status, cause and fix.
@@ -44,16 +42,15 @@ class CheckMagics(Magics):
             %gpucheck --json
         """
         args = parse_args(self.gpucheck, line)
-        if args.output is not None and not args.output.isidentifier():
-            raise UsageError(f"-o needs a Python variable name, not {args.output!r}")
         show_progress = not args.json
         handle = _ProgressDisplay(self.shell) if show_progress else None
         try:
-            report = check(quick=args.quick, device=args.device, progress=handle.update if handle else None)
+            report = check(quick=args.quick, device=args.device, progress=handle.update if handle else None,
+                           in_kernel=True)
         except DeviceChoiceError as exc:
             if handle:
                 handle.clear()
-            raise UsageError(str(exc)) from None
+            raise usage_error(self.gpucheck, str(exc)) from None
         if args.output:
             self.shell.user_ns[args.output] = report
         if args.json:

@@ -2,13 +2,19 @@
 
 Each feature lives in its own shell module with ``register(ip, state)``; it registers
 magics, cell events and things to stop through :class:`ExtensionState`, which undoes
-all of it on ``%unload_ext`` / ``%reload_ext``.
+all of it on ``%unload_ext`` / ``%reload_ext``. What the features keep between cells
+(the sampler, monitors, profiled cells, OOM doctor settings) is the extension's typed
+:class:`~gpunb.shells.kernel_state.KernelState`, ``state.kernel``.
 """
 
 from __future__ import annotations
 
+import sys
 from importlib import import_module
 from typing import Any, Callable
+
+from gpunb.shells.session import current_shell
+from gpunb.shells.kernel_state import STANDALONE_STATE, KernelState
 
 # Shell modules, each with ``register(ip, state)``.
 FEATURES: tuple[str, ...] = (
@@ -33,7 +39,7 @@ class ExtensionState:
         self._magic_objects: list[Any] = []
         self._events: list[tuple[str, Callable]] = []
         self._on_unload: list[Callable[[], None]] = []
-        self.shared: dict[str, Any] = {}  # per-shell objects features share (e.g. the sampler)
+        self.kernel = KernelState()
 
     def add_magics(self, magics: Any) -> None:
         self.shell.register_magics(magics)
@@ -78,10 +84,19 @@ def state_of(shell: Any) -> ExtensionState | None:
     return getattr(shell, _STATE_ATTR, None)
 
 
+def kernel_state(shell: Any = None) -> KernelState:
+    """What gpunb keeps for ``shell`` (default: the current one): the extension's state when
+    it is loaded there, else :data:`~gpunb.shells.kernel_state.STANDALONE_STATE`."""
+    shell = shell if shell is not None else current_shell()
+    extension = state_of(shell) if shell is not None else None
+    return extension.kernel if extension is not None else STANDALONE_STATE
+
+
 def load(shell: Any) -> None:
     if state_of(shell) is not None:  # loading twice must not double hooks or threads
         unload(shell)
     state = ExtensionState(shell)
+    state.kernel.take_over(STANDALONE_STATE)  # a monitor or profiled cells from before %load_ext
     setattr(shell, _STATE_ATTR, state)
     for module in FEATURES:
         import_module(module).register(shell, state)
@@ -93,3 +108,6 @@ def unload(shell: Any) -> None:
         return
     state.undo()
     delattr(shell, _STATE_ATTR)
+    # Threads and monitors were stopped above; the profiled cells are data the API twins
+    # keep using without the extension, and a reload takes them back.
+    STANDALONE_STATE.take_over(state.kernel)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
-from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from gpunb.shells.arguments import parse_args
+from gpunb.shells.arguments import cuda_device, decimal, output_option, parse_args, usage_error, whole_number
 
 
 @magics_class
@@ -17,26 +17,36 @@ class FitMagics(Magics):
     @argument("step", metavar="STEP",
               help="Name of a function step(batch_size) that runs one training step (forward, backward, "
                    "optimizer step) at that batch size.")
-    @argument("--start", type=int, default=2, metavar="N", help="First probe batch size (default 2).")
-    @argument("--max-batch", type=int, default=None, metavar="N", help="Never try more than N.")
-    @argument("--margin", type=float, default=0.05, metavar="F",
-              help="Safety margin for the recommended size, as a fraction (default 0.05 = 5 %%).")
-    @argument("--device", default=None, metavar="DEV", help="CUDA device, e.g. cuda:1 (default: current).")
-    @argument("--steps", type=int, default=2, metavar="N",
-              help="Steps per trial; the last one is measured (default 2: the first creates optimizer state).")
-    @argument("--max-trials", type=int, default=6, metavar="N", help="Give up after N trials (default 6).")
-    @argument("-o", "--output", metavar="NAME", default=None, help="Bind the BatchFit result to NAME.")
+    @argument("--start", type=whole_number(1), default=2, metavar="N",
+              help="First probe batch size, 1 or more (default 2).")
+    @argument("--max-batch", type=whole_number(1), default=None, metavar="N",
+              help="Never try more than N (at least --start).")
+    @argument("--margin", type=decimal(0, 0.9, high_open=True), default=0.0, metavar="F",
+              help="Keep this fraction of the memory free on top of what the trials measured, e.g. for "
+                   "longer inputs than the step's or other programs; from 0 to below 0.9 (default 0).")
+    @argument("--device", type=cuda_device, default=None, metavar="DEV",
+              help="CUDA device: cuda, cuda:N or N (default: the current one).")
+    @argument("--steps", type=whole_number(1), default=50, metavar="N",
+              help="Steps per trial, 1 or more: each trial is a sustained run, its peaks taken over the "
+                   "steps after the first (default 50).")
+    @argument("--max-trials", type=whole_number(2), default=6, metavar="N",
+              help="Give up after N trials, 2 or more (default 6).")
+    @output_option("the BatchFit result")
     @line_magic
     def gpufit(self, line: str = "") -> None:
-        """Find the largest batch size that fits on the GPU for a training step, without crashing.
+        """Find the largest batch size that trains on the GPU for a training step, without crashing.
 
-        Runs STEP at two small batch sizes, fits peak memory as a line in the batch size,
-        predicts the largest batch that fits, verifies it by running it (an out-of-memory
-        error there is caught and freed) and refines until within 5 %. Shows progress while
-        it runs, then the trials, the prediction and the memory curve. Resets torch's
-        peak-memory counters.
+        Every trial is a sustained run of STEP (--steps, 50) whose peaks are taken over its
+        steady steps, with the optimizer state laid out as a fresh process would lay it out. Two
+        small probes fit peak memory as a line in the batch size, a scout measures the
+        allocator's overhead at large blocks, and candidates aim just under the capacity by
+        that measured overhead. A trial that ran only because the allocator gave its cache back
+        is at the edge and never recommended. An out-of-memory error in a trial is caught and
+        freed. Shows progress while it runs, then the recommended batch with the memory it
+        left free, the trials and the memory curve. The trials train the model (real optimizer
+        steps). Resets torch's peak-memory counters.
 
-        Python: ``gpunb.fit_batch_size(step, start=2, max_batch=None, margin=0.05)``.
+        Python: ``gpunb.fit_batch_size(step, start=2, max_batch=None, steps=50, margin=0.0)``.
 
         Example::
 
@@ -48,16 +58,22 @@ class FitMagics(Magics):
             %gpufit step --max-batch 4096 -o fit
         """
         args = parse_args(self.gpufit, line)
-        if args.output is not None and not args.output.isidentifier():
-            raise UsageError(f"-o needs a Python variable name, not {args.output!r}")
+        if args.max_batch is not None and args.max_batch < args.start:
+            raise usage_error(self.gpufit, f"--max-batch {args.max_batch} is below --start {args.start} "
+                                           "(allowed: --start or more)")
         try:
             step = eval(args.step, self.shell.user_ns)  # noqa: S307  the user's own expression
         except Exception as exc:
-            raise UsageError(f"STEP {args.step!r} is not defined in the notebook ({type(exc).__name__}: {exc}). "
-                             "Define `def step(batch_size): ...` first.") from None
+            raise usage_error(self.gpufit, f"STEP {args.step!r} is not defined in the notebook "
+                                           f"({type(exc).__name__}: {exc}). Define `def step(batch_size): ...` "
+                                           "first.") from None
         if not callable(step):
-            raise UsageError(f"STEP {args.step!r} is a {type(step).__name__}, not a function of the batch size.")
-        from gpunb.analysis.batch_fit import fit_batch_size
+            raise usage_error(self.gpufit, f"STEP {args.step!r} is a {type(step).__name__}, "
+                                           "not a function of the batch size.")
+        missing = _missing_device(args.device)
+        if missing:
+            raise usage_error(self.gpufit, missing)
+        from gpunb.shells.api import fit_batch_size
 
         result = fit_batch_size(step, start=args.start, max_batch=args.max_batch, margin=args.margin,
                                 device=args.device, steps=args.steps, max_trials=args.max_trials)
@@ -66,6 +82,19 @@ class FitMagics(Magics):
         from IPython.display import display
 
         display(result)
+
+
+def _missing_device(device: str | None) -> str:
+    """Why ``--device cuda:N`` names no GPU, when torch can tell (%gpufit is about to use
+    CUDA anyway); "" otherwise (without torch or a GPU, fit_batch_size says what is missing)."""
+    torch = sys.modules.get("torch")
+    if device is None or ":" not in device or torch is None or not torch.cuda.is_available():
+        return ""
+    count = torch.cuda.device_count()
+    index = int(device.split(":")[1])
+    if index < count:
+        return ""
+    return f"--device {device}: no such GPU (allowed: cuda:0 to cuda:{count - 1}; torch sees {count})"
 
 
 def register(shell: Any, state: Any) -> None:

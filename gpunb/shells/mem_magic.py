@@ -5,20 +5,18 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from gpunb.shells.arguments import parse_args
-
-from gpunb.shells.oom_hook import KEEP_KEY
+from gpunb.shells.arguments import given, output_option, parse_args, whole_number
+from gpunb.shells.kernel_state import KernelState
 
 
 @magics_class
 class MemMagics(Magics):
-    def __init__(self, shell: Any, state: Any) -> None:
+    def __init__(self, shell: Any, kernel: KernelState) -> None:
         super().__init__(shell)
-        self.state = state
+        self.kernel = kernel
 
     @magic_arguments()
     @argument("--free", nargs="+", metavar="NAME", default=None,
@@ -31,8 +29,9 @@ class MemMagics(Magics):
               help="After an OOM, keep the failed cell's frames for %%debug instead of freeing them "
                    "(on/off; default off, or env GPUNB_KEEP_TRACEBACK=1).")
     @argument("--all-devices", action="store_true", help="List tensors on every device, CPU included.")
-    @argument("--top", type=int, default=20, metavar="N", help="Show the N largest tensors (default 20).")
-    @argument("-o", "--output", metavar="NAME", default=None, help="Bind the MemoryReport to NAME.")
+    @argument("--top", type=whole_number(1), default=20, metavar="N",
+              help="Show the N largest tensors, 1 or more (default 20).")
+    @output_option("the MemoryReport")
     @line_magic
     def gpumem(self, line: str = "") -> None:
         """Show where GPU memory goes: per GPU, NVML used vs this kernel vs torch allocated/reserved
@@ -52,23 +51,19 @@ class MemMagics(Magics):
             %gpumem --top 50 -o mem
         """
         args = parse_args(self.gpumem, line)
-        if args.output is not None and not args.output.isidentifier():
-            raise UsageError(f"-o needs a Python variable name, not {args.output!r}")
-        if args.top < 1:
-            raise UsageError(f"--top needs a positive number, not {args.top}")
         if args.keep_traceback is not None:
-            self.state.shared[KEEP_KEY] = args.keep_traceback == "on"
-            if self.state.shared[KEEP_KEY]:
+            self.kernel.oom_keep_traceback = args.keep_traceback == "on"
+            if self.kernel.oom_keep_traceback:
                 print("gpunb: after an OOM the failed cell's frames are kept for %debug (memory stays pinned "
                       "until %gpumem --release).")
             else:
                 print("gpunb: after an OOM the failed cell's frames are released (memory comes back; "
                       "%debug has no frames for that error).")
-            if not (args.free or args.release):
-                return
+            if not given(self.gpumem, args, "free", "release", "all_devices", "top", "output"):
+                return  # only the setting; any other option asks for the report as well
         if args.release:
             from gpunb.analysis.release import release_failure
-            from gpunb.readings.torch_memory import cuda_initialized, imported_torch
+            from gpunb.readings.torch_state import cuda_initialized, imported_torch
             from gpunb.views.memory_view import release_lines
 
             torch = imported_torch()
@@ -81,7 +76,8 @@ class MemMagics(Magics):
                             + release_lines(report)))
         from gpunb.analysis.memory_report import memory
 
-        report = memory(free=args.free or (), top=args.top, all_devices=args.all_devices, shell=self.shell)
+        report = memory(free=args.free or (), top=args.top, all_devices=args.all_devices,
+                        namespace=self.shell.user_ns, shell=self.shell)
         if args.output:
             self.shell.user_ns[args.output] = report
         from IPython.display import display
@@ -90,5 +86,4 @@ class MemMagics(Magics):
 
 
 def register(shell: Any, state: Any) -> None:
-    state.add_magics(MemMagics(shell, state))
-    state.shared.setdefault(KEEP_KEY, None)  # None: the default comes from GPUNB_KEEP_TRACEBACK
+    state.add_magics(MemMagics(shell, state.kernel))

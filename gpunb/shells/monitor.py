@@ -1,9 +1,9 @@
 """``gpunb.monitor()``: live GPU sparklines that keep drawing while other cells run.
 
 A :class:`Monitor` is one view on the kernel's single :class:`~gpunb.analysis.sampler.Sampler`
-(kept in the extension's shared state, so several monitors share one thread and a new
-one never starts a second). In a Jupyter kernel it shows a core ``ipywidgets.HTML``
-holding inline SVG (no custom JavaScript) with Pause and Stop buttons; the sampler
+(kept in the kernel's :class:`~gpunb.shells.kernel_state.KernelState`, so several
+monitors share one thread and a new one never starts a second). In a Jupyter kernel it
+shows a core ``ipywidgets.HTML`` holding inline SVG (no custom JavaScript) with Pause and Stop buttons; the sampler
 thread sets its value. The displayed bundle also carries ``text/html`` (a static
 snapshot), and stopping replaces the widget with the final snapshot through a display
 handle, so saved notebooks and nbconvert HTML still show the charts. Without a widget
@@ -13,16 +13,17 @@ frontend (terminal IPython, plain Python) it shows one text line per GPU.
 from __future__ import annotations
 
 import math
-import sys
 import threading
 import time
 from typing import Any, Iterable
 
-from gpunb.analysis.sampler import HISTORY_TICKS, HZ_DEFAULT, Sampler, Window, clamp_hz, gpu_column
+from gpunb.analysis.sampler import HZ_DEFAULT, WINDOW_MAX_S, WINDOW_MIN_S, Sampler, Window, clamp_hz, gpu_column
+from gpunb.display import DisplayMixin, Render
+from gpunb.shells.extension import kernel_state
+from gpunb.shells.kernel_state import KernelState
+from gpunb.shells.session import current_shell
 from gpunb.views.sparkline import SparkPanel, caption, monitor_html, monitor_text, panel_notes
 
-# Used when the extension is not loaded (``import gpunb; gpunb.monitor()``, plain Python).
-_STANDALONE: dict[str, Any] = {}
 # Refresh the saved-notebook fallback of a live widget at most this often (each refresh
 # re-renders the widget view in the frontend, so not on every cell).
 FALLBACK_REFRESH_S = 30.0
@@ -31,36 +32,15 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 MIN_DRAW_INTERVAL_S = 0.2
 
 
-def _current_shell() -> Any:
-    if "IPython" not in sys.modules:  # never import IPython just to find out there is none
-        return None
-    from IPython import get_ipython
-
-    return get_ipython()
-
-
-def registry_for(shell: Any) -> dict[str, Any]:
-    """Where the sampler and the monitors live: the extension's shared state when
-    ``%load_ext gpunb`` ran on this shell, else a module-level dict."""
-    if shell is not None:
-        from gpunb.shells.extension import state_of
-
-        state = state_of(shell)
-        if state is not None:
-            return state.shared
-    return _STANDALONE
-
-
-def stop_all(registry: dict[str, Any] | None = None) -> int:
-    """Stop every monitor (each leaves its snapshot) and the sampler thread.
-    Returns how many monitors were live."""
-    registry = registry if registry is not None else registry_for(_current_shell())
-    monitors = list(registry.get("monitors", ()))
+def stop_all(state: KernelState | None = None) -> int:
+    """Stop every monitor of ``state`` (default: the current kernel's; each leaves its
+    snapshot) and the sampler thread. Returns how many monitors were live."""
+    state = state if state is not None else kernel_state()
+    monitors = list(state.monitors)
     for m in monitors:
         m.stop()
-    sampler = registry.get("sampler")
-    if sampler is not None:
-        sampler.stop()
+    if state.sampler is not None:
+        state.sampler.stop()
     return len(monitors)
 
 
@@ -91,9 +71,9 @@ def _cell_run(shell: Any) -> tuple[str, str] | None:
 def _check_window(window_s: Any, hz: float) -> float:
     if isinstance(window_s, bool) or not isinstance(window_s, (int, float)) or not math.isfinite(window_s):
         raise ValueError(f"window_s must be a number of seconds, got {window_s!r}")
-    longest = HISTORY_TICKS / HZ_DEFAULT
-    if not 1 <= window_s <= longest:
-        raise ValueError(f"window_s must be between 1 and {longest:.0f} seconds (a day), got {window_s:g}")
+    if not WINDOW_MIN_S <= window_s <= WINDOW_MAX_S:
+        raise ValueError(f"window_s must be between {WINDOW_MIN_S:g} and {WINDOW_MAX_S:.0f} seconds (a day), "
+                         f"got {window_s:g}")
     return float(window_s)
 
 
@@ -124,14 +104,14 @@ def _check_devices(device: Any, sampler: Sampler) -> tuple[int, ...] | None:
     return tuple(wanted)
 
 
-class Monitor:
+class Monitor(DisplayMixin):
     """One live view of the sampler: ``samples()``/``to_pandas()`` give the data,
     ``stop()`` (or ``close()``) ends it and leaves a static snapshot in the output."""
 
     def __init__(
         self,
         sampler: Sampler,
-        registry: dict[str, Any],
+        kernel_state: KernelState,
         *,
         window_s: float,
         devices: tuple[int, ...] | None,
@@ -144,7 +124,7 @@ class Monitor:
         self.devices = devices
         self.requested_hz: float | None = None  # the rate this monitor asked for, or joined at
         self._messages = tuple(m for m in messages if m)
-        self._registry = registry
+        self.kernel_state = kernel_state  # whose monitor list this one is in
         self._use_widget = use_widget
         self._cell_id = cell_id
         self._lock = threading.Lock()  # the sampler thread vs stop()/pause from the kernel
@@ -206,14 +186,31 @@ class Monitor:
         frame.index.name = "time"
         return frame
 
+    def holders(self) -> dict[int, list[str]]:
+        """Per shown GPU, who holds its memory: notebooks when this kernel's Jupyter server
+        runs gpunb's extension (asked in the background, never on the drawing path), else
+        NVML's PIDs from the sampler's last process list."""
+        from gpunb.analysis.server_holders import ask_server, holder_lines, pid_lines
+
+        reading = ask_server(wait=False)
+        out = {}
+        for g in self.sampler.gpus:
+            if self.devices is None or g.index in self.devices:
+                ours = self.sampler.kernel_processes.get(g.index, ())  # this kernel and its children
+                lines = (holder_lines(reading, g.index) if reading else
+                         pid_lines(self.sampler.processes.get(g.index, ()), ours))
+                if lines:
+                    out[g.index] = lines
+        return out
+
     def text(self) -> str:
-        return monitor_text(self.window())
+        return monitor_text(self.window(), self.holders())
 
     def _state(self) -> str:
         return "stopped" if self._stopped else ("paused" if self._paused else "live")
 
     def html(self) -> str:
-        return monitor_html(self.window(), state=self._state(), messages=self.messages)
+        return monitor_html(self.window(), state=self._state(), messages=self.messages, holders=self.holders())
 
     def to_dict(self) -> dict[str, Any]:
         w = self.window()
@@ -242,14 +239,12 @@ class Monitor:
         }
 
     # -- display ----------------------------------------------------------------
-    def _static_bundle(self) -> dict[str, str]:
-        return {"text/plain": self.text(), "text/html": self.html()}
+    def _static_bundle(self) -> dict[str, Any]:
+        return self._repr_mimebundle_()
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        return self._static_bundle()
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(self.text())
+    def _repr_views_(self) -> dict[str, Render]:
+        # the snapshot: what a saved notebook, print() and a widget-less frontend show
+        return {"text/plain": Monitor.text, "text/html": Monitor.html}
 
     def __repr__(self) -> str:
         where = "all GPUs" if self.devices is None else f"GPU {', '.join(map(str, self.devices))}"
@@ -341,6 +336,7 @@ class Monitor:
             notes=panel_notes(tuple(sampler.notes), self.messages),
             caption_text=caption(self._state(), hz=sampler.hz, seconds=self.window_s,
                                  started_unix=sampler.started_unix, t_last=panel.t_last),
+            holders=self.holders(),
         )
 
     def _draw(self) -> None:
@@ -381,13 +377,13 @@ class Monitor:
                 return
             self._stopped = True
         self.sampler.remove_listener(self._on_tick)
-        monitors = self._registry.get("monitors", [])
-        if self in monitors:
-            monitors.remove(self)
+        if self in self.kernel_state.monitors:
+            self.kernel_state.monitors.remove(self)
         if self.sampler.listener_count == 0:
             self.sampler.stop()
         else:  # the fastest rate still asked for (see ``monitor``)
-            rates = [m.requested_hz for m in monitors if m.sampler is self.sampler and m.requested_hz]
+            rates = [m.requested_hz for m in self.kernel_state.monitors
+                     if getattr(m, "sampler", None) is self.sampler and getattr(m, "requested_hz", None)]
             if rates and max(rates) != self.sampler.hz:
                 self.sampler.set_hz(max(rates))
         if self._handles:
@@ -426,7 +422,8 @@ def _shared_rate(sampler: Sampler, monitors: list, requested: float) -> tuple[fl
     """The rule for one sampler serving several monitors: it runs at the fastest rate any
     live monitor asked for, so a new monitor never slows another one down; the new one
     says when its rate is not the one it asked for, or when it sped the others up."""
-    others = [m.requested_hz or sampler.hz for m in monitors if m.sampler is sampler]
+    others = [getattr(m, "requested_hz", None) or sampler.hz for m in monitors
+              if getattr(m, "sampler", None) is sampler]
     fastest = max(others, default=0.0)
     if fastest > requested:
         return fastest, (f"sampling at {fastest:g} Hz, not the {requested:g} Hz asked for: another monitor of "
@@ -458,17 +455,16 @@ def monitor(
     if frontend not in ("auto", "widget", "text"):
         raise ValueError(f"frontend must be 'auto', 'widget' or 'text', got {frontend!r}")
     requested, hz_message = clamp_hz(hz) if hz is not None else (None, "")
-    shell = _current_shell()
-    registry = registry_for(shell)
-    sampler = registry.get("sampler")
-    monitors = registry.setdefault("monitors", [])
+    shell = current_shell()
+    state = kernel_state(shell)
+    sampler = state.sampler
+    monitors = state.monitors
     from gpunb.readings.nvml import default_session
 
     nvml = sampler.nvml if sampler is not None else default_session()
     with nvml.budget(START_BUDGET_S, "starting the monitor"):  # a hung NVML costs this cell little
         if sampler is None:
-            sampler = Sampler(nvml, hz=requested or HZ_DEFAULT)
-            registry["sampler"] = sampler
+            sampler = state.sampler = Sampler(nvml, hz=requested or HZ_DEFAULT)
         rate_message = ""
         if requested is not None:
             rate, rate_message = _shared_rate(sampler, monitors, requested)
@@ -478,14 +474,14 @@ def monitor(
         use_widget = _widget_frontend(shell) if frontend == "auto" else frontend == "widget"
         cell = _cell_run(shell)
         m = Monitor(
-            sampler, registry, window_s=window_s, devices=devices, use_widget=use_widget,
+            sampler, state, window_s=window_s, devices=devices, use_widget=use_widget,
             messages=[hz_message, rate_message], cell_id=cell,
         )
         m.requested_hz = requested if requested is not None else sampler.hz  # without hz: the rate it joined at
         replaced = [
             old for old in monitors
-            if cell is not None and old._cell_id is not None and old._cell_id[0] == cell[0]
-            and old._cell_id[1] != cell[1]
+            if isinstance(old, Monitor) and cell is not None and old._cell_id is not None
+            and old._cell_id[0] == cell[0] and old._cell_id[1] != cell[1]
         ]
         monitors.append(m)
         sampler.add_listener(m._on_tick)

@@ -6,26 +6,33 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from gpunb.shells.arguments import parse_args
+from gpunb.analysis.sampler import HZ_DEFAULT, HZ_MAX, HZ_MIN, WINDOW_MAX_S, WINDOW_MIN_S
+from gpunb.shells.arguments import (
+    decimal, given, option_words, output_option, parse_args, usage_error, whole_number,
+)
+from gpunb.shells.kernel_state import KernelState
 
 
 @magics_class
 class MonitorMagics(Magics):
+    def __init__(self, shell: Any, kernel: KernelState) -> None:
+        super().__init__(shell)
+        self.kernel = kernel
+
     @magic_arguments()
-    @argument("--hz", type=float, default=None, metavar="HZ",
-              help="samples per second, 0.5 to 10 (default 2, or the rate already running; one sampler "
-                   "serves all monitors of this kernel at the fastest rate any of them asked for)")
-    @argument("--window", type=float, default=120.0, metavar="SECONDS",
-              help="seconds of history to show (default 120)")
-    @argument("--device", type=int, default=None, metavar="N", help="show only GPU N (default: every GPU)")
+    @argument("--hz", type=decimal(HZ_MIN, HZ_MAX), default=None, metavar="HZ",
+              help=f"samples per second, {HZ_MIN:g} to {HZ_MAX:g} (default {HZ_DEFAULT:g}, or the rate already "
+                   "running; one sampler serves all monitors of this kernel at the fastest rate any asked for)")
+    @argument("--window", type=decimal(WINDOW_MIN_S, WINDOW_MAX_S), default=None, metavar="SECONDS",
+              help=f"seconds of history to show, {WINDOW_MIN_S:g} to {WINDOW_MAX_S:.0f} (default 120)")
+    @argument("--device", type=whole_number(0), default=None, metavar="N",
+              help="show only GPU N (default: every GPU)")
     @argument("--stop", action="store_true",
               help="stop every monitor and the sampler thread; snapshots stay in the outputs")
-    @argument("-o", dest="output", default=None, metavar="NAME",
-              help="also store the Monitor object in variable NAME (.samples(), .to_pandas(), .stop())")
+    @output_option("the Monitor object (.samples(), .to_pandas(), .stop())")
     @line_magic
     def gpumonitor(self, line: str = "") -> None:
         """Live GPU sparklines that keep drawing while your next cells train.
@@ -44,18 +51,22 @@ class MonitorMagics(Magics):
             %gpumonitor --hz 5 --window 300 --device 0 -o mon
             %gpumonitor --stop
         """
-        from gpunb.shells.monitor import monitor, registry_for, stop_all
+        from gpunb.shells.monitor import monitor, stop_all
 
         args = parse_args(self.gpumonitor, line)
         if args.stop:
-            n = stop_all(registry_for(self.shell))
+            others = given(self.gpumonitor, args, "hz", "window", "device", "output")
+            if others:
+                raise usage_error(self.gpumonitor, f"--stop takes no other options (got {option_words(others)})")
+            n = stop_all(self.kernel)
             print(f"gpunb: stopped {n} monitor(s) and the sampler thread; their snapshots stay in the outputs."
                   if n else "gpunb: no monitor was running; the sampler thread is stopped.")
             return
         try:
-            mon = monitor(hz=args.hz, window_s=args.window, device=args.device)  # no --hz: the running rate
-        except ValueError as exc:  # bad values: say what and how, no traceback
-            raise UsageError(f"%gpumonitor: {exc}") from None
+            mon = monitor(hz=args.hz, window_s=args.window if args.window is not None else 120.0,
+                          device=args.device)  # no --hz: the rate already running (see monitor())
+        except ValueError as exc:  # a GPU that is not there: say what and how, no traceback
+            raise usage_error(self.gpumonitor, str(exc)) from None
         for message in mon.messages:
             if not message.startswith("No GPU to show"):  # the monitor itself says that
                 print(f"gpunb: {message}")
@@ -66,9 +77,9 @@ class MonitorMagics(Magics):
         display(mon)
 
 
-def _refresh_fallbacks(shared: dict[str, Any]):
+def _refresh_fallbacks(kernel: KernelState):
     def post_run_cell(result: Any = None) -> None:
-        for mon in list(shared.get("monitors", ())):
+        for mon in list(kernel.monitors):
             try:
                 mon.refresh_fallback()
             except Exception:  # a frontend gone away must not break the user's cells
@@ -77,28 +88,25 @@ def _refresh_fallbacks(shared: dict[str, Any]):
     return post_run_cell
 
 
-def _stop_on_unload(shared: dict[str, Any]):
+def _stop_on_unload(kernel: KernelState):
     def stop() -> None:
         from gpunb.readings.nvml import stop_default_worker
         from gpunb.shells.monitor import stop_all
 
-        stop_all(shared)
-        shared.pop("sampler", None)  # a reload starts a fresh one with the reloaded code
+        stop_all(kernel)
+        kernel.sampler = None  # a reload starts a fresh one with the reloaded code
+        if "gpunb.readings.server_sessions" in sys.modules:  # the monitors' server link: its thread ends
+            from gpunb.readings.server_sessions import set_default_sessions
+
+            set_default_sessions(None)
         stop_default_worker()  # the NVML worker thread too (the next read starts a new one)
 
     return stop
 
 
 def register(shell: Any, state: Any) -> None:
-    # A sampler started by gpunb.monitor() before %load_ext becomes the extension's
-    # (looked up without importing the monitor module: %load_ext stays cheap).
-    monitor_module = sys.modules.get("gpunb.shells.monitor")
-    standalone = getattr(monitor_module, "_STANDALONE", {})
-    for key in ("sampler", "monitors"):
-        if key in standalone:
-            state.shared.setdefault(key, standalone.pop(key))
-    for mon in state.shared.get("monitors", ()):
-        mon._registry = state.shared
-    state.add_magics(MonitorMagics(shell))
-    state.on_unload(_stop_on_unload(state.shared))
-    state.on("post_run_cell", _refresh_fallbacks(state.shared))
+    # A sampler started by gpunb.monitor() before %load_ext is already the extension's:
+    # the extension's KernelState took over the standalone one when it was made.
+    state.add_magics(MonitorMagics(shell, state.kernel))
+    state.on_unload(_stop_on_unload(state.kernel))
+    state.on("post_run_cell", _refresh_fallbacks(state.kernel))

@@ -15,42 +15,42 @@ from typing import Any
 
 from gpunb.analysis.oom_message import find_oom
 from gpunb.analysis.release import keep_traceback_default
+from gpunb.shells.extension import kernel_state
+from gpunb.shells.kernel_state import KernelState
 
-KEEP_KEY = "oom_keep_traceback"
-LAST_KEY = "last_oom"
 
-
-def keep_traceback(state: Any) -> bool:
-    value = state.shared.get(KEEP_KEY)
-    return keep_traceback_default() if value is None else bool(value)
+def keep_traceback(kernel: KernelState) -> bool:
+    """Keep a failed cell's frames for %debug? ``%gpumem --keep-traceback``, else the environment."""
+    return keep_traceback_default() if kernel.oom_keep_traceback is None else kernel.oom_keep_traceback
 
 
 class OomHook:
-    def __init__(self, shell: Any, state: Any) -> None:
+    """The pre/post_run_cell callbacks; what they keep between cells is in ``kernel``."""
+
+    def __init__(self, shell: Any, kernel: KernelState) -> None:
         self.shell = shell
-        self.state = state
-        self.before_ids: dict[str, int] | None = None
-        self.extra_types: tuple[type, ...] = ()  # more exception classes to treat as OOM (tests, libraries)
+        self.kernel = kernel
 
     def pre(self, info: Any = None) -> None:
         if "torch" not in sys.modules:
-            self.before_ids = None
+            self.kernel.names_before_cell = None
             return
-        self.before_ids = {k: id(v) for k, v in list(self.shell.user_ns.items())
-                           if isinstance(k, str) and not k.startswith("_")}
+        self.kernel.names_before_cell = {k: id(v) for k, v in list(self.shell.user_ns.items())
+                                         if isinstance(k, str) and not k.startswith("_")}
 
     def post(self, result: Any) -> None:
         exc = getattr(result, "error_in_exec", None)
         if exc is None:
             return
-        if "torch" not in sys.modules and not self.extra_types:
+        extra_types = self.kernel.extra_oom_types
+        if "torch" not in sys.modules and not extra_types:
             return
         try:
-            if find_oom(exc, self.extra_types) is None:
+            if find_oom(exc, extra_types) is None:
                 return
-            diagnosis = handle_oom(self.shell, exc, before_ids=self.before_ids,
-                                   keep=keep_traceback(self.state))
-            self.state.shared[LAST_KEY] = diagnosis
+            diagnosis = handle_oom(self.shell, exc, before_ids=self.kernel.names_before_cell,
+                                   keep=keep_traceback(self.kernel))
+            self.kernel.last_oom = diagnosis
             from IPython.display import display
 
             display(diagnosis)
@@ -76,7 +76,7 @@ def handle_oom(shell: Any, exc: BaseException, *, before_ids: dict[str, int] | N
     release happens even when reading the notebook failed)."""
     from gpunb.analysis.oom import gather_readings
     from gpunb.readings.nvml import default_session
-    from gpunb.readings.torch_memory import cuda_initialized, imported_torch
+    from gpunb.readings.torch_state import cuda_initialized, imported_torch
 
     torch = imported_torch()
     cuda = cuda_initialized(torch)
@@ -98,10 +98,10 @@ def handle_oom(shell: Any, exc: BaseException, *, before_ids: dict[str, int] | N
 
 def _release(shell: Any, exc: BaseException, diagnosis: Any, *, torch: Any, cuda: bool, devices: Any,
              keep: bool) -> Any:
-    from gpunb.analysis.oom import nvml_index_for, process_memory
     from gpunb.analysis.oom_message import parse_oom_message
     from gpunb.analysis.release import release_failure
     from gpunb.analysis.tensor_census import EXCEPTION
+    from gpunb.readings.devices import read_device_map, read_ownership
     from gpunb.readings.nvml import default_session
 
     device = None
@@ -112,45 +112,40 @@ def _release(shell: Any, exc: BaseException, diagnosis: Any, *, torch: Any, cuda
             device = msg.device if msg is not None and msg.device is not None else torch.cuda.current_device()
             nvml = default_session()
             if nvml.start().ok:
-                index = nvml_index_for(torch, device, nvml)
-                nvml_bytes = lambda: process_memory(  # noqa: E731
-                    nvml, index, torch_reserved=int(torch.cuda.memory_reserved(device)))[0]
+                device_map = read_device_map(nvml, torch=torch)
+                index = device_map.nvml_index(device)
+                if index is not None:
+                    nvml_bytes = lambda: read_ownership(  # noqa: E731
+                        nvml, index, torch=torch, device_map=device_map, names=False).self_bytes
     except Exception as err:
         diagnosis.notes.append(f"memory before/after the release could not be measured ({_describe(err)})")
     pinned = diagnosis.census.total_bytes(source=EXCEPTION) if diagnosis.census is not None else None
     diagnosis.release = release_failure(shell, exc, torch=torch, device=device, keep_traceback=keep,
-                                        devices=devices, nvml_process_bytes=nvml_bytes, pinned_bytes=pinned)
+                                        devices=devices, nvml_process_bytes=nvml_bytes, pinned_bytes=pinned,
+                                        held_bytes=held_by(diagnosis.census))
     return diagnosis
 
 
-def diagnose_oom(exc: BaseException | None = None, *, release: bool = False, **kwargs: Any) -> Any:
-    """Explain a CUDA out-of-memory error (``gpunb.diagnose_oom(exc)``); with ``release=True``
-    also give back the memory it pins, as the automatic doctor does after a failed cell
-    (for an error you caught yourself: ``except torch.OutOfMemoryError as e``).
-    Without ``exc`` it uses the session's last error (``sys.last_value``)."""
-    from gpunb.analysis.oom import diagnose_oom as explain
+def held_by(census: Any) -> dict[str, int] | None:
+    """Bytes of tensors per holder the release lets go: the failed cell's frames, the previous
+    error's, each output-history entry (``release_failure`` names them the same way)."""
+    if census is None:
+        return None
+    import re
 
-    if not release:
-        return explain(exc, **kwargs)
-    from IPython import get_ipython
+    from gpunb.analysis.oom import PREVIOUS_ERROR
+    from gpunb.analysis.tensor_census import EXCEPTION, OUTPUT_HISTORY
 
-    shell = get_ipython()
-    if shell is None:
-        raise RuntimeError("diagnose_oom(release=True) needs an IPython/Jupyter session: it releases what the "
-                           "notebook's traceback and output history pin. Outside one, `del` the exception and "
-                           "call torch.cuda.empty_cache().")
-    exc = exc if exc is not None else getattr(sys, "last_value", None)
-    if not isinstance(exc, BaseException) or find_oom(exc) is None:
-        return explain(exc, **kwargs)  # raises the ValueError that says what it needs
-    from gpunb.shells.extension import state_of
-
-    state = state_of(shell)
-    keep = keep_traceback(state) if state is not None else keep_traceback_default()
-    return handle_oom(shell, exc, keep=keep)
+    held = {"frames": census.total_bytes(source=EXCEPTION), "previous error": census.total_bytes(source=PREVIOUS_ERROR)}
+    for e in census.entries:
+        if e.source == OUTPUT_HISTORY:
+            entry = re.match(r"Out\[\d+\]", e.name)
+            key = entry.group(0) if entry else e.name
+            held[key] = held.get(key, 0) + e.nbytes
+    return held
 
 
 def register(shell: Any, state: Any) -> None:
-    hook = OomHook(shell, state)
-    state.shared["oom_hook"] = hook
+    hook = OomHook(shell, state.kernel)
     state.on("pre_run_cell", hook.pre)
     state.on("post_run_cell", hook.post)

@@ -9,146 +9,150 @@ so the kernel reports the cell as failed (nbclient stops, the OOM doctor sees it
 from __future__ import annotations
 
 import ast
-import keyword
 from typing import Any
 
-from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from gpunb.analysis.cell_meter import CellMeter
 from gpunb.analysis.profile import ProfileSession
-from gpunb.analysis.profile_history import HISTORY
-from gpunb.views.profile_view import HistoryReport, one_line_text
+from gpunb.shells.arguments import (
+    free_text, given, option_words, output_option, parse_args, usage_error, whole_number,
+)
+from gpunb.shells.cell_numbers import running_cell_number
+from gpunb.shells.kernel_state import KernelState
+from gpunb.analysis.profile_records import HistoryReport
+from gpunb.views.profile_view import one_line_text
+
+# Options of the cell form that the line form's actions do not take, and those they do.
+_CELL_OPTIONS = ("steps", "no_reset", "timeline", "label", "output")
+_LINE_OPTIONS = {"on": ("no_reset",), "off": (), "history": ("clear", "output")}
 
 
 class _OneLineMode:
-    """pre/post_run_cell callbacks, registered once at load; cheap no-ops while off."""
+    """pre/post_run_cell callbacks, registered once at load; cheap no-ops while
+    ``kernel.one_line_meter`` is None (the mode is off)."""
 
-    def __init__(self) -> None:
-        self.meter: CellMeter | None = None
-        self._skip = False
+    def __init__(self, kernel: KernelState) -> None:
+        self.kernel = kernel
 
     def pre(self, info: Any = None, *args: Any) -> None:
-        if self.meter is None:
+        meter = self.kernel.one_line_meter
+        if meter is None:
             return
         raw = getattr(info, "raw_cell", "") or ""
-        self._skip = raw.lstrip().startswith(("%%gpuprofile", "%gpuprofile"))  # own report / the switch
-        if not self._skip:
-            self.meter.start()
+        if not raw.lstrip().startswith(("%%gpuprofile", "%gpuprofile")):  # own report / the switch
+            meter.start()
 
     def post(self, result: Any = None, *args: Any) -> None:
-        if self.meter is None or self._skip:
-            return
-        line = self.meter.stop()
+        meter = self.kernel.one_line_meter
+        line = meter.stop() if meter is not None else None  # None too when the cell was not metered
         if line is not None:
             print(one_line_text(line))
 
 
 @magics_class
 class ProfileMagics(Magics):
-    def __init__(self, shell: Any, mode: _OneLineMode) -> None:
+    def __init__(self, shell: Any, kernel: KernelState) -> None:
         super().__init__(shell)
-        self.mode = mode
+        self.kernel = kernel
 
     @magic_arguments()
     @argument("action", nargs="?", choices=("on", "off", "history"),
               help="line form only: `on`/`off` a one-line summary after every cell "
                    "(time · peak VRAM · GPU util); `history` the table of profiled cells")
-    @argument("--steps", type=int, default=1, metavar="N",
-              help="warm-up optimizer steps left out of median/p90 (default 1)")
+    @argument("--steps", type=whole_number(0), default=None, metavar="N",
+              help="warm-up optimizer steps left out of median/p90, 0 or more (default 1)")
     @argument("--no-reset", action="store_true",
               help="leave torch's global peak-memory counter untouched (by default a profiled cell "
                    "resets it with torch.cuda.reset_peak_memory_stats, which code reading "
                    "max_memory_allocated() across cells will notice)")
-    @argument("--timeline", dest="timeline", action="store_true", default=True,
+    @argument("--timeline", dest="timeline", action="store_const", const=True, default=None,
               help="draw the memory timeline (default)")
-    @argument("--no-timeline", dest="timeline", action="store_false",
+    @argument("--no-timeline", dest="timeline", action="store_const", const=False,
               help="no memory timeline (no memory reads at step ends)")
-    @argument("--label", default="", help="a name for this run in the history table "
-                                          "(default: the cell's first line of code)")
+    @argument("--label", type=free_text, default=None, metavar="TEXT",
+              help="a name for this run in the history table (default: the cell's first line of code)")
     @argument("--clear", action="store_true", help="with `history`: forget the profiled cells")
-    @argument("-o", dest="output", default=None, metavar="NAME",
-              help="bind the result object to NAME in the notebook (CellProfile / history)")
+    @output_option("the result object (CellProfile; with `history` the HistoryReport)")
     @line_cell_magic
     def gpuprofile(self, line: str, cell: str | None = None) -> Any:
         """Profile a cell: time, training steps, peak VRAM, where the time went, a verdict.
 
         ::
 
-          %%gpuprofile [--steps N] [--no-reset] [--no-timeline] [--label TEXT] [-o NAME]
+          %%gpuprofile [--steps N] [--no-reset] [--timeline | --no-timeline] [--label TEXT] [-o NAME]
           <training code>
 
           %gpuprofile on [--no-reset]   one line after every cell
           %gpuprofile off
-          %gpuprofile history [--clear] [-o NAME]
+          %gpuprofile history [--clear | -o NAME]
 
         Steps are optimizer.step() calls, timed with CUDA events read at the end of the cell
         (no per-step synchronize). Data wait is time inside DataLoader iterators; host syncs
         are .item()/.cpu()/.tolist()/printing of tensors. Without a GPU it reports wall/CPU
-        time, peak RSS and steps and says the GPU parts are absent.
+        time, peak RSS and steps and says the GPU parts are absent. A bad option fails the
+        cell before its code runs.
         API twin: ``with gpunb.profile() as p: ...``.
         """
-        try:
-            args = parse_argstring(self.gpuprofile, line)
-        except UsageError as exc:
-            self._usage(str(exc))
-            return None
-        if args.output is not None and (not args.output.isidentifier() or keyword.iskeyword(args.output)):
-            self._usage(f"-o needs a Python variable name, got {args.output!r}")
-            return None
-        if args.steps < 0:
-            self._usage(f"--steps must be 0 or more, got {args.steps}")
-            return None
+        args = parse_args(self.gpuprofile, line)
         if cell is None:
             return self._line(args)
         if args.action is not None:
-            self._usage(f"`{args.action}` is for the line magic (%gpuprofile {args.action}), not for a %%gpuprofile cell")
-            return None
+            raise usage_error(self.gpuprofile, f"`{args.action}` is for the line magic (%gpuprofile {args.action}), "
+                                               "not for a %%gpuprofile cell; the cell did not run")
+        if args.clear:
+            raise usage_error(self.gpuprofile, "--clear is for `%gpuprofile history`; the cell did not run")
         return self._profile_cell(args, cell)
 
     # -- line form ------------------------------------------------------------------------
-    def _usage(self, problem: str) -> None:
-        usage = self.gpuprofile.parser.format_usage().replace("::", "").strip()
-        print(f"%gpuprofile: {problem}\nusage: {usage}\nSee %gpuprofile? for every option.")
-
     def _line(self, args: Any) -> Any:
+        if args.action is None:
+            state = "on" if self.kernel.one_line_meter is not None else "off"
+            raise usage_error(self.gpuprofile, f"say what to do: on, off or history (one-line mode is {state}); "
+                                               "to profile a cell, start it with %%gpuprofile")
+        allowed = _LINE_OPTIONS[args.action]
+        wrong = [name for name in given(self.gpuprofile, args, *_CELL_OPTIONS, "clear") if name not in allowed]
+        if wrong:
+            takes = f"takes only {option_words(list(allowed))}" if allowed else "takes no options"
+            raise usage_error(self.gpuprofile, f"`%gpuprofile {args.action}` {takes} (got {option_words(wrong)})")
         if args.action == "on":
-            self.mode.meter = CellMeter(reset_peak=not args.no_reset)
+            self.kernel.one_line_meter = CellMeter(reset_peak=not args.no_reset)
             print("gpuprofile: one line after every cell (time · peak VRAM · GPU util); "
                   "`%gpuprofile off` to stop" + ("" if not args.no_reset else "; torch's peak counter is left alone"))
             return None
         if args.action == "off":
-            was_on = self.mode.meter is not None
-            self.mode.meter = None
+            was_on = self.kernel.one_line_meter is not None
+            self.kernel.one_line_meter = None
             print("gpuprofile: one-line summaries off" if was_on else "gpuprofile: one-line summaries were not on")
             return None
-        if args.action == "history":
-            if args.clear:
-                HISTORY.clear()
-                print("gpuprofile: history cleared")
-                return None
-            report = HistoryReport(HISTORY.entries())
+        history = self.kernel.profile_history
+        if args.clear:
             if args.output:
-                self.shell.user_ns[args.output] = report
-            self._display(report)
+                raise usage_error(self.gpuprofile, "`history --clear` binds nothing; leave out -o")
+            history.clear()
+            print("gpuprofile: history cleared")
             return None
-        state = "on" if self.mode.meter is not None else "off"
-        self._usage(f"say what to do (one-line mode is {state}); to profile a cell, start it with %%gpuprofile")
+        report = HistoryReport(history.entries())
+        if args.output:
+            self.shell.user_ns[args.output] = report
+        self._display(report)
         return None
 
     # -- cell form ------------------------------------------------------------------------
     def _profile_cell(self, args: Any, cell: str) -> Any:
         shell = self.shell
+        number = running_cell_number(shell)  # In [n]: the report, the history and tracebacks agree
         try:
-            code, last_expr = self._compile(cell)
+            code, last_expr = self._compile(cell, number)
         except SyntaxError:
             shell.showsyntaxerror()
             self._mark_failed(before_exec=True)
             return None
         label = args.label or _first_code_line(cell)
-        session = ProfileSession(label=label, cell=shell.execution_count, warmup_steps=args.steps,
-                                 reset_peak=not args.no_reset, timeline=args.timeline)
+        session = ProfileSession(label=label, cell=number,
+                                 warmup_steps=args.steps if args.steps is not None else 1,
+                                 reset_peak=not args.no_reset, timeline=args.timeline is not False)
         try:
             session.start()
         except Exception as exc:  # never keep the user's cell from running
@@ -167,9 +171,9 @@ class ProfileMagics(Magics):
                   "the cell itself ran normally. Please report this at the gpunb issue tracker.")
             profile = None
         if profile is not None:
-            if not args.timeline:
+            if args.timeline is False:
                 profile.extra["timeline"] = False
-            HISTORY.add(profile)
+            self.kernel.profile_history.add(profile)
             if args.output:
                 shell.user_ns[args.output] = profile
             self._display(profile)
@@ -179,20 +183,22 @@ class ProfileMagics(Magics):
         if error is not None:
             if isinstance(error, SystemExit):
                 raise error
-            # drop this module's frame: the traceback starts in the user's cell, as without gpunb
+            # Drop this module's frame: the traceback starts in the user's cell, as without
+            # gpunb. tb_offset=0: IPython 8 would otherwise skip one more frame (the cell's).
             tb = error.__traceback__.tb_next if error.__traceback__ is not None else None
-            self.shell.showtraceback((type(error), error, tb or error.__traceback__))
+            self.shell.showtraceback((type(error), error, tb or error.__traceback__), tb_offset=0)
             self._mark_failed(error=error)
             return None
         if cell.rstrip().endswith(";"):
             return None
         return value
 
-    def _compile(self, cell: str) -> tuple[Any, Any]:
+    def _compile(self, cell: str, number: int | None) -> tuple[Any, Any]:
         shell = self.shell
-        # A leading newline keeps line numbers as the user sees them (line 1 holds %%gpuprofile).
+        # A leading newline keeps line numbers as the user sees them (line 1 holds %%gpuprofile);
+        # the cell's own number names the code, so a traceback says `Cell In[n]` as IPython's would.
         source = "\n" + shell.transform_cell(cell)
-        name = shell.compile.cache(source, shell.execution_count, raw_code="\n" + cell)
+        name = shell.compile.cache(source, number or 0, raw_code="\n" + cell)
         tree = ast.parse(source, filename=name)
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
@@ -200,8 +206,8 @@ class ProfileMagics(Magics):
         return shell.compile(tree, name, "exec"), last
 
     def _run(self, code: Any, last_expr: Any) -> tuple[Any, BaseException | None]:
-        # The traceback of an error starts at this frame, as IPython's own run_code frame
-        # does; showtraceback skips that first frame, so the user sees only their code.
+        # The traceback of an error starts at this frame; _finish shows it from the next
+        # frame on, so the user sees only their code.
         glob, loc = self.shell.user_global_ns, self.shell.user_ns
         try:
             exec(code, glob, loc)
@@ -236,13 +242,13 @@ def _first_code_line(cell: str, width: int = 40) -> str:
 
 
 def register(shell: Any, state: Any) -> None:
-    mode = _OneLineMode()
-    state.add_magics(ProfileMagics(shell, mode))
+    kernel = state.kernel
+    mode = _OneLineMode(kernel)
+    state.add_magics(ProfileMagics(shell, kernel))
     state.on("pre_run_cell", mode.pre)
     state.on("post_run_cell", mode.post)
-    state.shared["profile_mode"] = mode
 
     def _off() -> None:
-        mode.meter = None
+        kernel.one_line_meter = None
 
     state.on_unload(_off)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import random
 import threading
 import time
@@ -46,6 +47,31 @@ class FakeGpu:
     mig_devices: list[dict] = field(default_factory=list)  # [{"uuid":..., "memory_total":...}]
     hangs: dict[str, float] = field(default_factory=dict)  # function name -> seconds each call blocks
     garbage: dict[str, Any] = field(default_factory=dict)  # function name -> value returned instead
+    # The recorded PIDs as NVML would report them elsewhere: {412: os.getpid()} makes this
+    # process the recorded training process, a PID no process here has plays a container's
+    # host PID, None drops the process.
+    pid_map: dict[int, int | None] = field(default_factory=dict)
+    processes_file: str | None = None  # JSON list of {"gpu", "pid", "used_gpu_memory"}, read per call
+    drop_exited: bool = False  # like a real driver: an exited process holds no memory
+
+    def file_rows(self) -> list[dict]:
+        """The rows of ``processes_file`` (tests that start real processes write their PIDs
+        there, even for a fake in another process); [] while it is not written."""
+        if not self.processes_file:
+            return []
+        try:
+            with open(self.processes_file) as f:
+                rows = json.load(f)
+        except (OSError, ValueError):  # not written yet, or being written
+            return []
+        return rows if isinstance(rows, list) else []
+
+    def listed_processes(self, index: int) -> list[dict]:
+        """``extra_processes`` plus GPU ``index``'s rows of ``processes_file``."""
+        # The file lists real processes: like a driver, forget those that exited.
+        listed = [r for r in self.file_rows() if r.get("gpu", 0) == index and _running(r["pid"])]
+        extra = [r for r in self.extra_processes if _running(r["pid"])] if self.drop_exited else self.extra_processes
+        return extra + listed
 
     def sample_at(self, t: float) -> dict:
         span = self.samples[-1]["t"] + 0.2
@@ -121,6 +147,12 @@ class RandomFaults:
                 return "ok", None
             self.counts[kind] += 1
         return kind, payload
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+    except (OSError, IndexError):
+        return False
 
 
 class FakePynvml:
@@ -254,6 +286,10 @@ class FakePynvml:
     def nvmlSystemGetProcessName(self, pid: int) -> str:
         if pid in self.process_names:
             return self.process_names[pid]
+        for gpu in self.gpus:
+            for row in gpu.file_rows():
+                if row.get("pid") == pid and row.get("name"):
+                    return row["name"]
         raise _real.NVMLError(_real.NVML_ERROR_NOT_FOUND)
 
     @_nvml_function
@@ -364,7 +400,7 @@ class FakePynvml:
         s = self._now(gpu)
         total = gpu.facts["memory_total"]
         reserved = gpu.facts["memory_reserved"]
-        used = s["memory_used"] + sum(p["used_gpu_memory"] for p in gpu.extra_processes)
+        used = s["memory_used"] + sum(p["used_gpu_memory"] for p in gpu.listed_processes(h.index))
         free = max(0, total - reserved - used)  # unsigned in NVML: a test's extra process may overfill it
         if version:  # v2 separates the driver's reservation from "used"
             return SimpleNamespace(total=total, reserved=reserved, used=used, free=free)
@@ -399,8 +435,13 @@ class FakePynvml:
     @_nvml_function
     def nvmlDeviceGetComputeRunningProcesses(self, h: Any) -> list[Any]:
         gpu = self._gpu(h, "nvmlDeviceGetComputeRunningProcesses")
-        procs = self._now(gpu)["processes"] + gpu.extra_processes
-        return [SimpleNamespace(pid=p["pid"], usedGpuMemory=p["used_gpu_memory"]) for p in procs]
+        recorded = [] if gpu.processes_file else [
+            {**p, "pid": gpu.pid_map.get(p["pid"], p["pid"])} for p in self._now(gpu)["processes"]]
+        procs = [p for p in recorded if p["pid"] is not None] + gpu.listed_processes(h.index)
+        # MIG: NVML does not report per-process memory (pynvml gives None for "not available")
+        per_process = not (gpu.mig_devices and gpu.facts["mig_mode"][0])
+        return [SimpleNamespace(pid=p["pid"], usedGpuMemory=p["used_gpu_memory"] if per_process else None)
+                for p in procs]
 
     @_nvml_function
     def nvmlDeviceGetSamples(self, h: Any, sampling_type: int, last_seen_us: int) -> tuple[int, list[Any]]:
@@ -446,7 +487,21 @@ def scenario(name: str, clock: Callable[[], float] | None = None) -> FakePynvml:
     ``second-gpu-lost``  two GPUs, the second lost
     ``mig``              MIG enabled with two MIG devices
     ``busy``             another user's process holds 40 GiB
+
+    ``GPUNB_FAKE_NVML_PROCESSES=<file.json>`` replaces the recorded process list with the
+    rows of that file, re-read on every call (``[{"gpu": 0, "pid": 123,
+    "used_gpu_memory": 2**30, "name": "python3"}]``): a test puts the PIDs of real kernels
+    on the fake GPU, also for a Jupyter server and kernels running in other processes.
     """
+    fake = _scenario(name, clock)
+    path = os.environ.get("GPUNB_FAKE_NVML_PROCESSES")
+    if path:
+        for gpu in fake.gpus:
+            gpu.processes_file = path
+    return fake
+
+
+def _scenario(name: str, clock: Callable[[], float] | None) -> FakePynvml:
     trace = load_trace()
     if name == "h200":
         return FakePynvml([_h200(trace)], clock=clock)

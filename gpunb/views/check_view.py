@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import textwrap
 from html import escape
+from typing import TYPE_CHECKING
 
-from gpunb.analysis.check_report import CheckReport, CheckResult
 from gpunb.units import seconds
+
+if TYPE_CHECKING:  # the records import this module lazily to display themselves
+    from gpunb.analysis.check_report import CheckReport, CheckResult
 
 SYMBOL = {"ok": "✓", "warn": "!", "fail": "✗", "skip": "–"}
 COLOR = {"ok": "#1a7f37", "warn": "#b35900", "fail": "#cf222e", "skip": "#6e7781"}
@@ -52,7 +55,7 @@ def render_text(report: CheckReport) -> str:
     return "\n".join(lines)
 
 
-def _check_html(c: CheckResult) -> str:
+def render_check_html(c: CheckResult) -> str:
     is_open = c.status in ("warn", "fail")
     # Closed rows show what was measured on the row itself; open ones below the title.
     inline = "" if is_open else f' <span style="color:#57606a">— {escape(c.summary)}</span>'
@@ -86,6 +89,6 @@ def render_html(report: CheckReport) -> str:
             f'{escape(seconds(report.duration_s))}{" · --quick" if report.quick else ""}</div>')
     progress = (f'<div style="color:#0969da;margin-bottom:4px">⏳ {escape(report.in_progress)}…</div>'
                 if report.in_progress else "")
-    rows = "".join(_check_html(c) for c in report.checks)
+    rows = "".join(render_check_html(c) for c in report.checks)
     return f'<div class="gpunb-check" style="font-family:var(--jp-ui-font-family,sans-serif);font-size:13px">' \
            f"{head}{progress}{rows}</div>"

@@ -21,10 +21,6 @@ def size(n: Any) -> str:
     return gib(int(n) if isinstance(n, float) else n, digits=2)
 
 
-def _pct(x: float | None) -> str:
-    return "" if x is None else f"≈{x * 100:.0f} %"
-
-
 _STYLE = ("font-family:var(--jp-code-font-family,monospace);font-size:12px;border-collapse:collapse")
 _TD = "padding:1px 8px;text-align:left;border-bottom:1px solid #ddd"
 
@@ -50,9 +46,28 @@ def _group_lines(census: Any) -> list[str]:
 
 # -- OOM diagnosis -----------------------------------------------------------------------------
 
+def _off_gpu(census: Any) -> str:
+    if any(e.device.startswith("cuda") for e in census.entries):
+        return ""
+    return ", none on a GPU: they hold no GPU memory and count toward no saving"
+
+
+def fix_saving(f: Any, d: Any) -> str:
+    """"saves ≈ 8.40 GiB: covers the 16.80 GiB short" (or says it is not enough alone)."""
+    saving = getattr(f, "saving_bytes", None)
+    if saving is None:
+        return ""
+    short = d.shortfall_bytes
+    if not short:
+        return f"saves ≈{size(saving)}"
+    if f.severity >= 2 and saving >= short:
+        return f"saves ≈{size(saving)}: covers the {size(short)} short"
+    return f"saves ≈{size(saving)} of the {size(short)} short: not enough alone"
+
+
 def diagnosis_text(d: Any, top: int = 8) -> str:
     m = d.message
-    lines = [f"gpunb OOM doctor: {d.exception_type}"]
+    lines = [f"gpunb OOM doctor: {d.exception_type}: {d.headline}"]
     if m is not None:
         gpu = f"GPU {m.device if m.device is not None else '?'} total"
         facts = [f"{label} {size(n)}" for label, n in (
@@ -62,18 +77,20 @@ def diagnosis_text(d: Any, top: int = 8) -> str:
         if facts:
             lines.append("  " + ", ".join(facts))
     for p in d.other_processes:
-        lines.append(f"  other process PID {p.pid} {p.name}: {size(p.used_bytes)}")
+        lines.append(f"  other process PID {p.pid} {p.name}{' = ' + p.holder if p.holder else ''}: "
+                     f"{size(p.used_bytes)}")
     lines.append("Why:")
     for c in d.causes:
         lines.append(f"  - [{c.code}] {c.summary}")
     if d.census is not None and d.census.entries:
-        lines.append("Largest live tensors (" + "; ".join(_group_lines(d.census)) + "):")
+        lines.append("Largest live tensors (" + "; ".join(_group_lines(d.census)) + ")" + _off_gpu(d.census) + ":")
         for e in d.census.entries[:top]:
             lines.append(f"  {size(e.nbytes):>11}  {e.name}  {e.dtype} {e.device} [{e.role}; {e.source}]")
     if d.fixes:
         lines.append("Fixes (estimated saving for this case):")
         for i, f in enumerate(d.fixes, 1):
-            lines.append(f"  {i}. {f.title} {_pct(f.gain)} — {f.reason}")
+            saving = fix_saving(f, d)
+            lines.append(f"  {i}. {f.title}" + (f" ({saving})" if saving else "") + f" — {f.reason}")
             for h in f.how.splitlines():
                 lines.append(f"       {h}")
     for n in d.notes:
@@ -108,7 +125,7 @@ def release_lines(r: Any) -> list[str]:
 def diagnosis_html(d: Any, top: int = 8) -> str:
     m = d.message
     parts = [f"<div style='border-left:3px solid #c0392b;padding-left:8px'><b>gpunb OOM doctor</b>: "
-             f"{escape(d.exception_type)}"]
+             f"{escape(d.exception_type)}: <b>{escape(d.headline)}</b>"]
     if m is not None:
         rows = [[k, size(v)] for k, v in (
             ("asked", m.requested_bytes), ("free", m.free_bytes), ("GPU total", m.total_bytes),
@@ -118,16 +135,18 @@ def diagnosis_html(d: Any, top: int = 8) -> str:
         if rows:
             parts.append(_table(["", "bytes"], rows))
     if d.other_processes:
-        parts.append(_table(["other process", "name", "memory"],
-                            [[str(p.pid), p.name, size(p.used_bytes)] for p in d.other_processes]))
+        parts.append(_table(["other process", "name", "whose", "memory"],
+                            [[str(p.pid), p.name, p.holder, size(p.used_bytes)] for p in d.other_processes]))
     parts.append("<b>Why</b><ul>" + "".join(f"<li><code>{escape(c.code)}</code> {escape(c.summary)}</li>"
                                             for c in d.causes) + "</ul>")
     if d.census is not None and d.census.entries:
-        parts.append("<b>Largest live tensors</b> (" + escape("; ".join(_group_lines(d.census))) + ")")
+        parts.append("<b>Largest live tensors</b> (" + escape("; ".join(_group_lines(d.census))) + ")"
+                     + escape(_off_gpu(d.census)))
         parts.append(_table(_TENSOR_HEAD, _tensor_rows(d.census.entries, top)))
     if d.fixes:
         items = "".join(
-            f"<li><b>{escape(f.title)}</b> {escape(_pct(f.gain))} — {escape(f.reason)}"
+            f"<li><b>{escape(f.title)}</b>"
+            + (f" <i>({escape(fix_saving(f, d))})</i>" if fix_saving(f, d) else "") + f" — {escape(f.reason)}"
             + (f"<pre style='margin:2px 0'>{escape(f.how)}</pre>" if f.how else "")
             + (f" <a href='{escape(f.link)}' target='_blank'>docs</a>" if f.link else "") + "</li>"
             for f in d.fixes)
@@ -142,7 +161,11 @@ def diagnosis_html(d: Any, top: int = 8) -> str:
 # -- %gpumem ------------------------------------------------------------------------------------
 
 def _gpu_rows(report: Any) -> list[list[str]]:
-    return [[f"{g.index} {g.name}", size(g.total_bytes), size(g.used_bytes), size(g.process_bytes),
+    def kernel(g: Any) -> str:  # this process, plus its child processes (workers, ranks) when they hold some
+        children = getattr(g, "child_processes_bytes", None)
+        return size(g.process_bytes) + (f" + {size(children)} in child processes" if children else "")
+
+    return [[f"{g.index} {g.name}", size(g.total_bytes), size(g.used_bytes), kernel(g),
              size(g.torch_allocated_bytes), size(g.torch_reserved_bytes), size(g.non_torch_bytes),
              size(g.other_processes_bytes)] for g in report.gpus]
 
@@ -214,23 +237,41 @@ def memory_html(r: Any) -> str:
 
 # -- %gpufit ------------------------------------------------------------------------------------
 
+def fit_headline(f: Any) -> str:
+    """The answer in one line, with the measurement that justifies it."""
+    t = f.recommended_trial
+    line = f"recommended batch: {f.recommended}"
+    if t is not None and t.peak_reserved_bytes is not None and f.capacity_bytes:
+        line += (f" (trained {t.steps_done} steps at {size(t.peak_reserved_bytes)} peak reserved of "
+                 f"{size(f.capacity_bytes)}: {size(f.headroom_bytes)} free"
+                 + (", optimizer state laid out as in a fresh process" if t.relocated_bytes else "") + ")")
+    return line
+
+
+def _trial_line(t: Any) -> str:
+    s = f"{t.index}. batch {t.batch:>6} ({t.purpose}): {t.verdict}"
+    if t.peak_allocated_bytes is not None:
+        s += f"; peak {size(t.peak_allocated_bytes)} allocated, {size(t.peak_reserved_bytes)} reserved"
+        fb = getattr(t, "peak_before_step_bytes", None)
+        if fb is not None:
+            s += f", {size(fb)} before optimizer.step"
+    return s + f"; {t.steps_done}/{t.steps} steps, {t.seconds:.1f} s"
+
+
 def fit_text(f: Any) -> str:
     if not f.ok:
         return f"gpunb %gpufit: {f.problem}"
-    lines = [f"gpunb %gpufit on {f.device}: largest batch that ran: {f.max_batch}; "
-             f"recommended (−{f.margin * 100:.0f} % margin): {f.recommended}"]
+    lines = [f"gpunb %gpufit on {f.device}: {fit_headline(f)}"]
+    if f.max_batch is not None and f.max_batch != f.recommended:
+        edge = next((t for t in f.trials if t.ok and t.batch == f.max_batch), None)
+        lines.append(f"  largest batch that completed: {f.max_batch}" + (f" ({edge.verdict})" if edge else ""))
     if f.predicted is not None:
-        lines.append(f"  predicted from the probes: {f.predicted}"
-                     + (f" (reserved-bytes line: {f.predicted_reserved})" if f.predicted_reserved is not None else ""))
-    lines.append(f"  capacity: {size(f.capacity_bytes)}; {f.trial_count} trials:")
+        lines.append(f"  predicted from the allocated-memory line: {f.predicted}"
+                     + (f"; from the reserved-memory line: {f.predicted_reserved}"
+                        if f.predicted_reserved is not None else ""))
+    lines.append(f"  {f.trial_count} trials in {f.seconds:.1f} s ({f.steps} steps each, a sustained run):")
     for t in f.trials:
-        if t.ok:
-            fb = getattr(t, "peak_before_step_bytes", None)
-            lines.append(f"    {t.index}. batch {t.batch:>6} ({t.purpose}): peak {size(t.peak_allocated_bytes)} "
-                         f"allocated, {size(t.peak_reserved_bytes)} reserved"
-                         + (f", {size(fb)} before optimizer.step" if fb is not None else "") + f", {t.seconds:.1f} s")
-        else:
-            lines.append(f"    {t.index}. batch {t.batch:>6} ({t.purpose}): out of memory, {t.seconds:.1f} s")
+        lines.append("    " + _trial_line(t))
     if f.line_allocated is not None:
         lines.append(f"  memory per sample ≈ {size(f.line_allocated.slope)}; fixed ≈ {size(f.line_allocated.intercept)}")
     for n in f.notes:
@@ -241,13 +282,15 @@ def fit_text(f: Any) -> str:
 def fit_html(f: Any) -> str:
     if not f.ok:
         return f"<div><b>gpunb %gpufit</b>: {escape(f.problem)}</div>"
-    rows = [[str(t.index), str(t.batch), t.purpose, "ran" if t.ok else "out of memory",
-             size(t.peak_allocated_bytes), size(t.peak_reserved_bytes), f"{t.seconds:.1f} s"] for t in f.trials]
-    head = (f"<div><b>gpunb %gpufit</b> on {escape(f.device)}: largest batch that ran <b>{f.max_batch}</b>; "
-            f"recommended (−{f.margin * 100:.0f} % margin) <b>{f.recommended}</b>; predicted "
-            f"{escape(str(f.predicted))} from the probes; capacity {escape(size(f.capacity_bytes))}</div>")
+    rows = [[str(t.index), str(t.batch), t.purpose, t.verdict, size(t.peak_allocated_bytes),
+             size(t.peak_reserved_bytes), f"{t.steps_done}/{t.steps}", f"{t.seconds:.1f} s"] for t in f.trials]
+    head = (f"<div><b>gpunb %gpufit</b> on {escape(f.device)}: <b>{escape(fit_headline(f))}</b></div>"
+            f"<div>{f.trial_count} trials in {f.seconds:.1f} s; largest batch that completed "
+            f"{escape(str(f.max_batch))}; predicted {escape(str(f.predicted))} (allocated line), "
+            f"{escape(str(f.predicted_reserved))} (reserved line)</div>")
     notes = "".join(f"<div>note: {escape(n)}</div>" for n in f.notes)
-    return head + _table(["#", "batch", "why", "result", "peak allocated", "peak reserved", "time"], rows) + notes
+    return head + _table(["#", "batch", "why", "result", "peak allocated", "peak reserved", "steps", "time"],
+                         rows) + notes
 
 
 def fit_figure(f: Any) -> Any:
@@ -256,8 +299,9 @@ def fit_figure(f: Any) -> Any:
 
     fig = Figure(figsize=(6, 3.4), dpi=100)
     ax = fig.add_subplot()
-    ok = [t for t in f.trials if t.ok]
+    ok = [t for t in f.trials if t.ok and t.peak_allocated_bytes is not None]
     bad = [t for t in f.trials if not t.ok]
+    edge = [t for t in ok if not t.clean]
     ax.scatter([t.batch for t in ok], [t.peak_allocated_bytes / GiB for t in ok], label="peak allocated", zorder=3)
     ax.scatter([t.batch for t in ok], [(t.peak_reserved_bytes or 0) / GiB for t in ok], marker="s",
                label="peak reserved", zorder=3)
@@ -269,15 +313,18 @@ def fit_figure(f: Any) -> Any:
         ax.axhline(f.capacity_bytes / GiB, color="#c0392b", lw=1, label="capacity")
         for t in bad:
             ax.scatter([t.batch], [f.capacity_bytes / GiB], marker="x", color="#c0392b", zorder=4)
-    xmax = max([t.batch for t in f.trials] + [f.max_batch or 0]) * 1.1
+        if edge:
+            ax.scatter([t.batch for t in edge], [f.capacity_bytes / GiB] * len(edge), marker="o", facecolors="none",
+                       edgecolors="#c0392b", zorder=4, label="at the edge (cache released)")
+    xmax = max([t.batch for t in f.trials] + [f.recommended or 0]) * 1.1
     for line, style, label in ((f.line_reserved, "--", "fit (reserved)"), (f.line_allocated, ":", "fit (allocated, used to predict)")):
         if line is not None:
             ax.plot([0, xmax], [line.at(0) / GiB, line.at(xmax) / GiB], style, lw=1, label=label)
-    if f.max_batch:
-        ax.axvline(f.max_batch, color="#27ae60", lw=1, label=f"max batch {f.max_batch}")
+    if f.recommended:
+        ax.axvline(f.recommended, color="#27ae60", lw=1, label=f"recommended {f.recommended}")
     ax.set_xlabel("batch size")
     ax.set_ylabel("GiB")
-    ax.set_title("peak memory per training step")
+    ax.set_title(f"peak memory over {f.steps} training steps")
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     return fig

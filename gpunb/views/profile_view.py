@@ -4,55 +4,43 @@ the history table. Pure functions of the records: every dynamic string is escape
 from __future__ import annotations
 
 import html
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
+
+from gpunb.analysis.profile_history import compare
+from gpunb.readings.devices import OWN_BY_RESERVE
+from gpunb.units import gib, milliseconds, seconds
+
+if TYPE_CHECKING:  # the records import this module lazily to display themselves
+    from gpunb.analysis.cell_meter import CellLine
+    from gpunb.analysis.profile_records import CellProfile
 
 
-def fmt_bytes(n: Any) -> str:
-    if n is None:
-        return "n/a"
-    n = float(n)
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n:.0f} B"
-
-
-def fmt_time(s: Any) -> str:
-    if s is None:
-        return "n/a"
-    if s >= 100:
-        return f"{s:.0f} s"
-    if s >= 1:
-        return f"{s:.2f} s"
-    return f"{s * 1000:.1f} ms"
-
-
-def fmt_ms(ms: Any) -> str:
-    return "n/a" if ms is None else fmt_time(ms / 1000.0)
+def fmt_bytes(n: int | float | None) -> str:
+    return gib(n, digits=2)
 
 
 def _pct(part: float, whole: float) -> str:
     return f"{100 * part / whole:.0f}%" if whole > 0 else "-"
 
 
-def _rows(p: Any) -> list[tuple[str, str]]:
+def _rows(p: CellProfile) -> list[tuple[str, str]]:
     """(heading, text) lines shared by the text and HTML forms."""
     rows: list[tuple[str, str]] = []
-    t = f"wall {fmt_time(p.wall_s)}"
+    t = f"wall {seconds(p.wall_s)}"
     if p.synced_wall_s is not None:
-        t += f" · GPU-synchronized {fmt_time(p.synced_wall_s)}"
+        t += f" · GPU-synchronized {seconds(p.synced_wall_s)}"
     if p.gpu_time_s is not None:
-        t += f" · GPU clock {fmt_time(p.gpu_time_s)}"
-    t += f" · CPU {fmt_time(p.cpu_s)}"
+        t += f" · GPU clock {seconds(p.gpu_time_s)}"
+    t += f" · CPU {seconds(p.cpu_s)}"
     rows.append(("time", t))
     st = p.steps
     if st.count:
         s = f"{st.count} optimizer steps"
         if p.optimizers > 1:
             s += f" (first of {p.optimizers} optimizers)"
-        s += f" · first {fmt_ms(st.first_ms)}"
+        s += f" · first {milliseconds(st.first_ms)}"
         if st.median_ms is not None:
-            s += f" · median {fmt_ms(st.median_ms)} · p90 {fmt_ms(st.p90_ms)} (after {st.skipped} warm-up)"
+            s += f" · median {milliseconds(st.median_ms)} · p90 {milliseconds(st.p90_ms)} (after {st.skipped} warm-up)"
         if st.steps_per_s:
             s += f" · {st.steps_per_s:.1f} steps/s"
         if st.samples_per_s:
@@ -71,8 +59,12 @@ def _rows(p: Any) -> list[tuple[str, str]]:
             rest = g.nvml_process_bytes - g.end_reserved_bytes
             if rest > 0:
                 m += f" (+{fmt_bytes(rest)} outside torch's cache: CUDA context, cuBLAS/cuDNN/NCCL workspaces, other libraries)"
+            if g.process_match == OWN_BY_RESERVE:
+                m += " (NVML lists it under a container's host PID: matched by torch's reserve)"
         else:
-            m += " · NVML: this process not listed (container PID namespace or no permission)"
+            m += " · NVML: this process's memory unknown (MIG, no permission, or a container PID it cannot match)"
+        if g.child_processes_bytes:
+            m += f" · its child processes {fmt_bytes(g.child_processes_bytes)}"
         if g.nvml_device_peak_bytes is not None:
             m += f" · NVML device peak {fmt_bytes(g.nvml_device_peak_bytes)} used (all processes)"
         m += f" · device {fmt_bytes(g.total_bytes)}"
@@ -87,32 +79,32 @@ def _rows(p: Any) -> list[tuple[str, str]]:
         rows.append(("host memory", f"peak RSS {fmt_bytes(p.peak_rss_bytes)}"
                      + ("" if p.peak_rss_is_cell else " (lifetime peak of the process; per-cell peak needs Linux)")))
     sh = p.shares
-    w = [f"data wait {fmt_time(sh.data_wait_s)} ({_pct(sh.data_wait_s, sh.loop_s)}) over {sh.batches} batches"
+    w = [f"data wait {seconds(sh.data_wait_s)} ({_pct(sh.data_wait_s, sh.loop_s)}) over {sh.batches} batches"
          if sh.batches else "no DataLoader batches"]
     if sh.sync_n:
-        w.append(f"host syncs {sh.sync_n} ({sh.sync_gpu_n} from GPU tensors) {fmt_time(sh.sync_s)} "
+        w.append(f"host syncs {sh.sync_n} ({sh.sync_gpu_n} from GPU tensors) {seconds(sh.sync_s)} "
                  f"({_pct(sh.sync_s, sh.loop_s)})")
     else:
         w.append("no host syncs")
-    w.append(f"output {fmt_time(sh.output_s)} ({_pct(sh.output_s, sh.loop_s)}) in {sh.output_writes} writes"
+    w.append(f"output {seconds(sh.output_s)} ({_pct(sh.output_s, sh.loop_s)}) in {sh.output_writes} writes"
              if sh.output_writes else "no output")
     if g is not None:
         w.append(f"GPU util {g.util_mean_pct:.0f}% mean over {g.util_samples} NVML samples"
                  if g.util_mean_pct is not None else "GPU util: no NVML samples")
-    rows.append(("where", " · ".join(w) + f" — of a {fmt_time(sh.loop_s)} loop"))
+    rows.append(("where", " · ".join(w) + f" — of a {seconds(sh.loop_s)} loop"))
     if p.error:
         rows.append(("stopped", f"the cell raised {p.error} (report covers the part that ran)"))
     return rows
 
 
-def _title(p: Any) -> str:
+def _title(p: CellProfile) -> str:
     where = p.gpu.name if p.gpu is not None else "CPU"
     label = f" · {p.label}" if p.label else ""
     cell = f" · cell [{p.cell}]" if p.cell is not None else ""
     return f"gpuprofile{cell}{label} · {where}"
 
 
-def profile_text(p: Any) -> str:
+def profile_text(p: CellProfile) -> str:
     lines = [_title(p)]
     lines += [f"  {h:<11} {t}" for h, t in _rows(p)]
     v = p.verdict
@@ -124,7 +116,7 @@ def profile_text(p: Any) -> str:
     return "\n".join(lines)
 
 
-def timeline_svg(p: Any, width: int = 560, height: int = 90) -> str:
+def timeline_svg(p: CellProfile, width: int = 560, height: int = 90) -> str:
     """Memory over the cell (allocated, and reserved on a GPU), step ends as ticks."""
     pts = p.memory_timeline
     if len(pts) < 2:
@@ -154,7 +146,7 @@ def timeline_svg(p: Any, width: int = 560, height: int = 90) -> str:
     return "".join(parts)
 
 
-def profile_html(p: Any) -> str:
+def profile_html(p: CellProfile) -> str:
     e = html.escape
     rows = "".join(f"<tr><th style='text-align:left;padding-right:1em;vertical-align:top'>{e(h)}</th>"
                    f"<td style='text-align:left'>{e(t)}</td></tr>" for h, t in _rows(p))
@@ -178,10 +170,10 @@ def profile_html(p: Any) -> str:
 
 # -- one line per cell ---------------------------------------------------------------------
 
-def one_line_text(line: Any) -> str:
-    parts = [f"⏱ {fmt_time(line.wall_s)}"]
+def one_line_text(line: CellLine) -> str:
+    parts = [f"⏱ {seconds(line.wall_s)}"]
     if line.synced_wall_s is not None and line.synced_wall_s - line.wall_s > 0.0005:
-        parts[0] += f" (GPU done at {fmt_time(line.synced_wall_s)})"
+        parts[0] += f" (GPU done at {seconds(line.synced_wall_s)})"
     if line.peak_vram_bytes is not None:
         parts.append(f"peak VRAM {fmt_bytes(line.peak_vram_bytes)}")
     elif line.gpu_note:
@@ -195,15 +187,13 @@ def one_line_text(line: Any) -> str:
 
 # -- history -----------------------------------------------------------------------------
 
-def history_rows(entries: Sequence[Any]) -> list[list[str]]:
-    from gpunb.analysis.profile_history import compare
-
+def history_rows(entries: Sequence[CellProfile]) -> list[list[str]]:
     rows = []
     for i, p in enumerate(entries):
         versus = compare(entries[i - 1], p).words() if i else ""
         peak = p.gpu.peak_allocated_bytes if p.gpu is not None else p.peak_rss_bytes
-        rows.append([str(i + 1), f"[{p.cell}]" if p.cell is not None else "api", p.label or "", fmt_time(p.wall_s),
-                     fmt_ms(p.steps.median_ms), str(p.steps.count), fmt_bytes(peak), p.verdict.kind,
+        rows.append([str(i + 1), f"[{p.cell}]" if p.cell is not None else "api", p.label or "", seconds(p.wall_s),
+                     milliseconds(p.steps.median_ms), str(p.steps.count), fmt_bytes(peak), p.verdict.kind,
                      f"vs #{i}: {versus}" if versus else ""])
     return rows
 
@@ -211,7 +201,7 @@ def history_rows(entries: Sequence[Any]) -> list[list[str]]:
 HISTORY_HEADER = ["#", "cell", "label", "wall", "median step", "steps", "peak mem", "verdict", "compared"]
 
 
-def history_text(entries: Sequence[Any]) -> str:
+def history_text(entries: Sequence[CellProfile]) -> str:
     if not entries:
         return "gpuprofile history: no profiled cells yet (run a cell with %%gpuprofile)"
     rows = [HISTORY_HEADER] + history_rows(entries)
@@ -219,23 +209,10 @@ def history_text(entries: Sequence[Any]) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows)
 
 
-def history_html(entries: Sequence[Any]) -> str:
+def history_html(entries: Sequence[CellProfile]) -> str:
     e = html.escape
     if not entries:
         return f"<p>{e(history_text(entries))}</p>"
     head = "".join(f"<th>{e(h)}</th>" for h in HISTORY_HEADER)
     body = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in history_rows(entries))
     return f"<table class='gpunb-history'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-class HistoryReport:
-    """What ``%gpuprofile history`` shows (and binds with ``-o``)."""
-
-    def __init__(self, entries: Sequence[Any]) -> None:
-        self.entries = list(entries)
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
-        return {"text/plain": history_text(self.entries), "text/html": history_html(self.entries)}
-
-    def to_dict(self) -> dict:
-        return {"entries": [p.to_dict() for p in self.entries]}

@@ -12,10 +12,11 @@ import html
 import math
 import time
 from collections import deque
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from gpunb.analysis.sampler import GpuSeries, Window
 from gpunb.readings.gpu import CLOCK_EVENT_REASONS, SLOWDOWN_BITS
+from gpunb.views.holders_view import holders_html, holders_text
 
 WIDTH = 260
 # Points per chart: about one per two pixels. Rows beyond that are merged into buckets.
@@ -370,10 +371,13 @@ class SparkPanel:
         gpu_count: int,
         notes: Sequence[str] = (),
         caption_text: str = "",
+        holders: Mapping[int, Sequence[str]] | None = None,
     ) -> str:
-        """The whole monitor: a panel per GPU (``gpus`` gives names and lost flags now),
-        the host, notes, a caption."""
-        parts = [self.gpu_html(g) for g in gpus if g.index in self.memory]
+        """The whole monitor: a panel per GPU (``gpus`` gives names and lost flags now)
+        with who holds its memory (``holders``: lines per GPU index), the host, notes, a
+        caption."""
+        holders = holders or {}
+        parts = [self.gpu_html(g) + holders_html(holders.get(g.index, ())) for g in gpus if g.index in self.memory]
         if not gpus and not gpu_count:
             parts.append(no_gpu_html(nvml))
         parts.append(self.host_html())
@@ -468,7 +472,8 @@ def panel_notes(window_notes: Sequence[str], messages: Sequence[str]) -> list[st
     return [m for m in messages if not m.startswith("No GPU to show")] + list(window_notes[-5:])
 
 
-def monitor_html(window: Window, *, state: str = "live", messages: Sequence[str] = ()) -> str:
+def monitor_html(window: Window, *, state: str = "live", messages: Sequence[str] = (),
+                 holders: Mapping[int, Sequence[str]] | None = None) -> str:
     """The whole monitor for one window, at once (snapshots, saved notebooks). ``state``
     is "live", "paused" or "stopped"; ``messages`` are the caller's own notes."""
     panel = SparkPanel(
@@ -483,11 +488,14 @@ def monitor_html(window: Window, *, state: str = "live", messages: Sequence[str]
         notes=panel_notes(window.notes, messages),
         caption_text=caption(state, hz=window.hz, seconds=window.seconds, started_unix=window.started_unix,
                              t_last=window.t_s[-1] if window.t_s else None),
+        holders=holders,
     )
 
 
-def monitor_text(window: Window) -> str:
-    """One line per GPU plus the host, for terminal IPython and ``text/plain``."""
+def monitor_text(window: Window, holders: Mapping[int, Sequence[str]] | None = None) -> str:
+    """One line per GPU (and who holds its memory) plus the host, for terminal IPython and
+    ``text/plain``."""
+    holders = holders or {}
     lines = []
     for g in window.gpus:
         c = g.columns
@@ -511,6 +519,7 @@ def monitor_text(window: Window) -> str:
         if g.lost:
             line += " · LOST"
         lines.append(line)
+        lines.extend(holders_text(holders.get(g.index, ())))
     if not window.gpus and not window.gpu_count:
         cause = window.nvml.cause if not window.nvml.ok else "NVML sees no GPU."
         lines.append(f"No GPU to show ({cause}); monitoring the host only.")

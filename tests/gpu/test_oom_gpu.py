@@ -64,13 +64,13 @@ sys.path.insert(0, {str(HERE)!r})
 torch.backends.cuda.matmul.allow_tf32 = True
 dev = torch.device("cuda")
 GiB = 2**30
-def shared():
-    return get_ipython()._gpunb_extension_state.shared
+def kernel_state():
+    return get_ipython()._gpunb_extension_state.kernel
 def nvml_proc():
-    from gpunb.analysis.oom import nvml_index_for, process_memory
+    from gpunb.readings.devices import read_device_map, read_ownership
     from gpunb.readings.nvml import default_session
     s = default_session()
-    return process_memory(s, nvml_index_for(torch, 0, s))[0]
+    return read_ownership(s, read_device_map(s, torch=torch).nvml_index(0)).self_bytes
 """
 
 MLP = """
@@ -89,7 +89,7 @@ train_step(256); torch.cuda.synchronize()
 
 REPORT = """
 gc.collect()
-d = shared()["last_oom"]
+d = kernel_state().last_oom
 after = torch.cuda.memory_allocated()
 held = d.message.allocated_bytes - base_alloc
 print("RESULT " + json.dumps({
@@ -184,7 +184,7 @@ def test_oom_from_leftovers_of_earlier_cells_names_them():
         REPORT,
         "before = torch.cuda.memory_allocated()\n%gpumem --free junk\n"
         "print('RESULT', json.dumps({'freed': before - torch.cuda.memory_allocated(), 'junk': junk_size}))"
-        .replace("junk_size", "shared()['last_oom'].census.find('junk').nbytes"),
+        .replace("junk_size", "kernel_state().last_oom.census.find('junk').nbytes"),
         "train_step(bs); torch.cuda.synchronize(); print('RESULT', json.dumps({'fits_without_leftovers': True}))",
     ], "leftovers")
     _assert_failed_cell_shows_traceback_then_diagnosis(nb.cells[7], "leftovers")
@@ -261,24 +261,28 @@ def step(bs):
 }
 
 
+FIT_STEPS = 5  # the magic's path in a real kernel; sustained 50-step runs are tests/gpu/test_batch_fit_zoo_gpu.py's
+
+
 @pytest.mark.parametrize("model", sorted(FIT_MODELS))
-def test_gpufit_finds_the_largest_batch_within_5_percent(model):
+def test_gpufit_in_a_kernel_recommends_a_batch_that_trains_within_15_percent(model):
     nb = run_notebook([
         "%load_ext gpunb", PRELUDE,
         f"torch.cuda.set_per_process_memory_fraction({FIT_FRACTION})\n" + FIT_MODELS[model],
-        "%gpufit step -o fit",
+        f"%gpufit step --steps {FIT_STEPS} -o fit",
         "import oom_kernel_helpers as h\n"
-        "r = h.compare(step, fit)\n"
+        f"r = h.compare(step, fit, steps={FIT_STEPS})\n"
         f"fit.figure().savefig(os.path.join({str(RESULTS)!r}, 'gpufit_{model}.png'))\n"
         "print('RESULT ' + json.dumps(r, default=str))",
     ], f"gpufit_{model}", timeout=600)
     shown = cell_text(nb.cells[3])
-    assert "largest batch that ran" in shown, shown[-3000:]
+    assert "recommended batch:" in shown, shown[-3000:]
     r = result_of(nb.cells[4])
     r["fraction_cap"] = FIT_FRACTION
     save(f"gpufit_{model}", r)
     fit, truth = r["gpufit"], r["brute_force"]["true_max"]
-    assert fit["ok"] and fit["max_batch"] <= truth
-    assert fit["max_batch"] >= 0.95 * truth, (fit["max_batch"], truth, fit["trials"])
-    assert fit["trial_count"] <= 4, fit["trials"]
-    assert r["lightning_power"]["trial_count"] > fit["trial_count"]
+    assert fit["ok"] and fit["recommended"] <= truth and r["recommended_trains"]
+    # the recommendation keeps the allocator's measured overhead free, so it sits a little under
+    # the largest batch that squeezes through a short run with the cache given back
+    assert fit["recommended"] >= 0.85 * truth, (fit["recommended"], truth, fit["trials"])
+    assert fit["trial_count"] <= 6, fit["trials"]

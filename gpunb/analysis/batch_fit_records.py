@@ -1,0 +1,142 @@
+"""The records of ``%gpufit`` / ``gpunb.fit_batch_size()``, filled by :mod:`gpunb.analysis.batch_fit`
+(the search) and :mod:`gpunb.analysis.fit_trial` (one trial: a sustained run)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpunb.display import DisplayMixin, Render
+
+# The allocator rounds segments to 2 MiB: a peak this close to the capacity touched it.
+SEGMENT_ROUNDING = 2 * 2**20
+
+
+@dataclass(frozen=True)
+class Trial:
+    index: int
+    batch: int
+    ok: bool  # every step ran without an out-of-memory error
+    purpose: str  # "probe", "probe (bound)", "scout", "candidate", "refine", "back off", "bisect", "smaller start"
+    peak_allocated_bytes: int | None = None  # over the steps after the first (up to the failure if it failed)
+    peak_reserved_bytes: int | None = None
+    non_torch_bytes: int | None = None  # NVML process memory outside torch's reserve
+    seconds: float = 0.0
+    error: str = ""
+    # Largest peak of a step's forward+backward, read just before each optimizer.step() by a
+    # global optimizer pre-step hook; None without a torch optimizer.
+    peak_before_step_bytes: int | None = None
+    base_allocated_bytes: int | None = None  # allocated when the last step started
+    steps: int = 1  # asked for
+    steps_done: int = 0
+    cache_releases: int = 0  # allocator segments freed under pressure while the steps ran
+    caught_ooms: int = 0  # out-of-memory errors raised and caught inside the steps (cuDNN fallbacks)
+    relocated_bytes: int = 0  # optimizer state and gradients moved to a fresh process's layout
+    capacity_bytes: int | None = None
+    first_step_peak_reserved_bytes: int | None = None  # kept apart: cuDNN's timing of a new shape
+
+    @property
+    def clean(self) -> bool:
+        """Ran every step without the allocator giving cache back, without a caught OOM, and
+        with its peak reserved below the capacity: a batch that fits with room."""
+        if not self.ok or self.cache_releases or self.caught_ooms:
+            return False
+        if self.capacity_bytes is not None and self.peak_reserved_bytes is not None:
+            return self.peak_reserved_bytes + SEGMENT_ROUNDING <= self.capacity_bytes
+        return True
+
+    @property
+    def verdict(self) -> str:
+        if not self.ok:
+            return "out of memory" + (f" at step {self.steps_done + 1}" if self.steps > 1 else "")
+        if self.clean:
+            return "fits"
+        why = []
+        if self.cache_releases:
+            why.append(f"the allocator released its cache {self.cache_releases}×")
+        if self.caught_ooms:
+            why.append(f"{self.caught_ooms} out-of-memory errors were caught inside the step")
+        if not why:
+            why.append("peak reserved reached the capacity")
+        return "at the edge: " + ", ".join(why)
+
+    def to_dict(self) -> dict:
+        out = {k: getattr(self, k) for k in (
+            "index", "batch", "ok", "purpose", "peak_allocated_bytes", "peak_reserved_bytes", "non_torch_bytes",
+            "seconds", "error", "peak_before_step_bytes", "base_allocated_bytes", "steps", "steps_done",
+            "cache_releases", "caught_ooms", "relocated_bytes", "capacity_bytes", "first_step_peak_reserved_bytes")}
+        out["clean"] = self.clean
+        out["verdict"] = self.verdict
+        return out
+
+
+@dataclass(frozen=True)
+class Line:
+    """peak(b) = intercept + slope * b (bytes)."""
+
+    intercept: float
+    slope: float
+
+    def at(self, batch: float) -> float:
+        return self.intercept + self.slope * batch
+
+    def largest_batch(self, capacity: float) -> float:
+        if self.slope <= 0:
+            return math.inf
+        return (capacity - self.intercept) / self.slope
+
+    def to_dict(self) -> dict:
+        return {"intercept_bytes": self.intercept, "slope_bytes_per_sample": self.slope}
+
+
+@dataclass
+class BatchFit(DisplayMixin):
+    """What :func:`fit_batch_size` found. ``ok`` False: ``problem`` says why and what to do."""
+
+    ok: bool
+    problem: str = ""
+    recommended: int | None = None  # the largest batch whose sustained run was clean (fits with room)
+    max_batch: int | None = None  # the largest batch that completed every step (possibly at the edge)
+    predicted: int | None = None  # the allocated-bytes line's batch at the capacity, when the first candidate was chosen
+    predicted_reserved: int | None = None  # the reserved-bytes line's, which the candidate aimed under
+    capacity_bytes: int | None = None  # what the step may use (the cap, or free + torch's cache), less the margin
+    margin: float = 0.0  # fraction of the memory kept free on request (--margin)
+    steps: int = 50  # steps per trial (the sustained run)
+    seconds: float = 0.0  # the whole search
+    trials: tuple[Trial, ...] = ()
+    line_reserved: Line | None = None
+    line_allocated: Line | None = None
+    device: str = ""
+    step_name: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    _dict_extras = ("trial_count", "headroom_bytes")
+
+    @property
+    def trial_count(self) -> int:
+        return len(self.trials)
+
+    @property
+    def recommended_trial(self) -> Trial | None:
+        return next((t for t in reversed(self.trials) if t.clean and t.batch == self.recommended), None)
+
+    @property
+    def headroom_bytes(self) -> int | None:
+        """Capacity left above the recommended batch's peak reserved memory, as measured."""
+        t = self.recommended_trial
+        if t is None or self.capacity_bytes is None or t.peak_reserved_bytes is None:
+            return None
+        return self.capacity_bytes - t.peak_reserved_bytes
+
+    def figure(self) -> Any:
+        """The memory curve as a matplotlib Figure (imports matplotlib only now)."""
+        from gpunb.views.memory_view import fit_figure
+
+        return fit_figure(self)
+
+    def _repr_views_(self) -> dict[str, Render]:
+        from gpunb.views.memory_view import fit_html, fit_png, fit_text
+
+        return {"text/plain": fit_text, "text/html": fit_html,
+                "image/png": lambda f: fit_png(f) if f.ok and f.trials else None}

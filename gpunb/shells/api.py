@@ -1,0 +1,199 @@
+"""The public Python API, the twins of the magics: ``gpunb.check()``, ``gpunb.profile()``,
+``gpunb.memory()``, ``gpunb.diagnose_oom()``, ``gpunb.fit_batch_size()``
+(``gpunb.monitor()`` lives with its widget in :mod:`gpunb.shells.monitor`).
+
+Each is thin: it finds the IPython shell when there is one, hands the analysis layer what
+that needs (the notebook's namespace, a progress callback, whether it runs in a kernel),
+and displays where the magic would. Heavy modules are imported on first call, so
+``import gpunb`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+
+from gpunb.display import DisplayMixin, Render
+from gpunb.shells.session import ProgressLine, current_shell, display_or_print
+
+if TYPE_CHECKING:
+    from gpunb.analysis.batch_fit_records import BatchFit
+    from gpunb.analysis.check_report import CheckReport
+    from gpunb.analysis.memory_records import MemoryReport
+    from gpunb.analysis.oom_records import OomDiagnosis
+    from gpunb.analysis.profile_records import CellProfile
+    from gpunb.readings.nvml import NvmlSession
+
+
+def check(
+    quick: bool = False,
+    device: int | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    nvml: NvmlSession | None = None,
+    progress: Callable[[CheckReport], None] | None = None,
+    in_kernel: bool | None = None,
+    probe_timeout_s: float = 180.0,
+) -> CheckReport:
+    """Run the setup checklist and return a :class:`~gpunb.analysis.check_report.CheckReport`.
+
+    quick: skip the subprocess measurements (CUDA smoke test, matmul and copy speed).
+    device: check only ``cuda:N`` (numbered as CUDA sees GPUs under CUDA_VISIBLE_DEVICES).
+    progress: called with the partial report whenever a step starts or finishes.
+    in_kernel: whether to report this process's CUDA state as a notebook kernel's (default:
+        inside IPython); it is reported anyway once this process has imported torch.
+    """
+    from gpunb.analysis.checks import check as run_checks
+
+    return run_checks(quick, device, environ=environ, nvml=nvml, progress=progress,
+                      in_kernel=current_shell() is not None if in_kernel is None else in_kernel,
+                      probe_timeout_s=probe_timeout_s)
+
+
+_NOT_FINISHED = "gpunb.profile: not finished yet (use it as `with gpunb.profile() as p:`)"
+
+
+class profile(DisplayMixin):  # noqa: N801  (used like a function: `with gpunb.profile():`)
+    """``with gpunb.profile() as p:`` measures the block like ``%%gpuprofile`` measures a cell.
+
+    After the block ``p.result`` is the :class:`~gpunb.analysis.profile_records.CellProfile`
+    (``p`` itself displays it, and ``p.to_dict()`` gives plain data). An exception in the
+    block is recorded and then propagates unchanged. Options: ``warmup_steps`` (steps left out
+    of median/p90), ``reset_peak`` (reset torch's global peak-memory counter; False leaves it
+    untouched), ``timeline`` (memory points at most every 200 ms at step ends), ``label``,
+    ``show`` (display the report when the block ends; default: when running in
+    IPython/Jupyter), ``record`` (add it to ``%gpuprofile history``; without the extension
+    loaded, to the history ``%load_ext gpunb`` takes over).
+    """
+
+    def __init__(self, label: str = "", *, warmup_steps: int = 1, reset_peak: bool = True,
+                 timeline: bool = True, show: bool | None = None, record: bool = True) -> None:
+        from gpunb.analysis.profile import ProfileSession
+
+        if not isinstance(label, str):
+            raise TypeError(f"label must be a string, got {type(label).__name__}")
+        self._session = ProfileSession(label=label, warmup_steps=warmup_steps, reset_peak=reset_peak,
+                                       timeline=timeline)
+        self.show = show
+        self.record = record
+        self.result: CellProfile | None = None
+
+    def __enter__(self) -> profile:
+        self._session.start()
+        return self
+
+    def __exit__(self, etype: Any, exc: BaseException | None, tb: Any) -> bool:
+        self.result = self._session.stop(exc)
+        if self.record:
+            from gpunb.shells.extension import kernel_state
+
+            kernel_state().profile_history.add(self.result)
+        # in a notebook the report appears like %%gpuprofile's; in scripts only on request
+        if self.show if self.show is not None else current_shell() is not None:
+            display_or_print(self.result)
+        return False  # never swallow the user's exception
+
+    def _repr_views_(self) -> dict[str, Render]:
+        result = self.result
+        if result is None:
+            return {"text/plain": lambda _: _NOT_FINISHED}
+        return {mimetype: (lambda _, render=render: render(result))
+                for mimetype, render in result._repr_views_().items()}
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.result.to_dict() if self.result else {}
+
+    def __getattr__(self, name: str) -> Any:
+        result = self.__dict__.get("result")
+        if result is not None and not name.startswith("_"):
+            return getattr(result, name)
+        raise AttributeError(name)
+
+
+def memory(
+    *,
+    free: Iterable[str] = (),
+    top: int = 20,
+    all_devices: bool = False,
+    namespace: dict | None = None,
+    shell: Any = None,
+    nvml: NvmlSession | None = None,
+) -> MemoryReport:
+    """Where GPU memory goes now (``%gpumem``). ``free=["x"]`` deletes variables first.
+
+    Tensors are named by the notebook's variables (``namespace``, default: the running
+    shell's). Tensors shown are CUDA tensors when this kernel uses CUDA; otherwise (or with
+    ``all_devices``) tensors on every device, so it also explains a CPU session.
+    """
+    from gpunb.analysis.memory_report import memory as read_memory
+
+    shell = shell if shell is not None else current_shell()
+    if namespace is None:
+        namespace = shell.user_ns if shell is not None else {}
+    return read_memory(free=free, top=top, all_devices=all_devices, namespace=namespace, shell=shell, nvml=nvml)
+
+
+def diagnose_oom(exc: BaseException | None = None, *, release: bool = False, namespace: dict | None = None,
+                 nvml: NvmlSession | None = None) -> OomDiagnosis:
+    """Explain a CUDA out-of-memory error: what was asked and free, why it failed, the live
+    tensors by variable name, ranked fixes.
+
+    Without ``exc`` it uses the session's last error (``sys.last_value``). It reads torch's
+    allocator and NVML now and names the tensors of ``namespace`` (default: the notebook's).
+    It frees nothing unless ``release=True``: then it also gives back what the error pins,
+    as the automatic doctor does after a failed cell (for an error you caught yourself:
+    ``except torch.OutOfMemoryError as e``); that needs an IPython/Jupyter session.
+    """
+    from gpunb.analysis.oom import gather_readings
+    from gpunb.analysis.oom_message import find_oom
+
+    exc = exc if exc is not None else getattr(sys, "last_value", None)
+    shell = current_shell()
+    if release and shell is None:
+        raise RuntimeError("diagnose_oom(release=True) needs an IPython/Jupyter session: it releases what the "
+                           "notebook's traceback and output history pin. Outside one, `del` the exception and "
+                           "call torch.cuda.empty_cache().")
+    if not isinstance(exc, BaseException) or find_oom(exc) is None:
+        raise ValueError(
+            "gpunb.diagnose_oom needs a CUDA out-of-memory error: "
+            + ("no error was raised in this session yet." if exc is None else f"got {type(exc).__name__}: {exc}")
+            + " Pass the exception: `except torch.OutOfMemoryError as e: gpunb.diagnose_oom(e)`."
+        )
+    if release:
+        from gpunb.shells.extension import kernel_state
+        from gpunb.shells.oom_hook import handle_oom, keep_traceback
+
+        return handle_oom(shell, exc, keep=keep_traceback(kernel_state(shell)))
+    if namespace is None and shell is not None:
+        namespace = shell.user_ns
+    return gather_readings(exc, namespace=namespace, nvml=nvml)
+
+
+def fit_batch_size(
+    step_fn: Callable[[int], Any],
+    *,
+    start: int = 2,
+    max_batch: int | None = None,
+    margin: float = 0.0,
+    device: Any = None,
+    steps: int = 50,
+    tolerance: float = 0.05,
+    max_trials: int = 6,
+    progress: Callable[[str], None] | bool | None = True,
+) -> BatchFit:
+    """The largest batch size ``step_fn(batch_size)`` trains with on this GPU (``%gpufit``).
+
+    ``step_fn`` runs one full training step (forward, backward, optimizer step) at the
+    given batch size. Each trial is a sustained run of ``steps`` steps; ``recommended`` is
+    the largest batch whose run needed no more than the memory there is, with the optimizer
+    state laid out as in a fresh process, and without the allocator giving its cache back.
+    ``margin`` keeps that fraction of the memory free on top. The trials train the model.
+    ``progress``: True shows one line that updates in place (printed lines outside IPython),
+    a function receives each line, False/None shows nothing.
+    Note: this resets torch's peak-memory counters of the device.
+    """
+    from gpunb.analysis.batch_fit import fit_batch_size as fit
+
+    say = progress if callable(progress) else ProgressLine("gpunb %gpufit: ") if progress else None
+    return fit(step_fn, start=start, max_batch=max_batch, margin=margin, device=device, steps=steps,
+               tolerance=tolerance, max_trials=max_trials, progress=say)

@@ -1,0 +1,69 @@
+"""For every model of the memory zoo, %gpufit's recommended batch trains a sustained run, in the
+process that found it and in a fresh one (the definition of "fits"; issue 13).
+
+Run on the GPU machine:
+    python -m pytest -m gpu tests/gpu/test_batch_fit_zoo_gpu.py -v
+All models run at once, each in its own processes under its memory cap
+(``benchmarks/memory_zoo.py``), spread over every visible GPU: about two minutes on two H200s.
+Results go to $GPUNB_RESULTS/batch_fit_zoo_gpu.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import batch_fit_zoo  # noqa: E402
+import memory_zoo  # noqa: E402
+
+STEPS = int(os.environ.get("GPUNB_FIT_STEPS", "50"))
+BUDGET_S = float(os.environ.get("GPUNB_FIT_BUDGET_S", "420"))
+RESULTS = Path(os.environ.get("GPUNB_RESULTS") or tempfile.mkdtemp(prefix="gpunb-results-"))
+
+
+@pytest.fixture(scope="module")
+def zoo_fits():
+    """%gpufit on every model in parallel, then the sustained run at its answer in a fresh process."""
+    gpus = batch_fit_zoo.visible_gpus() or [str(i) for i in range(torch.cuda.device_count())]
+    pool = batch_fit_zoo.Pool(gpus, 8 * len(gpus), time.monotonic() + BUDGET_S, lambda text: print(text))
+
+    def one(name: str) -> dict:
+        base = {"model": name, "smoke": False, "steps": STEPS}
+        found = pool.run({**base, "kind": "finder", "finder": "gpufit"})
+        if found.get("answer"):
+            found["fresh_process"] = pool.run({**base, "kind": "sustain", "batch": found["answer"]})
+        return found
+
+    t0 = time.monotonic()
+    results = dict(zip(memory_zoo.ZOO, batch_fit_zoo.in_threads([lambda n=n: one(n) for n in memory_zoo.ZOO])))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "batch_fit_zoo_gpu.json").write_text(json.dumps(
+        {"steps": STEPS, "seconds": time.monotonic() - t0, "gpus": gpus, "models": results}, indent=1, default=str))
+    return results
+
+
+@pytest.mark.parametrize("name", list(memory_zoo.ZOO))
+def test_gpufit_recommendation_trains_a_sustained_run_in_the_same_and_a_fresh_process(zoo_fits, name):
+    r = zoo_fits[name]
+    assert "error" not in r, r.get("stderr_tail") or r
+    fit = r["fit"]
+    assert r["ok"] and r["answer"], fit["problem"]
+    assert fit["trial_count"] <= 6, fit["trials"]
+    assert fit["headroom_bytes"] is not None and fit["headroom_bytes"] >= 0
+    same, fresh = r["same_process"], r["fresh_process"]
+    assert same["ok"], f"batch {r['answer']} ran out of memory at step {same['steps_done'] + 1} in the same process"
+    assert fresh.get("ok"), (f"batch {r['answer']} ran out of memory at step {fresh.get('steps_done', 0) + 1} "
+                             f"in a fresh process: {fresh.get('error')}")
+    assert same["steps_done"] == fresh["steps_done"] == STEPS

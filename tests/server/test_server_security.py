@@ -1,0 +1,72 @@
+"""No login, no data; no XSRF token, no action; no authorization, neither."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from jupyter_server.auth import Authorizer
+from tornado.httpclient import HTTPClientError
+
+ENDPOINTS = (
+    ("GET", ("gpunb", "api", "gpus"), None),
+    ("GET", ("gpunb", "metrics"), None),
+    ("POST", ("gpunb", "api", "kernels", str(uuid.uuid4()), "shutdown"), json.dumps({"confirm": "x"})),
+)
+
+
+async def _code(jp_fetch, method, parts, body, **kwargs) -> int:
+    try:
+        r = await jp_fetch(*parts, method=method, body=body, follow_redirects=False, **kwargs)
+    except HTTPClientError as err:
+        return err.code
+    return r.code
+
+
+@pytest.mark.parametrize("auth", ["", "token not-the-token", "bearer not-the-token"])
+async def test_nothing_without_a_valid_login(jp_fetch, fake_gpu, auth):
+    for method, parts, body in ENDPOINTS:
+        assert await _code(jp_fetch, method, parts, body, headers={"Authorization": auth}) == 403, parts
+
+
+@pytest.mark.parametrize("jp_server_config", [{"ServerApp": {
+    "jpserver_extensions": {"gpunb": True, "jupyter_server_terminals": False},  # (its websocket would warn)
+    "allow_unauthenticated_access": False}}])
+async def test_the_same_where_the_server_forbids_any_unauthenticated_handler(jp_fetch, fake_gpu):
+    for method, parts, body in ENDPOINTS:
+        assert await _code(jp_fetch, method, parts, body, headers={"Authorization": ""}) == 403, parts
+    assert await _code(jp_fetch, *ENDPOINTS[0]) == 200
+
+
+async def test_a_cookie_login_can_read_but_acts_only_with_the_xsrf_token(jp_fetch, fake_gpu):
+    r = await jp_fetch("gpunb", "api", "gpus")  # token login: the server sets its login cookie
+    login = next(c.split(";")[0] for c in r.headers.get_list("Set-Cookie") if c.startswith("username-"))
+    browser = {"Authorization": "", "Cookie": login}
+    assert await _code(jp_fetch, "GET", ("gpunb", "api", "gpus"), None, headers=browser) == 200
+    method, parts, body = ENDPOINTS[2]
+    assert await _code(jp_fetch, method, parts, body, headers=browser) == 403  # a cross-site form could do this
+    xsrf = "5f3c9a0e" * 4
+    with_xsrf = dict(browser, Cookie=f"{login}; _xsrf={xsrf}", **{"X-XSRFToken": xsrf})
+    # Past the XSRF check: refused only because no such kernel runs here.
+    assert await _code(jp_fetch, method, parts, body, headers=with_xsrf) == 404
+
+
+class DenyGpunb(Authorizer):
+    """Allows everything but reading gpunb's data and writing kernels."""
+
+    asked: list[tuple[str, str]] = []
+
+    def is_authorized(self, handler, user, action, resource):
+        DenyGpunb.asked.append((action, resource))
+        return not (resource == "gpunb" or (resource, action) == ("kernels", "write"))
+
+
+@pytest.mark.parametrize("jp_server_config", [{"ServerApp": {"jpserver_extensions": {"gpunb": True},
+                                                             "authorizer_class": DenyGpunb}}])
+async def test_the_servers_authorizer_decides(jp_fetch, fake_gpu):
+    DenyGpunb.asked.clear()
+    assert await _code(jp_fetch, "GET", ("api", "status"), None) == 200  # the login itself is fine
+    for method, parts, body in ENDPOINTS:
+        assert await _code(jp_fetch, method, parts, body) == 403, parts
+    assert ("read", "gpunb") in DenyGpunb.asked and ("write", "kernels") in DenyGpunb.asked

@@ -1,0 +1,47 @@
+"""What ``pip install`` puts in place: the wheel enables the Jupyter server extension."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import gpunb
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = "etc/jupyter/jupyter_server_config.d/gpunb.json"
+
+
+def test_the_wheel_installs_the_server_extension_config(tmp_path):
+    pytest.importorskip("hatchling", reason="the test extra installs hatchling to build the wheel offline")
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert build.returncode == 0, build.stderr[-2000:]
+    wheel = next(tmp_path.glob("gpunb-*.whl"))
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        assert f"gpunb-{gpunb.__version__}.data/data/{CONFIG}" in names
+        assert json.loads(z.read(f"gpunb-{gpunb.__version__}.data/data/{CONFIG}")) == {
+            "ServerApp": {"jpserver_extensions": {"gpunb": True}}}
+        assert "gpunb/shells/server_extension.py" in names
+        metadata = z.read(f"gpunb-{gpunb.__version__}.dist-info/METADATA").decode()
+    assert "Requires-Dist: prometheus-client" in metadata or "Requires-Dist: prometheus_client" in metadata
+    # the file in the repository is the one shipped
+    assert json.loads((ROOT / "jupyter-config/jupyter_server_config.d/gpunb.json").read_text()) == {
+        "ServerApp": {"jpserver_extensions": {"gpunb": True}}}
+
+
+def test_the_extension_points_name_a_module_that_loads_without_torch():
+    points = gpunb._jupyter_server_extension_points()
+    assert points == [{"module": "gpunb.shells.server_extension"}]
+    code = ("import sys, importlib; m = importlib.import_module('gpunb.shells.server_extension'); "
+            "assert callable(m._load_jupyter_server_extension); "
+            "print(','.join(x for x in ('torch', 'pynvml', 'matplotlib') if x in sys.modules) or 'none')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "none"
