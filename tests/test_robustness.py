@@ -275,6 +275,7 @@ def _hang_every_call(fake, seconds: float) -> None:
 def test_7_check_memory_and_monitor_take_at_most_two_seconds(fault, monkeypatch):
     import gpunb
     from gpunb.shells import monitor as monitor_module
+    from gpunb.shells.kernel_state import STANDALONE_STATE
 
     f = scenario("h200")
     if fault == "every call 0.2 s":
@@ -298,8 +299,8 @@ def test_7_check_memory_and_monitor_take_at_most_two_seconds(fault, monkeypatch)
             mon.stop()
         took = time.monotonic() - t0
         assert took < 2.0, f"{what} took {took:.2f} s with {fault}"
-    monitor_module.stop_all(monitor_module._STANDALONE)
-    monitor_module._STANDALONE.clear()
+    monitor_module.stop_all(STANDALONE_STATE)
+    STANDALONE_STATE.sampler = None
     f.release_hangs()
     nvml_module.set_default_session(None)
 
