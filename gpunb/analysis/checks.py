@@ -21,6 +21,7 @@ from gpunb.readings.devices import attribute_processes, kernel_pids, map_devices
 from gpunb.readings.gpu import DriverInfo, GpuSnapshot, read_snapshot
 from gpunb.readings.host import read_host_facts
 from gpunb.readings.nvml import NvmlSession, NvmlStatus, Unavailable, default_session
+from gpunb.readings.peak_cache import remember as remember_matmul_peaks
 from gpunb.readings.torch_build import read_kernel_torch_state, read_torch_build
 
 # (check, needs the subprocess measurements) in the order of the training checklist:
@@ -81,6 +82,17 @@ def _one(fn: Callable[[CheckInputs], CheckResult], inputs: CheckInputs) -> Check
         name = fn.__name__.removeprefix("check_")
         return CheckResult(name, name.replace("_", " "), "fail", "the check itself crashed",
                            {"error": repr(exc)}, f"gpunb bug: {exc!r}", "Please report it with this output.")
+
+
+def _keep_matmul_peaks(inputs: CheckInputs, env: Mapping[str, str]) -> None:
+    """The probe's matmul TFLOP/s per GPU, kept for %%gpuprofile's MFU (readings/peak_cache.py)."""
+    probe = inputs.probe
+    facts = probe.facts if probe is not None else None
+    for dev in (facts or {}).get("devices", []):
+        result = probe.result("matmul", dev.get("index"))
+        if result and dev.get("uuid"):
+            remember_matmul_peaks(dev["uuid"], str(dev.get("name", "")), result,
+                                  torch_version=str(facts.get("torch_version", "")), environ=env)
 
 
 def check(
@@ -169,6 +181,7 @@ def check(
 
         inputs.probe = run_probe(environ=env, devices=[device] if device is not None else None,
                                  timeout_s=probe_timeout_s, on_step=on_step)
+        _keep_matmul_peaks(inputs, env)
     if asker is not None:
         if asker.is_alive() and not quick:
             show("waiting for JAX/TensorFlow to list their devices (subprocess)")

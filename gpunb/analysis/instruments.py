@@ -16,6 +16,8 @@ What each one measures, without changing the user's code:
 - **memory timeline**: at a step end at most every ``TIMELINE_EVERY_S`` (200 ms),
   torch's allocated/reserved bytes and NVML's device "used".
 - **output**: ``sys.stdout.write`` / ``sys.stderr.write`` are timed.
+- **a closer look at a few steps**: ``step_watch(index)``, when set, is called at the end of
+  each step until it returns False (``step_plan.py``: the FLOP count of step 2, ``--ops``).
 
 Every wrapper marks its frame ``__tracebackhide__`` so IPython shows a user's exception
 exactly as without gpunb.
@@ -136,6 +138,8 @@ class Instruments:
         self._last_memory_t = -1e9
         self.device_used: Callable[[], int | None] | None = None  # NVML "used" of the cell's GPU
         self.device_used_peak: int | None = None
+        # called with the step's index at every step end while it returns True (step_plan.py)
+        self.step_watch: Callable[[int], bool] | None = None
         self._undo: list[Callable[[], None]] = []
         self.installed = False
 
@@ -191,6 +195,9 @@ class Instruments:
             self._start_step_events()
         if t - self._last_memory_t >= self._memory_every:
             self.sample_memory()
+        watch = self.step_watch
+        if watch is not None and not watch(len(self.step_t) - 1):
+            self.step_watch = None  # nothing left to look at: the per-step path is one test again
 
     def _first_step(self, optimizer: Any) -> bool:
         """True when ``optimizer`` is the one whose steps are counted (the first one seen)."""

@@ -4,7 +4,8 @@ A comparison reads like a lab note: "1.8x faster, 35 % less memory". Speed compa
 samples/s when both runs know their batch size and it differs (a larger batch takes longer
 per step but may train faster), else the median step time when both runs have steps, else
 the wall time; memory compares torch's peak allocated bytes when both ran on a GPU, else
-the peak resident memory.
+the peak resident memory. When both counted their FLOPs on the same GPU model, the MFU
+(datasheet basis) of each is named too: "MFU from 21% to 48%".
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ class Comparison:
     speed_basis: str  # "samples/s" | "median step" | "wall time"
     memory_ratio: float | None  # later / earlier
     memory_basis: str  # "peak VRAM" | "peak RSS"
+    mfu: tuple[float, float] | None = None  # (earlier, later), each against its own precision's datasheet peak
+    mfu_precisions: tuple[str, str] = ("", "")  # the precision most FLOPs ran in, earlier and later
 
     def words(self) -> str:
         parts = []
@@ -41,6 +44,12 @@ class Comparison:
                 parts.append(f"{100 * change:.0f}% less memory")
             else:
                 parts.append(f"{100 * -change:.0f}% more memory")
+        if self.mfu is not None:
+            (before, after), (p0, p1) = (round(100 * x) for x in self.mfu), self.mfu_precisions
+            if p0 != p1:  # each MFU is against its own precision's peak: say which
+                parts.append(f"MFU from {before}% ({p0}) to {after}% ({p1})")
+            else:
+                parts.append(f"MFU {before}%" if before == after else f"MFU from {before}% to {after}%")
         return ", ".join(parts)
 
 
@@ -67,7 +76,20 @@ def compare(earlier: Any, later: Any) -> Comparison:
     (m0, c0), (m1, c1) = _memory(earlier), _memory(later)
     speed = s0 / s1 if s0 and s1 else None
     memory = m1 / m0 if m0 and m1 and c0 == c1 else None
-    return Comparison(speed, b1, memory, c1)
+    mfu, precisions = _mfu_pair(earlier, later)
+    return Comparison(speed, b1, memory, c1, mfu, precisions)
+
+
+def _mfu_pair(earlier: Any, later: Any) -> tuple[tuple[float, float] | None, tuple[str, str]]:
+    a, b = getattr(earlier, "flops", None), getattr(later, "flops", None)
+    if a is None or b is None or a.mfu is None or b.mfu is None or a.gpu_model != b.gpu_model:
+        return None, ("", "")
+
+    def main_precision(t: Any) -> str:
+        mix = t.count.precision_mix() if t.count is not None else []
+        return mix[0][0] if mix else ""
+
+    return (a.mfu, b.mfu), (main_precision(a), main_precision(b))
 
 
 class ProfileHistory:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpunb.analysis.advice import Advice
+from gpunb.analysis.throughput_records import OpsReport, Throughput
 from gpunb.display import DisplayMixin, Render
 
 
@@ -21,6 +22,8 @@ class StepStats:
     batch_size: int | None
     source: str  # "CUDA events" (maybe "... every ~N steps, split by the host clock") or "host clock"
     step_ms: tuple[float, ...] = ()  # every step, in order (step 0 from the cell start)
+    # 0-based steps left out of median/p90 besides the warm-up: counted for FLOPs, traced by --ops
+    excluded: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,8 @@ class CellProfile(DisplayMixin):
     verdict: Verdict = Verdict("none", "", "")
     advice: tuple[Advice, ...] = ()
     extra: dict = field(default_factory=dict)
+    flops: Throughput | None = None  # FLOPs of one counted step, TFLOP/s, MFU (None: not asked for, no steps)
+    ops: OpsReport | None = None  # --ops: top operators and kernels of a few traced steps
 
     def _repr_views_(self) -> dict[str, Render]:
         from gpunb.views.profile_view import profile_html, profile_text

@@ -63,17 +63,21 @@ class profile(DisplayMixin):  # noqa: N801  (used like a function: `with gpunb.p
     untouched), ``timeline`` (memory points at most every 200 ms at step ends), ``label``,
     ``show`` (display the report when the block ends; default: when running in
     IPython/Jupyter), ``record`` (add it to ``%gpuprofile history``; without the extension
-    loaded, to the history ``%load_ext gpunb`` takes over).
+    loaded, to the history ``%load_ext gpunb`` takes over), ``flops`` (count the FLOPs of
+    step 2 for TFLOP/s and MFU; default on), ``ops`` (torch.profiler over steps 4-6: top
+    operators and kernels, time shares, a trace file), ``trace_dir`` (where the trace goes;
+    default: the working directory, in Jupyter the notebook's).
     """
 
     def __init__(self, label: str = "", *, warmup_steps: int = 1, reset_peak: bool = True,
-                 timeline: bool = True, show: bool | None = None, record: bool = True) -> None:
+                 timeline: bool = True, show: bool | None = None, record: bool = True, flops: bool = True,
+                 ops: bool = False, trace_dir: Any = None) -> None:
         from gpunb.analysis.profile import ProfileSession
 
         if not isinstance(label, str):
             raise TypeError(f"label must be a string, got {type(label).__name__}")
         self._session = ProfileSession(label=label, warmup_steps=warmup_steps, reset_peak=reset_peak,
-                                       timeline=timeline)
+                                       timeline=timeline, flops=flops, ops=ops, trace_dir=trace_dir)
         self.show = show
         self.record = record
         self.result: CellProfile | None = None

@@ -25,7 +25,7 @@ from gpunb.analysis.profile_records import HistoryReport
 from gpunb.views.profile_view import one_line_text
 
 # Options of the cell form that the line form's actions do not take, and those they do.
-_CELL_OPTIONS = ("steps", "no_reset", "timeline", "label", "output")
+_CELL_OPTIONS = ("steps", "no_reset", "timeline", "label", "output", "ops", "no_flops")
 _LINE_OPTIONS = {"on": ("no_reset",), "off": (), "history": ("clear", "output")}
 
 
@@ -73,6 +73,13 @@ class ProfileMagics(Magics):
               help="no memory timeline (no memory reads at step ends)")
     @argument("--label", type=free_text, default=None, metavar="TEXT",
               help="a name for this run in the history table (default: the cell's first line of code)")
+    @argument("--ops", action="store_true",
+              help="trace steps 4-6 with torch.profiler: top operators and kernels, the share of time in "
+                   "matmul/attention/elementwise/communication/idle, a Chrome/Perfetto trace file next to "
+                   "the notebook (steps 3-7 are left out of the step times)")
+    @argument("--no-flops", action="store_true",
+              help="do not count the FLOPs of step 2 (by default they are counted, for TFLOP/s and MFU; "
+                   "the counted step is left out of the step times)")
     @argument("--clear", action="store_true", help="with `history`: forget the profiled cells")
     @output_option("the result object (CellProfile; with `history` the HistoryReport)")
     @line_cell_magic
@@ -81,7 +88,8 @@ class ProfileMagics(Magics):
 
         ::
 
-          %%gpuprofile [--steps N] [--no-reset] [--timeline | --no-timeline] [--label TEXT] [-o NAME]
+          %%gpuprofile [--steps N] [--no-reset] [--timeline | --no-timeline] [--label TEXT]
+                       [--ops] [--no-flops] [-o NAME]
           <training code>
 
           %gpuprofile on [--no-reset]   one line after every cell
@@ -90,9 +98,11 @@ class ProfileMagics(Magics):
 
         Steps are optimizer.step() calls, timed with CUDA events read at the end of the cell
         (no per-step synchronize). Data wait is time inside DataLoader iterators; host syncs
-        are .item()/.cpu()/.tolist()/printing of tensors. Without a GPU it reports wall/CPU
-        time, peak RSS and steps and says the GPU parts are absent. A bad option fails the
-        cell before its code runs.
+        are .item()/.cpu()/.tolist()/printing of tensors. The FLOPs of step 2 are counted on
+        the operations that ran, for TFLOP/s and MFU against the datasheet peak and the one
+        %gpucheck measured; --ops adds torch.profiler's view of steps 4-6. Without a GPU it
+        reports wall/CPU time, peak RSS, steps, FLOPs and TFLOP/s and says the GPU parts are
+        absent. A bad option fails the cell before its code runs.
         API twin: ``with gpunb.profile() as p: ...``.
         """
         args = parse_args(self.gpuprofile, line)
@@ -152,21 +162,20 @@ class ProfileMagics(Magics):
         label = args.label or _first_code_line(cell)
         session = ProfileSession(label=label, cell=number,
                                  warmup_steps=args.steps if args.steps is not None else 1,
-                                 reset_peak=not args.no_reset, timeline=args.timeline is not False)
+                                 reset_peak=not args.no_reset, timeline=args.timeline is not False,
+                                 flops=not args.no_flops, ops=args.ops)
         try:
             session.start()
         except Exception as exc:  # never keep the user's cell from running
             print(f"gpunb: could not start profiling ({type(exc).__name__}: {exc}); running the cell unprofiled.")
-            if session.instruments is not None:
-                session.instruments.remove()
+            session.abort()
             value, error = self._run(code, last_expr)
             return self._finish(value, error, cell)
         value, error = self._run(code, last_expr)
         try:
             profile = session.stop(error)
         except Exception as exc:  # a gpunb bug must not cost the user their cell's result
-            if session.instruments is not None:
-                session.instruments.remove()
+            session.abort()
             print(f"gpunb: the profile could not be built ({type(exc).__name__}: {exc}); "
                   "the cell itself ran normally. Please report this at the gpunb issue tracker.")
             profile = None

@@ -7,8 +7,9 @@ import html
 from typing import TYPE_CHECKING, Sequence
 
 from gpunb.analysis.profile_history import compare
+from gpunb.analysis.step_plan import COUNTED_STEP
 from gpunb.readings.devices import OWN_BY_RESERVE
-from gpunb.units import gib, milliseconds, seconds
+from gpunb.units import byte_rate, flop_count, flop_rate, gib, milliseconds, seconds
 
 if TYPE_CHECKING:  # the records import this module lazily to display themselves
     from gpunb.analysis.cell_meter import CellLine
@@ -40,7 +41,8 @@ def _rows(p: CellProfile) -> list[tuple[str, str]]:
             s += f" (first of {p.optimizers} optimizers)"
         s += f" · first {milliseconds(st.first_ms)}"
         if st.median_ms is not None:
-            s += f" · median {milliseconds(st.median_ms)} · p90 {milliseconds(st.p90_ms)} (after {st.skipped} warm-up)"
+            s += f" · median {milliseconds(st.median_ms)} · p90 {milliseconds(st.p90_ms)} (after {st.skipped} warm-up"
+            s += _excluded_words(p) + ")"
         if st.steps_per_s:
             s += f" · {st.steps_per_s:.1f} steps/s"
         if st.samples_per_s:
@@ -92,8 +94,112 @@ def _rows(p: CellProfile) -> list[tuple[str, str]]:
         w.append(f"GPU util {g.util_mean_pct:.0f}% mean over {g.util_samples} NVML samples"
                  if g.util_mean_pct is not None else "GPU util: no NVML samples")
     rows.append(("where", " · ".join(w) + f" — of a {seconds(sh.loop_s)} loop"))
+    rows += throughput_rows(p) + ops_rows(p)
     if p.error:
         rows.append(("stopped", f"the cell raised {p.error} (report covers the part that ran)"))
+    return rows
+
+
+# -- FLOPs, MFU and the top operations (step 2 counted, --ops) ---------------------------------
+
+def _step_list(indices: Sequence[int]) -> str:
+    """0-based step indices as the user counts them: "2", "3-7", "2, 4-6"."""
+    out, run = [], []
+    for i in sorted(indices):
+        if run and i == run[-1] + 1:
+            run.append(i)
+            continue
+        if run:
+            out.append(f"{run[0] + 1}" if len(run) == 1 else f"{run[0] + 1}-{run[-1] + 1}")
+        run = [i]
+    if run:
+        out.append(f"{run[0] + 1}" if len(run) == 1 else f"{run[0] + 1}-{run[-1] + 1}")
+    return ", ".join(out)
+
+
+def _excluded_words(p: CellProfile) -> str:
+    excluded = p.steps.excluded
+    if not excluded:
+        return ""
+    why = []
+    if p.flops is not None and COUNTED_STEP in excluded:
+        why.append("FLOP count")
+    if p.ops is not None and p.ops.steps:
+        why.append("torch.profiler")
+    plural = "s" if len(excluded) > 1 else ""
+    return f"; step{plural} {_step_list(excluded)} left out" + (f": {', '.join(why)}" if why else "")
+
+
+def throughput_rows(p: CellProfile) -> list[tuple[str, str]]:
+    """FLOPs per step, achieved TFLOP/s, MFU and, when memory traffic dominates, bandwidth."""
+    t = p.flops
+    if t is None:
+        return []
+    c = t.count
+    if c is None:
+        return [("FLOPs", t.why_not)]
+    if c.flops == 0:
+        text = (f"no matmul, convolution or attention FLOPs in step {c.step + 1} ({c.ops} operations seen; "
+                "work inside CUDA graphs or fused compiled kernels is not seen)")
+    else:
+        mix = ", ".join(f"{name} {100 * share:.0f}%" for name, share in c.precision_mix())
+        text = f"{flop_count(c.flops)} per step, counted on step {c.step + 1} ({mix})"
+        text += (f" · {flop_rate(t.achieved_tflops * 1e12)} over the {milliseconds(t.step_ms)} median step"
+                 if t.achieved_tflops is not None else " · no steady steps to time (warm-up and counted step left out)")
+    if t.step_ms:
+        text += f" · counting made step {c.step + 1} take {milliseconds(c.host_ms)} on the host"
+    if c.uncounted:
+        text += f" · {c.uncounted}"
+    rows = [("FLOPs", text)]
+    if t.mfu is not None:
+        mix = c.precision_mix()
+        kind = mix[0][0] if len(mix) == 1 else "mixed-precision"
+        m = f"{100 * t.mfu:.0f}% of the {t.gpu_model}'s {flop_rate(t.peak_tflops * 1e12)} {kind} datasheet peak"
+        if t.mfu_measured is not None:
+            m += (f" · {100 * t.mfu_measured:.0f}% of the {flop_rate(t.measured_peak_tflops * 1e12)} "
+                  f"measured by {t.measured_source}")
+        elif t.measured_source:
+            m += f" · measured peak: {t.measured_source}"
+        rows.append(("MFU", m))
+    elif p.gpu is not None and c.flops and t.achieved_tflops is not None and not t.gpu_model:
+        rows.append(("MFU", f"no datasheet peak known for {p.gpu.name}"))
+    if t.memory_bound and t.bandwidth_gbps is not None:
+        rows.append(("bandwidth", f"memory-bound at the datasheet peaks: ~{c.bytes_moved / 1e9:.2f} GB moved per step "
+                                  "(estimated: every operation's inputs read and outputs written once) · "
+                                  f"{byte_rate(t.bandwidth_gbps * 1e9)} = {100 * t.bandwidth_gbps / t.peak_bandwidth_gbps:.0f}% "
+                                  f"of the {t.gpu_model}'s {byte_rate(t.peak_bandwidth_gbps * 1e9)}"))
+    return rows
+
+
+def _op_list(rows: Sequence, width: int = 60) -> str:
+    def name(text: str) -> str:
+        return text if len(text) <= width else text[: width - 1] + "…"
+
+    return " · ".join(f"{name(r.name)} {milliseconds(r.ms_per_step)} ({100 * r.share:.0f}%, {r.category})"
+                      for r in rows[:5])
+
+
+def ops_rows(p: CellProfile) -> list[tuple[str, str]]:
+    """--ops: where a few traced steps spent their time, the top operators and kernels, the trace."""
+    o = p.ops
+    if o is None:
+        return []
+    if not o.shares:
+        return [("ops", f"no trace: {o.note}" if o.note else "no trace")]
+    clock = "GPU time" if o.device_time else "CPU time"
+    idle = "idle" if o.device_time else "outside operators"
+    shares = " · ".join(f"{idle if k == 'idle' else k} {100 * v:.0f}%"
+                        for k, v in sorted(o.shares.items(), key=lambda kv: -kv[1]))
+    text = f"torch.profiler over step{'s' if len(o.steps) > 1 else ''} {_step_list(o.steps)}: {clock} {shares} " \
+           f"of {milliseconds(o.window_ms)} per step"
+    if o.note:
+        text += f" ({o.note})"
+    rows = [("ops", text), ("top ops", f"{clock} per step: " + _op_list(o.top_ops))]
+    if o.top_kernels:
+        rows.append(("top kernels", _op_list(o.top_kernels)))
+    if o.trace_path:
+        rows.append(("trace", f"{o.trace_path} ({fmt_bytes(o.trace_bytes)}; open it in ui.perfetto.dev or "
+                              f"chrome://tracing) · summarized in {seconds(o.processing_s)} at the cell's end"))
     return rows
 
 
