@@ -1,4 +1,5 @@
-"""Human-readable numbers with units: the one set of formatters every view and summary uses.
+"""Human-readable numbers with units: the one set of formatters every view and summary uses,
+and values cut short for messages (an environment value may be a megabyte).
 
 A missing reading (None, an ``Unavailable`` NVML value, NaN) reads "n/a", never a crash.
 """
@@ -46,6 +47,12 @@ def num(value: Any, unit: str = "", digits: int = 0) -> str:
     if not _number(value):
         return "n/a"
     return f"{value:.{digits}f}{(' ' + unit) if unit else ''}"
+
+
+def shown(value: str, limit: int = 40) -> str:
+    """``repr(value)`` for a message, cut short: an environment value may be a megabyte."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 1]}… ({len(value):,} characters)"
 
 
 def flop_count(n: Any) -> str:

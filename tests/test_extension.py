@@ -39,7 +39,7 @@ PUBLIC_SIGNATURES = {
     "diagnose_oom": "(exc=None, *, release=False, namespace=None, nvml=None)",
     "fit_batch_size": "(step_fn, *, start=2, max_batch=None, margin=0.0, device=None, steps=50, tolerance=0.05, "
                       "max_trials=6, progress=True)",
-    "monitor": "(hz=2.0, window_s=120.0, device=None, *, frontend='auto')",
+    "monitor": "(hz=None, window_s=120.0, device=None, *, frontend='auto')",  # None: the rate already running
 }
 
 

@@ -28,9 +28,20 @@ def test_gpumem_names_tensors_and_binds_result(ip, capsys):
     assert names[0] == "batch['x']" and d["census"]["by_role"]["parameter"] == (128 * 64 + 64) * 4
     html = mem._repr_mimebundle_()["text/html"]
     assert "batch[&#x27;x&#x27;]" in html
-    assert "net.bias" not in out and "1 more tensors (each 256 B or less): 256 B in all" in out  # small ones summed
     first = out.splitlines()[0]
     assert first.startswith("gpunb memory: ") and "160.2 KiB in 3 live tensors" in first  # the conclusion first
+
+
+def test_gpumem_sums_up_small_tensors_after_naming_the_largest():
+    import torch
+
+    import gpunb
+
+    namespace = {"big": torch.zeros(256, 1024)} | {f"tiny{i}": torch.zeros(16) for i in range(10)}
+    text = str(gpunb.memory(namespace=namespace, all_devices=True))
+    listed = [line.split()[2] for line in text.splitlines() if line.startswith("  ") and "float32" in line]
+    assert listed[0] == "big" and len(listed) == 5  # the largest, and at least five names
+    assert "… 6 more tensors (each 64 B or less): 384 B in all" in text
 
 
 def test_gpumem_shows_only_columns_with_values_and_says_why_once(ip, fake_nvml, capsys):

@@ -18,9 +18,9 @@ from gpunb.analysis.check_report import CheckReport, CheckResult
 from gpunb.readings import torch_state
 from gpunb.readings.cuda_probe import run_probe
 from gpunb.readings.devices import attribute_processes, kernel_pids, map_devices, torch_device_uuids, torch_reserved_on
-from gpunb.readings.gpu import read_snapshot
+from gpunb.readings.gpu import DriverInfo, GpuSnapshot, read_snapshot
 from gpunb.readings.host import read_host_facts
-from gpunb.readings.nvml import NvmlSession, default_session
+from gpunb.readings.nvml import NvmlSession, NvmlStatus, Unavailable, default_session
 from gpunb.readings.peak_cache import remember as remember_matmul_peaks
 from gpunb.readings.torch_build import read_kernel_torch_state, read_torch_build
 
@@ -68,6 +68,13 @@ class DeviceChoiceError(ValueError):
     """``device=N`` names no GPU CUDA can see."""
 
 
+def _describe(exc: BaseException) -> str:
+    try:
+        return f"{type(exc).__name__}: {str(exc)[:300]}"
+    except Exception:
+        return type(exc).__name__
+
+
 def _one(fn: Callable[[CheckInputs], CheckResult], inputs: CheckInputs) -> CheckResult:
     try:
         return fn(inputs)
@@ -109,7 +116,13 @@ def check(
     """
     t0 = time.monotonic()
     env = dict(os.environ if environ is None else environ)
-    snapshot = read_snapshot(nvml or default_session())
+    try:
+        snapshot = read_snapshot(nvml or default_session())
+    except Exception as exc:  # a reader bug must not take the rest of the checklist with it
+        status = NvmlStatus(False, f"gpunb could not read NVML: {_describe(exc)}",
+                            "This is a gpunb bug: please report it with this output. The other checks still ran.")
+        gap = Unavailable(status.cause)
+        snapshot = GpuSnapshot(DriverInfo(status, gap, gap, 0))
     torch = torch_state.imported_torch()
     devices = map_devices(snapshot.gpus, env, torch_device_uuids(torch))
     visible = devices.visible
@@ -122,9 +135,13 @@ def check(
         chosen = devices.nvml_index(device)
         if chosen is None:
             count = len(devices.devices)
+            unusable = [g for g in snapshot.gpus if not isinstance(g.uuid, str)]
             raise DeviceChoiceError(
                 f"device {device} does not exist: CUDA sees {count} GPU(s)"
-                + (f" (cuda:0..cuda:{count - 1})" if count else ""))
+                + (f" (cuda:0..cuda:{count - 1})" if count else "")
+                + "".join(f"; GPU{g.index} is {'lost (NVML: GPU is lost)' if g.lost else 'unreadable: ' + str(g.uuid)}"
+                          ", so CUDA cannot use it until it is reset (see `gpunb check` without --device)"
+                          for g in unusable))
         selected = (chosen,)
     else:
         selected = tuple(g.index for g in snapshot.gpus)

@@ -164,6 +164,8 @@ def diagnose(
                    fp32_params=fp32_params if census is not None and on_gpu else None, others=others,
                    expandable_on=expandable_on, batch_size=batch_size, gives=gives, sufficient=sufficient)
     notes = []
+    if census is not None and census.skipped_count:
+        notes.append(census.skipped_note())
     if frames_bytes:
         notes.append(f"the failed cell's frames hold {gib(frames_bytes)} of tensors until released")
     if process is not None and m.non_torch_bytes is not None:
@@ -364,7 +366,7 @@ def relabel_earlier(census: Census, before_ids: dict[str, int] | None, namespace
             if top in before_ids and before_ids[top] == id(namespace.get(top, None)):
                 e = replace(e, source=EARLIER_CELLS)
         out.append(e)
-    return Census(tuple(out), census.truncated, census.names_skipped)
+    return replace(census, entries=tuple(out))
 
 
 EARLIER_CELLS = "earlier cells"
@@ -435,7 +437,7 @@ def batch_size_hint(exc: BaseException, namespace: dict | None = None) -> tuple[
     def pick(values: dict) -> tuple[str, int] | None:
         for name in BATCH_NAMES:
             v = values.get(name)
-            if isinstance(v, int) and not isinstance(v, bool) and v > 1:
+            if type(v) is int and v > 1:  # type(), not isinstance(): a proxy's __class__ may raise
                 return name, v
         return None
 

@@ -148,17 +148,25 @@ def clear_frame(frame: Any) -> bool:
 
 
 def holds_tensor(value: Any, torch: Any, devices: set[str] | None, depth: int = 2) -> bool:
-    """Does an output-history value hold a tensor (on ``devices``), looking ``depth`` deep?"""
+    """Does an output-history value hold a tensor (on ``devices``), looking ``depth`` deep?
+    A value that raises when looked at (an unbound proxy, say) counts as holding none."""
     if torch is None:
         return False
+    try:
+        return _holds_tensor(value, torch, devices, depth)
+    except Exception:
+        return False
+
+
+def _holds_tensor(value: Any, torch: Any, devices: set[str] | None, depth: int) -> bool:
     if isinstance(value, torch.Tensor):
         return devices is None or value.device.type in devices
     if depth <= 0:
         return False
     if isinstance(value, dict):
-        return any(holds_tensor(v, torch, devices, depth - 1) for v in list(value.values())[:1000])
+        return any(_holds_tensor(v, torch, devices, depth - 1) for v in list(value.values())[:1000])
     if isinstance(value, (list, tuple)):
-        return any(holds_tensor(v, torch, devices, depth - 1) for v in value[:1000])
+        return any(_holds_tensor(v, torch, devices, depth - 1) for v in value[:1000])
     return False
 
 
@@ -225,10 +233,13 @@ def release_failure(
             n2 = clear_exception_frames(last)
             if n2:
                 cleared.append(f"locals of {n2} frames of the previous error{amount('previous error')}")
+        # Deleted, not set to None: IPython's %debug and %tb test for the attributes and
+        # then say "No traceback ..." themselves; None made them raise AttributeError.
         for name in ("last_type", "last_value", "last_traceback", "last_exc"):
-            if getattr(sys, name, None) is not None:
-                setattr(sys, name, None)
-                cleared.append(f"sys.{name}")
+            if hasattr(sys, name):
+                if getattr(sys, name) is not None:
+                    cleared.append(f"sys.{name}")
+                delattr(sys, name)
         itb = getattr(shell, "InteractiveTB", None) if shell is not None else None
         if itb is not None and getattr(itb, "tb", None) is not None:
             itb.tb = None

@@ -120,7 +120,8 @@ class Monitor(DisplayMixin):
         self.sampler = sampler
         self.window_s = window_s
         self.devices = devices
-        self.messages = tuple(m for m in messages if m)
+        self.requested_hz: float | None = None  # the rate this monitor asked for, or joined at
+        self._messages = tuple(m for m in messages if m)
         self.kernel_state = kernel_state  # whose monitor list this one is in
         self.live = live  # drawn in place in a Jupyter frontend (else text lines)
         self._cell_id = cell_id
@@ -130,8 +131,18 @@ class Monitor(DisplayMixin):
         self._drawn_at = 0.0
         self._panel: SparkPanel | None = None
         self.frames = 0  # frames sent to the frontend (tests, benchmarks)
+        self._layout = -1  # the sampler's GPU layout the panel was made for
 
     # -- data -------------------------------------------------------------------
+    @property
+    def messages(self) -> tuple[str, ...]:
+        """The monitor's own notes (a clamped or shared rate), and while no GPU is found, why."""
+        if self.sampler.gpus:
+            return self._messages
+        status = self.sampler.status
+        cause = status.cause if not status.ok else "NVML sees no GPU."
+        return (*self._messages, f"No GPU to show: {cause} Monitoring the host only.")
+
     @property
     def hz(self) -> float:
         return self.sampler.hz
@@ -255,7 +266,8 @@ class Monitor(DisplayMixin):
         formatted: this runs on the sampler thread, which holds the GIL meanwhile)."""
         sampler = self.sampler
         panel = self._panel
-        if panel is None or panel.hz != sampler.hz:  # first frame, or the rate changed
+        if panel is None or panel.hz != sampler.hz or self._layout != sampler.layout:  # first frame, new rate or GPUs
+            self._layout = sampler.layout
             panel = self._panel = SparkPanel(
                 window_s=self.window_s, hz=sampler.hz, gpus=sampler.gpu_series(self.devices),
                 ram_total_mib=sampler.ram_total_mib, cpu_count=sampler.cpu_count,
@@ -310,6 +322,11 @@ class Monitor(DisplayMixin):
             self.kernel_state.monitors.remove(self)
         if self.sampler.listener_count == 0:
             self.sampler.stop()
+        else:  # the fastest rate still asked for (see ``monitor``)
+            rates = [m.requested_hz for m in self.kernel_state.monitors
+                     if getattr(m, "sampler", None) is self.sampler and getattr(m, "requested_hz", None)]
+            if rates and max(rates) != self.sampler.hz:
+                self.sampler.set_hz(max(rates))
         with self._lock:
             if self._handles:
                 self._send(self._repr_mimebundle_())
@@ -319,8 +336,28 @@ class Monitor(DisplayMixin):
         self.stop()
 
 
+# NVML time starting a monitor may take (finding the GPUs and the first reading).
+START_BUDGET_S = 1.2
+
+
+def _shared_rate(sampler: Sampler, monitors: list, requested: float) -> tuple[float, str]:
+    """The rule for one sampler serving several monitors: it runs at the fastest rate any
+    live monitor asked for, so a new monitor never slows another one down; the new one
+    says when its rate is not the one it asked for, or when it sped the others up."""
+    others = [getattr(m, "requested_hz", None) or sampler.hz for m in monitors
+              if getattr(m, "sampler", None) is sampler]
+    fastest = max(others, default=0.0)
+    if fastest > requested:
+        return fastest, (f"sampling at {fastest:g} Hz, not the {requested:g} Hz asked for: another monitor of "
+                         f"this kernel asked for {fastest:g} Hz and one sampler serves them all (the fastest "
+                         f"request wins; {requested:g} Hz comes back when that monitor stops).")
+    if others and requested > sampler.hz:
+        return requested, f"the other monitors of this kernel now update at {requested:g} Hz too (one sampler serves all)."
+    return requested, ""
+
+
 def monitor(
-    hz: float = HZ_DEFAULT,
+    hz: float | None = None,
     window_s: float = 120.0,
     device: int | Iterable[int] | None = None,
     *,
@@ -328,9 +365,10 @@ def monitor(
 ) -> Monitor:
     """Live GPU charts (memory split into this kernel / other processes, utilization,
     power against its limit, temperature against the slowdown threshold, SM clock,
-    throttle reasons) and host CPU/RAM, sampled ``hz`` times a second (0.5 to 10) by the
-    kernel's one sampler thread, showing the last ``window_s`` seconds. ``device`` limits
-    it to some GPUs.
+    throttle reasons) and host CPU/RAM, sampled ``hz`` times a second (0.5 to 10; default
+    2, or the rate already running) by the kernel's one sampler thread, showing the last
+    ``window_s`` seconds. ``device`` limits it to some GPUs. Several monitors share the
+    sampler, which runs at the fastest rate any of them asked for.
 
     Display it (last line of a cell, or ``display(m)``); it keeps updating while later
     cells run. ``m.samples()`` / ``m.to_pandas()`` give the readings; ``m.stop()`` ends it
@@ -339,36 +377,39 @@ def monitor(
     """
     if frontend not in ("auto", "live", "widget", "text"):
         raise ValueError(f"frontend must be 'auto', 'live' or 'text', got {frontend!r}")
-    hz, hz_message = clamp_hz(hz)
+    requested, hz_message = clamp_hz(hz) if hz is not None else (None, "")
     shell = current_shell()
     state = kernel_state(shell)
     sampler = state.sampler
-    if sampler is None:
-        sampler = state.sampler = Sampler(hz=hz)
-    else:
-        sampler.set_hz(hz)
-    window_s = _check_window(window_s, hz)
-    devices = _check_devices(device, sampler)
-    live = _jupyter_frontend(shell) if frontend == "auto" else frontend in ("live", "widget")
-    messages = [hz_message]
-    if not sampler.gpus:
-        cause = sampler.status.cause if not sampler.status.ok else "NVML sees no GPU."
-        messages.append(f"No GPU to show: {cause} Monitoring the host only.")
-    cell = _cell_run(shell)
-    m = Monitor(
-        sampler, state, window_s=window_s, devices=devices, live=live,
-        messages=messages, cell_id=cell,
-    )
     monitors = state.monitors
-    replaced = [
-        old for old in monitors
-        if isinstance(old, Monitor) and cell is not None and old._cell_id is not None
-        and old._cell_id[0] == cell[0] and old._cell_id[1] != cell[1]
-    ]
-    monitors.append(m)
-    sampler.add_listener(m._on_tick)
-    if sampler.ticks == 0:
-        sampler.tick()  # something to show at once; the thread takes over from here
+    from gpunb.readings.nvml import default_session
+
+    nvml = sampler.nvml if sampler is not None else default_session()
+    with nvml.budget(START_BUDGET_S, "starting the monitor"):  # a hung NVML costs this cell little
+        if sampler is None:
+            sampler = state.sampler = Sampler(nvml, hz=requested or HZ_DEFAULT)
+        rate_message = ""
+        if requested is not None:
+            rate, rate_message = _shared_rate(sampler, monitors, requested)
+            sampler.set_hz(rate)
+        window_s = _check_window(window_s, sampler.hz)
+        devices = _check_devices(device, sampler)
+        live = _jupyter_frontend(shell) if frontend == "auto" else frontend in ("live", "widget")
+        cell = _cell_run(shell)
+        m = Monitor(
+            sampler, state, window_s=window_s, devices=devices, live=live,
+            messages=[hz_message, rate_message], cell_id=cell,
+        )
+        m.requested_hz = requested if requested is not None else sampler.hz  # without hz: the rate it joined at
+        replaced = [
+            old for old in monitors
+            if isinstance(old, Monitor) and cell is not None and old._cell_id is not None
+            and old._cell_id[0] == cell[0] and old._cell_id[1] != cell[1]
+        ]
+        monitors.append(m)
+        sampler.add_listener(m._on_tick)
+        if sampler.ticks == 0:
+            sampler.tick()  # something to show at once; the thread takes over from here
     sampler.start()
     for old in replaced:  # the same cell run again: its old output is gone
         old.stop()

@@ -24,8 +24,8 @@ class MonitorMagics(Magics):
 
     @magic_arguments()
     @argument("--hz", type=decimal(HZ_MIN, HZ_MAX), default=None, metavar="HZ",
-              help=f"samples per second, {HZ_MIN:g} to {HZ_MAX:g} (default {HZ_DEFAULT:g}; shared by all monitors of "
-                   "this kernel)")
+              help=f"samples per second, {HZ_MIN:g} to {HZ_MAX:g} (default {HZ_DEFAULT:g}, or the rate already "
+                   "running; one sampler serves all monitors of this kernel at the fastest rate any asked for)")
     @argument("--window", type=decimal(WINDOW_MIN_S, WINDOW_MAX_S), default=None, metavar="SECONDS",
               help=f"seconds of history to show, {WINDOW_MIN_S:g} to {WINDOW_MAX_S:.0f} (default 120)")
     @argument("--device", type=whole_number(0), default=None, metavar="N",
@@ -65,11 +65,8 @@ class MonitorMagics(Magics):
                   if n else "gpunb: no monitor was running; the sampler thread is stopped.")
             return
         try:
-            mon = monitor(
-                hz=args.hz if args.hz is not None else self._current_hz(),
-                window_s=args.window if args.window is not None else 120.0,
-                device=args.device,
-            )
+            mon = monitor(hz=args.hz, window_s=args.window if args.window is not None else 120.0,
+                          device=args.device)  # no --hz: the rate already running (see monitor())
         except ValueError as exc:  # a GPU that is not there: say what and how, no traceback
             raise usage_error(self.gpumonitor, str(exc)) from None
         for message in mon.messages:
@@ -81,13 +78,10 @@ class MonitorMagics(Magics):
 
         display(mon)
 
-    def _current_hz(self) -> float:
-        """Without ``--hz``, keep the rate a running sampler already has."""
-        return self.kernel.sampler.hz if self.kernel.sampler is not None else HZ_DEFAULT
-
 
 def _stop_on_unload(kernel: KernelState):
     def stop() -> None:
+        from gpunb.readings.nvml import stop_default_worker
         from gpunb.shells.monitor import stop_all
 
         stop_all(kernel)
@@ -96,6 +90,7 @@ def _stop_on_unload(kernel: KernelState):
             from gpunb.readings.server_sessions import set_default_sessions
 
             set_default_sessions(None)
+        stop_default_worker()  # the NVML worker thread too (the next read starts a new one)
 
     return stop
 

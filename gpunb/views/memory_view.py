@@ -288,13 +288,15 @@ def memory_headline(r: Any) -> str:
     return f"gpunb memory: no GPU memory to show · {tensors}"
 
 
+MIN_LISTED = 5  # tensors always named (the largest), however small: a tiny notebook still shows its names
+
+
 def _listed(c: Any, top: int) -> tuple[list[Any], list[Any]]:
     """The tensors worth a row (at most ``top``), and the small ones summed up instead."""
     limit = max(SMALL_TENSOR_FLOOR, SMALL_TENSOR_SHARE * c.total_bytes())
-    big = [e for e in c.entries if e.nbytes >= limit]
-    shown = big[:top]
-    rest = [e for e in c.entries if e not in shown]
-    return shown, rest
+    count = max(sum(1 for e in c.entries if e.nbytes >= limit), min(MIN_LISTED, len(c.entries)))
+    shown = list(c.entries[:min(count, top)])  # entries are largest first
+    return shown, list(c.entries[len(shown):])
 
 
 def _rest_line(rest: list[Any], top: int, shown: int) -> str:

@@ -645,7 +645,8 @@ def monitor_text(window: Window, holders: Mapping[int, Sequence[str]] | None = N
         events = _latest(c["clock_events"]) or 0
         mem = "n/a"
         if used is not None:
-            mem = f"{used / 1024:.1f}/{(g.memory_total_mib or 0) / 1024:.1f} GiB"
+            total = f"/{g.memory_total_mib / 1024:.1f}" if g.memory_total_mib else " used of n/a"  # no made-up 0
+            mem = f"{used / 1024:.1f}{total} GiB"
             if own is not None:
                 mem += f" (this kernel {own / 1024:.1f})"
         limit = f"/{g.power_limit_w:.0f}" if g.power_limit_w else ""
