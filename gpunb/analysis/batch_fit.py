@@ -292,15 +292,16 @@ def _candidate(trials: list[Trial], fitting: list[Trial], opt: Line, *, capacity
     else:
         if hi - lo <= max(1, PRECISION * lo):
             return None
-        last = trials[-1]
-        if not last.fits and last.purpose == "candidate" and lo < (1 - 2 * BACK_OFF) * hi:
-            # the first aim was high: just below it, or down to where the measured overhead said
-            # the memory ends when that is lower (the aim was raised above it)
-            goal = min(hi * (1 - BACK_OFF), max(target * (1 - PRECISION), math.sqrt(lo * hi)))
-            purpose = "back off"
+        if lo < (1 - 2 * BACK_OFF) * hi:
+            # what trained is far below what did not: step down from the failure, a little more
+            # each time (a bisection towards a scout would waste the trials near the limit)
+            k = 1 + sum(t.purpose == "back off" for t in trials)
+            goal = hi * (1 - BACK_OFF * k)
+            if k == 1:  # the first aim may have been raised above the measured overhead: go there
+                goal = min(goal, max(target * (1 - PRECISION), math.sqrt(lo * hi)))
+            goal, purpose = max(goal, math.sqrt(lo * hi)), "back off"
         else:
-            goal = (lo + hi) / 2 if hi <= 2 * lo else math.sqrt(lo * hi)
-            purpose = "bisect"
+            goal, purpose = (lo + hi) / 2, "bisect"
     goal = int(min(math.floor(goal), upper))
     if goal <= lo:
         return None
@@ -368,7 +369,7 @@ def search(run: Callable[[int, str, int], Trial], *, capacity: int, start: int, 
         result.safety = SAFETY if result.recommended < verified.batch else 0.0
     else:
         result.recommended = verified.batch
-        if len(trials) >= max_trials:
+        if len(trials) >= max_trials and not math.isinf(full):
             result.notes.append(f"the search used all {max_trials} trials below the limit (the line said "
                                 f"≈{math.floor(full)} fills the memory): --max-trials {max_trials + 2} searches further")
     if cons is not None and cons.slope <= 0:
@@ -398,7 +399,7 @@ def fit_with_memory(step_fn: Callable[[int], Any], memory: DeviceMemory, *, capa
     simulated one of the CPU tests and of ``benchmarks/batch_fit_zoo.py --smoke``). Each trial
     starts as a fresh process would; the optimizers' own state is put back at the end."""
     usable = int(capacity * (1 - margin))
-    fresh = FreshStart(memory.torch, host_available or (lambda: None))
+    fresh = FreshStart(memory.torch, host_available or (lambda: None), memory.device)
 
     def run(batch: int, purpose: str, n: int) -> Trial:
         return run_trial(step_fn, batch, memory=memory, steps=steps, index=n, purpose=purpose, capacity=usable,

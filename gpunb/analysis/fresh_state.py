@@ -48,6 +48,7 @@ class FreshStart:
 
     torch: Any
     host_available: Callable[[], int | None] = lambda: None  # free host memory, bytes (None: unknown)
+    device: Any = None  # the device whose memory is fitted (None: any but the CPU)
     saved: list[_Saved] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)  # why an optimizer's state stayed in place
     _seen: list["weakref.ref[Any]"] = field(default_factory=list)
@@ -131,7 +132,9 @@ class FreshStart:
         return [p for g in opt.param_groups for p in g.get("params", [])]
 
     def _on_device(self, v: Any) -> bool:
-        return isinstance(v, self.torch.Tensor) and v.device.type != "cpu"
+        if not isinstance(v, self.torch.Tensor):
+            return False
+        return v.device.type != "cpu" if self.device is None else v.device.type == self.device.type
 
     def _to_host(self, v: Any) -> Any:
         if isinstance(v, self.torch.Tensor):
