@@ -285,3 +285,17 @@ def test_the_fit_recommends_what_trains_in_a_fresh_process_and_leaves_the_optimi
     assert all(torch.equal(state[k], users[k]) for k in users)  # AdamW's own state is back
     assert trains(model, fit.recommended, 20) == 20  # and the fitting process trains the answer too
     batch_fit._LAST.clear()
+
+
+def test_on_cuda_a_fresh_start_also_drops_cublas_workspaces():
+    # a fresh process allocates cuBLAS's workspace at its first matrix product, inside step 1
+    import types
+
+    calls = []
+    fake = types.SimpleNamespace(Tensor=torch.Tensor, _C=types.SimpleNamespace(
+        _cuda_clearCublasWorkspaces=lambda: calls.append("clear")),
+        cuda=types.SimpleNamespace(synchronize=lambda device: calls.append("sync")))
+    FreshStart(fake, device=torch.device("cuda", 0)).clear()
+    assert calls == ["sync", "clear"]
+    FreshStart(fake, device=torch.device("cpu")).clear()
+    assert calls == ["sync", "clear"]  # only on a CUDA device

@@ -1,10 +1,9 @@
-"""Find the largest batch that trains: probe, fit lines, scout, then sustained candidates.
+"""Find the largest batch that trains: probe, fit lines, scout, then bracket the limit.
 
 "Fits" means what a user means: the batch trains a sustained run (``steps`` steps, 50 by
 default) without an out-of-memory error, in this process and in a fresh one. Every trial
-is such a run (:mod:`gpunb.analysis.fit_trial`): peaks over its steady steps, optimizer state
-moved where a fresh process would create it, and a trial counts as *clean* only if the
-allocator never had to give its cache back (an edge case that a fresh process may lose).
+is such a run (:mod:`gpunb.analysis.fit_trial`), started as a fresh process starts
+(:mod:`gpunb.analysis.fresh_state`): whether it trained is what a fresh process would see.
 
 Peak memory of a training step is close to a line in the batch size: a fixed part
 (weights, gradients, optimizer state, workspaces) plus activations per sample
@@ -17,19 +16,22 @@ peak, the activations only at large ones. So:
 2. scout: a batch the line says fills a third of the capacity (an eighth when the line
    cannot be trusted that far: growth within allocator rounding, or an upper bound on the
    growth per sample that disagrees), so that the allocator's overhead at large blocks
-   (cuDNN workspaces, split blocks, segment rounding) shows in the peak *reserved* bytes;
-3. candidate: the batch where the allocated line, scaled by the allocator's overhead
-   (peak reserved over peak allocated, above the memory the steps started with) measured at
-   the largest clean trial, reaches the capacity, less the tolerance (5 %). The room left
-   below the capacity is therefore the one measured over a whole sustained run, not a constant;
-4. if the candidate is not clean, back off once by the tolerance, then bisect; if it is
-   clean and the refitted line reaches further, refine.
+   shows in the peak *reserved* bytes;
+3. first candidate: where the allocated line, scaled by that overhead, reaches the capacity,
+   kept within 85-95 % of where the tensors alone would fill it (the overhead at a third of
+   the memory is not always the overhead at the limit: the optimizer state of a fresh process
+   pins a few large blocks, cuDNN workspaces and variable lengths fill whatever cache there is);
+4. then close in: above a batch that trained, half way to where the tensors fill the memory
+   (at most 5 % further in the last trial);
+   below one that did not, step down from it (first to the overhead-scaled line if that is
+   lower), then bisect, until the two are 2 % apart or 6 trials ran.
 
-The recommendation is the largest batch whose trial was clean, below every batch that was
-not. An OOM in a trial is caught (its frames cleared, ``gc.collect()``, ``empty_cache()``)
-and the search continues; any other error in the step is the user's and is raised.
-The search policy is a pure function of the trials (:func:`next_trial`), tested on
-synthetic readings; the measuring runs on a CUDA device (or a fake one in tests).
+The recommendation is 3 % below the largest batch that trained, below every batch that did
+not, when that batch is at the limit (fresh processes differ by a sample or two there);
+else that batch. An OOM in a trial is caught (its frames cleared, ``gc.collect()``,
+``empty_cache()``) and the search continues; any other error in the step is the user's and
+is raised. The search policy is a pure function of the trials (:func:`next_trial`), tested
+on synthetic readings; the measuring runs on a CUDA device (or a simulated one in tests).
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ def fit_value(t: Trial, before_step: bool) -> float:
 
 
 def lines_from(trials: list[Trial]) -> tuple[Line | None, Line | None]:
-    """(reserved-bytes, allocated-bytes) lines through the two largest clean trials."""
+    """(reserved-bytes, allocated-bytes) lines through the two largest trials that trained."""
     ok = _fitting_trials(trials)
     if len(ok) < 2:
         return None, None
@@ -162,7 +164,7 @@ def _reserved_bound_batch(t: Trial, capacity: int) -> float | None:
 
 
 def _trusted(ok: list[Trial], estimate: float, capacity: int, before: bool, tolerance: float) -> bool:
-    """Can the line through the two largest clean trials be extrapolated to ``estimate``?
+    """Can the line through the two largest trials that trained be extrapolated to ``estimate``?
     The peak is a convex curve (at small batches gradients or the optimizer set it, activations
     take over later), so a chord through small batches underestimates the growth at large ones
     (the H200 MLP: 135 KB/sample measured at batch 2-16, 660 KB/sample true). Trusted when the
@@ -191,6 +193,10 @@ CANDIDATES = ("candidate", "refine", "back off", "bisect")
 # variable lengths fill whatever cache there is, and give it back when asked).
 FIRST_AIM = (0.85, 0.95)
 BACK_OFF = 0.06  # a first candidate that did not train: try this much lower, then bisect
+# Above a batch that trained: half way to where the tensors fill the memory; in the last trial at
+# most this much further (a step that misses gains nothing then; on the H200 a fresh process's
+# limit was 87-98 % of where the tensors fill the memory, so from 85 % a 5 % step lands most often).
+REFINE = 0.05
 PRECISION = 0.02  # stop once the largest batch that trained is this close to one that did not
 # The recommendation is this much below the largest batch that trained. Near the limit, fresh
 # processes do not order themselves by batch: on the H200 (run 1) bf16_lm trained 50 steps at 55
@@ -265,11 +271,11 @@ def next_trial(trials: list[Trial], *, capacity: int, start: int, max_batch: int
         if scout > lo * (1 + tolerance):
             return scout, "scout"
     return _candidate(trials, fitting, opt, capacity=capacity, lo=lo, hi=hi, upper=upper, max_batch=max_batch,
-                      trusted=trusted)
+                      trusted=trusted, max_trials=max_trials)
 
 
 def _candidate(trials: list[Trial], fitting: list[Trial], opt: Line, *, capacity: int, lo: int, hi: int | None,
-               upper: float, max_batch: int | None, trusted: bool) -> tuple[int, str] | None:
+               upper: float, max_batch: int | None, trusted: bool, max_trials: int) -> tuple[int, str] | None:
     """Near the limit: every trial is a sustained run from a fresh start, so the batches that
     trained and those that did not bracket the answer; narrow the bracket to PRECISION."""
     full = opt.largest_batch(capacity)  # the tensors alone fill the memory here: nothing above trains
@@ -288,7 +294,10 @@ def _candidate(trials: list[Trial], fitting: list[Trial], opt: Line, *, capacity
         else:
             if lo >= (1 - PRECISION) * full:
                 return None  # the line leaves no room above what trained
-            goal, purpose = max(lo * (1 + PRECISION), (lo + full) / 2), "refine"
+            goal = (lo + full) / 2
+            if len(trials) == max_trials - 1:  # the last trial: a step that misses gains nothing
+                goal = min(goal, lo * (1 + REFINE))
+            goal, purpose = max(lo * (1 + PRECISION), goal), "refine"
     else:
         if hi - lo <= max(1, PRECISION * lo):
             return None

@@ -11,8 +11,8 @@ in a fresh process while they trained in the fitting one. Copying the state in p
 the first step (``t.data = t.clone()``, round 1) did not reproduce it.
 
 So before each trial the optimizers the step uses are emptied (``optimizer.state`` cleared,
-gradients set to None) and the cache is given back: the trial's first step creates both
-exactly where a fresh process would. The user's own state is set aside on the host once,
+gradients set to None), cuBLAS's workspaces dropped, and the cache is given back: the trial's
+first step creates them all exactly where a fresh process would. The user's own state is set aside on the host once,
 the first time each optimizer steps during the fit (before that step changes it), and put
 back afterwards, with the hyperparameters of its groups (a learning rate a scheduler moved
 during the trials returns too). The weights are not put back: the trials trained them.
@@ -83,8 +83,9 @@ class FreshStart:
         return ""
 
     def clear(self) -> int:
-        """Empty every set-aside optimizer's state and gradients (the caller then empties the
-        cache); the device bytes dropped."""
+        """Empty every set-aside optimizer's state and gradients, and cuBLAS's workspaces (the
+        caller then empties the cache); the device bytes of state and gradients dropped."""
+        self._drop_blas_workspaces()
         dropped = 0
         for s in self._alive():
             opt = s.optimizer()
@@ -121,6 +122,17 @@ class FreshStart:
             for p, g in grads:
                 p.grad = self._back(g)
         self.saved.clear()
+
+    def _drop_blas_workspaces(self) -> None:
+        # cuBLAS keeps a workspace per handle and stream, allocated through the caching allocator
+        # at the first matrix product. A fresh process allocates it during its first step, where
+        # the cache may hold large freed blocks (a convolution's workspace) that it then pins; here
+        # it would sit in a segment of its own since the first trial. torch's own memory-leak
+        # checks drop it the same way (torch.testing._internal.common_utils).
+        clear = getattr(getattr(self.torch, "_C", None), "_cuda_clearCublasWorkspaces", None)
+        if clear is not None and self.device is not None and self.device.type == "cuda":
+            self.torch.cuda.synchronize(self.device)
+            clear()
 
     # -- helpers ------------------------------------------------------------------------------------
 
