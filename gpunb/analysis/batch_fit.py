@@ -18,13 +18,14 @@ peak, the activations only at large ones. So:
    growth per sample that disagrees), so that the allocator's overhead at large blocks
    shows in the peak *reserved* bytes;
 3. first candidate: where the allocated line, scaled by that overhead, reaches the capacity,
-   kept within 85-95 % of where the tensors alone would fill it (the overhead at a third of
+   kept within 85-92 % of where the tensors alone would fill it (the overhead at a third of
    the memory is not always the overhead at the limit: the optimizer state of a fresh process
    pins a few large blocks, cuDNN workspaces and variable lengths fill whatever cache there is);
 4. then close in: above a batch that trained, half way to where the tensors fill the memory
    (at most 5 % further in the last trial);
    below one that did not, step down from it (first to the overhead-scaled line if that is
-   lower), then bisect, until the two are 2 % apart or 6 trials ran.
+   lower; in the last trial to at most 85 % of that line), then bisect, until the two are 2 %
+   apart or 6 trials ran.
 
 The recommendation is 3 % below the largest batch that trained, below every batch that did
 not, when that batch is at the limit (fresh processes differ by a sample or two there);
@@ -191,7 +192,7 @@ CANDIDATES = ("candidate", "refine", "back off", "bisect")
 # trained in a fresh process was 87-98 % of that batch; the overhead measured at a third of the
 # memory predicts it for some models and is far too cautious for others (cuDNN workspaces and
 # variable lengths fill whatever cache there is, and give it back when asked).
-FIRST_AIM = (0.85, 0.95)
+FIRST_AIM = (0.85, 0.92)
 BACK_OFF = 0.06  # a first candidate that did not train: try this much lower, then bisect
 # Above a batch that trained: half way to where the tensors fill the memory; in the last trial at
 # most this much further (a step that misses gains nothing then; on the H200 a fresh process's
@@ -307,7 +308,9 @@ def _candidate(trials: list[Trial], fitting: list[Trial], opt: Line, *, capacity
             k = 1 + sum(t.purpose == "back off" for t in trials)
             goal = hi * (1 - BACK_OFF * k)
             if k == 1:  # the first aim may have been raised above the measured overhead: go there
-                goal = min(goal, max(target * (1 - PRECISION), math.sqrt(lo * hi)))
+                goal = min(goal, target * (1 - PRECISION))
+            if len(trials) == max_trials - 1:  # the last trial: if it misses, only the scouts trained
+                goal = min(goal, FIRST_AIM[0] * full)
             goal, purpose = max(goal, math.sqrt(lo * hi)), "back off"
         else:
             goal, purpose = (lo + hi) / 2, "bisect"
