@@ -290,9 +290,8 @@ def _candidate(trials: list[Trial], fitting: list[Trial], opt: Line, *, capacity
     if hi is None:
         if max_batch is not None and upper == max_batch and min(target, full) >= max_batch:
             return (max_batch, "candidate") if lo < max_batch else None  # the cap is under the line
-        if not tried:
-            goal, purpose = min(max(target, FIRST_AIM[0] * full), FIRST_AIM[1] * full), "candidate"
-        else:
+        goal, purpose = min(max(target, FIRST_AIM[0] * full), FIRST_AIM[1] * full), "candidate"
+        if tried or goal <= lo * (1 + PRECISION):  # a candidate trained (or a scout got this far)
             if lo >= (1 - PRECISION) * full:
                 return None  # the line leaves no room above what trained
             goal = (lo + full) / 2
