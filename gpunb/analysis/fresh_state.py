@@ -35,7 +35,8 @@ MAX_OPTIMIZERS = 8  # a step that builds a new optimizer each call has fresh sta
 
 @dataclass
 class _Saved:
-    """One optimizer's state on the host: per parameter {key: (device, host copy) or value}."""
+    """One optimizer's state on the host ({parameter: {key: _OnHost or a copy}}) and its groups'
+    hyperparameters."""
 
     optimizer: "weakref.ref[Any]"
     state: dict[Any, dict[str, Any]]
