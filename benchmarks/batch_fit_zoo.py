@@ -432,7 +432,8 @@ def main(argv: list[str] | None = None) -> int:
     jobs = args.jobs or (2 if args.smoke else 8 * len(gpus))
     pool = Pool(gpus, jobs, time.monotonic() + args.budget_s, log)
     log(f"{len(args.models)} models, finders {', '.join(args.finders)}, {jobs} processes at once on "
-        f"{'the CPU (smoke)' if args.smoke else 'GPUs ' + ','.join(gpus)}, budget {args.budget_s:.0f} s")
+        f"{'the CPU (smoke)' if args.smoke else 'GPUs ' + ','.join(gpus)}, budget {args.budget_s:.0f} s"
+        + (f"; ground truth of the {args.truth_label} ({args.truth_from})" if args.truth_from else ""))
     models = in_threads([lambda m=m: run_model(pool, m, args, log) for m in args.models])
     for m in models:
         truth = (m.get("truth") or {}).get("max")
