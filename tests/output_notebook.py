@@ -35,6 +35,7 @@ import dataclasses, json
 from gpunb.analysis.batch_fit_records import BatchFit, Line, Trial
 zoo = json.load(open(RESULTS + "/h200x2_batch_fit_zoo_run1.json"))
 run = next(m for m in zoo["models"] if m["model"] == "transformer")["finders"]["gpufit"]["fit"]
+run.setdefault("verified", run.get("max_batch"))  # recorded before the field got its present name
 known = lambda cls, d: {k: v for k, v in d.items() if k in {f.name for f in dataclasses.fields(cls)}}
 line = lambda d: Line(d["intercept_bytes"], d["slope_bytes_per_sample"]) if d else None
 fit = dataclasses.replace(BatchFit(**known(BatchFit, run)), trials=tuple(Trial(**known(Trial, t)) for t in run["trials"]),

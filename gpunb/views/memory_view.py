@@ -392,13 +392,17 @@ def memory_html(r: Any) -> str:
 
 def fit_headline(f: Any) -> str:
     """The answer in one line, with the measurement that justifies it."""
-    t = f.recommended_trial
+    t = f.verified_trial
     line = f"recommended batch: {f.recommended}"
+    basis = []
+    if f.safety and f.verified is not None:
+        basis.append(f"{f.safety * 100:.0f} % below {f.verified}, which")
+    elif t is not None:
+        basis.append("it")
     if t is not None and t.peak_reserved_bytes is not None and f.capacity_bytes:
-        line += (f" (trained {t.steps_done} steps at {size(t.peak_reserved_bytes)} peak reserved of "
-                 f"{size(f.capacity_bytes)}: {size(f.headroom_bytes)} free"
-                 + (", optimizer state laid out as in a fresh process" if t.relocated_bytes else "") + ")")
-    return line
+        basis.append(f"trained {t.steps_done} steps from a fresh start at {size(t.peak_reserved_bytes)} peak reserved "
+                     f"of {size(f.capacity_bytes)}: {size(f.headroom_bytes)} free")
+    return line + (f" ({' '.join(basis)})" if len(basis) == 2 else "")
 
 
 def _trial_line(t: Any) -> str:
@@ -411,18 +415,25 @@ def _trial_line(t: Any) -> str:
     return s + f"; {t.steps_done}/{t.steps} steps, {t.seconds:.1f} s"
 
 
+def _why_below(f: Any) -> str:
+    if not f.safety:
+        return ""
+    return (f"  {f.verified} trained; {f.recommended} is {f.safety * 100:.0f} % below it: near the limit fresh "
+            "processes differ by a sample or two (the allocator's layout depends on the exact sizes)")
+
+
 def fit_text(f: Any) -> str:
     if not f.ok:
         return f"gpunb %gpufit: {f.problem}"
     lines = [f"gpunb %gpufit on {f.device}: {fit_headline(f)}"]
-    if f.max_batch is not None and f.max_batch != f.recommended:
-        edge = next((t for t in f.trials if t.ok and t.batch == f.max_batch), None)
-        lines.append(f"  largest batch that completed: {f.max_batch}" + (f" ({edge.verdict})" if edge else ""))
+    if _why_below(f):
+        lines.append(_why_below(f))
     if f.predicted is not None:
         lines.append(f"  predicted from the allocated-memory line: {f.predicted}"
                      + (f"; from the reserved-memory line: {f.predicted_reserved}"
                         if f.predicted_reserved is not None else ""))
-    lines.append(f"  {f.trial_count} trials in {f.seconds:.1f} s ({f.steps} steps each, a sustained run):")
+    lines.append(f"  {f.trial_count} trials in {f.seconds:.1f} s ({f.steps} steps each, a sustained run from a fresh "
+                 "start: no optimizer state, no gradients, an empty cache):")
     for t in f.trials:
         lines.append("    " + _trial_line(t))
     if f.line_allocated is not None:
@@ -438,8 +449,9 @@ def fit_html(f: Any) -> str:
     rows = [[str(t.index), str(t.batch), t.purpose, t.verdict, size(t.peak_allocated_bytes),
              size(t.peak_reserved_bytes), f"{t.steps_done}/{t.steps}", f"{t.seconds:.1f} s"] for t in f.trials]
     head = (f"<div><b>gpunb %gpufit</b> on {escape(f.device)}: <b>{escape(fit_headline(f))}</b></div>"
-            f"<div>{f.trial_count} trials in {f.seconds:.1f} s; largest batch that completed "
-            f"{escape(str(f.max_batch))}; predicted {escape(str(f.predicted))} (allocated line), "
+            + (f"<div>{escape(_why_below(f).strip())}</div>" if _why_below(f) else "")
+            + f"<div>{f.trial_count} trials in {f.seconds:.1f} s, each a sustained run from a fresh start; "
+            f"predicted {escape(str(f.predicted))} (allocated line), "
             f"{escape(str(f.predicted_reserved))} (reserved line)</div>")
     notes = "".join(f"<div>note: {escape(n)}</div>" for n in f.notes)
     return (head + _table(["#", "batch", "why", "result", "peak allocated", "peak reserved", "steps", "time"],
@@ -470,9 +482,9 @@ def fit_figure(f: Any, title: bool = True) -> Any:
     fig = Figure(figsize=FIT_FIGSIZE, dpi=100)
     ax = fig.add_subplot()
     _theme_neutral(fig, ax)
-    ok = [t for t in f.trials if t.ok and t.peak_allocated_bytes is not None]
-    bad = [t for t in f.trials if not t.ok]
-    edge = [t for t in ok if not t.clean]
+    ok = [t for t in f.trials if t.fits and t.peak_allocated_bytes is not None]
+    bad = [t for t in f.trials if not t.fits]
+    edge = [t for t in ok if t.at_edge]
     ax.scatter([t.batch for t in ok], [t.peak_allocated_bytes / GiB for t in ok], color=chart.BLUE,
                label="peak allocated", zorder=3)
     ax.scatter([t.batch for t in ok], [(t.peak_reserved_bytes or 0) / GiB for t in ok], marker="s",
@@ -488,7 +500,7 @@ def fit_figure(f: Any, title: bool = True) -> Any:
                        label="out of memory" if t is bad[0] else None)
         if edge:
             ax.scatter([t.batch for t in edge], [f.capacity_bytes / GiB] * len(edge), marker="o", facecolors="none",
-                       edgecolors=chart.RED, zorder=4, label="at the edge (cache released)")
+                       edgecolors=chart.RED, zorder=4, label="trained, the cache given back")
     batches = [t.batch for t in f.trials] + [f.recommended or 1]
     xmin, xmax = max(1.0, min(batches) / 1.5), max(batches) * 1.5
     xs = [xmin * (xmax / xmin) ** (i / 60) for i in range(61)]  # a straight line is a curve on a log axis
@@ -532,9 +544,9 @@ def fit_chart_html(f: Any) -> str:
     png = fit_png(f, dpi=150, title=False)  # drawn at 1.5x: sharp on high-density screens
     if png is None:
         return ""
-    ok = [t for t in f.trials if t.ok]
-    alt = (f"peak memory against batch size (log scale): {len(f.trials)} trials, {len(ok)} ran; "
-           f"capacity {size(f.capacity_bytes)}; largest batch that ran {f.max_batch}; recommended {f.recommended}")
+    ok = [t for t in f.trials if t.fits]
+    alt = (f"peak memory against batch size (log scale): {len(f.trials)} trials, {len(ok)} trained; "
+           f"capacity {size(f.capacity_bytes)}; largest batch that trained {f.verified}; recommended {f.recommended}")
     words = escape(alt, quote=True)
     width, height = (round(v * 100) for v in FIT_FIGSIZE)
     return (f"<div style='margin-top:6px'><b>Peak memory over {escape(str(f.steps))} training steps</b>"
