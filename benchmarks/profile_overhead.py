@@ -30,12 +30,18 @@ each where it can be seen, then added up:
 3. **enter + exit** ``F``: timed around those calls in whole cells of ``--cell-s``.
 
 Overhead of a T-second cell of N steps = (F + E + (N - n) * s) / T (the one-line mode has no
-per-step work: (F + E) / T), with the interval from those of ``E`` and ``s``. The whole cells
+per-step work: (F + E) / T), with the interval from those of ``E`` and ``s``.
+
+``%%gpuprofile`` counts the FLOPs of each cell's second step by default (a dispatch mode over
+that one step, analysis/flop_count.py), so ``E`` includes that count: every short cell pays
+it once, as a real cell does. ``--no-flops`` measures without it; the per-call table lists
+what counting one step adds to it. The whole cells
 are also compared directly (rounds with rotated order, median of paired ratios [min .. max])
 as a cross-check; torch.profiler only that way, in a later phase, so whatever it leaves
 attached cannot slow the others. Then a table of per-call costs on this machine.
 
     python benchmarks/profile_overhead.py --out DIR                 # ~5 min on an H200
+    python benchmarks/profile_overhead.py --out DIR --short         # ~3 min: shorter budgets, 4 rounds
     python benchmarks/profile_overhead.py --out DIR --device cpu    # CPU smoke run (tiny sizes)
 
 ``--cpus`` pins the measuring processes (and the threads torch starts) to those cores.
@@ -63,6 +69,9 @@ LOOPS = ("launch-bound", "compute-bound")
 GPUNB_MODES = ("none", "gpuprofile", "one-line")
 MODES = GPUNB_MODES + ("torch.profiler",)
 TARGETS = {"gpuprofile": 1.0, "one-line": 0.2}  # % of the cell, from issue 4
+# --short: budgets for a ~3 minute run on an H200 (explicit options still win)
+SHORT = {"block_budget_s": 30.0, "toggle_budget_s": 20.0, "rounds": 4, "profiler_rounds": 1}
+FLOPS = True  # %%gpuprofile's FLOP count of step 2; --no-flops turns it off for every gpunb.profile() here
 
 
 # -- the loops ---------------------------------------------------------------------------
@@ -119,7 +128,7 @@ def context(mode: str):
     if mode == "none":
         return contextlib.nullcontext()
     if mode == "gpuprofile":
-        return gpunb.profile(record=False, show=False)
+        return gpunb.profile(record=False, show=False, flops=FLOPS)
     if mode == "one-line":
         return one_line()
     return torch.profiler.profile()
@@ -184,7 +193,7 @@ def toggled_pairs(run, device: str, toggle_steps: int, budget_s: float, seed: in
     import gpunb
 
     rng = random.Random(seed)
-    ctx = gpunb.profile(record=False, show=False)
+    ctx = gpunb.profile(record=False, show=False, flops=FLOPS)
     ctx.__enter__()
     ins = ctx._session.instruments
     table, ours = step_hook_entries(ins)
@@ -235,7 +244,7 @@ def self_timed(run, steps: int = 1000) -> dict:
                 spent[name] += time.perf_counter() - t0
         return call
 
-    ctx = gpunb.profile(record=False, show=False)
+    ctx = gpunb.profile(record=False, show=False, flops=FLOPS)
     ctx.__enter__()
     ins = ctx._session.instruments
     try:
@@ -295,6 +304,32 @@ def per_call_us(fn, budget_s: float = 0.1, max_n: int = 2000) -> float:
             fn()
         times.append((time.perf_counter() - t0) / batch * 1e6)
     return statistics.median(times)
+
+
+def counting_cost(run, device: str, repeats: int = 7) -> dict:
+    """What counting one step's FLOPs adds to that step (ms until the GPU finished it: a GPU-bound
+    step hides the counter's host time behind the GPU, a launch-bound one pays it), and the
+    operations it saw."""
+    import torch
+
+    from gpunb.analysis.flop_count import StepFlopCounter
+
+    plain, counted, seen = [], [], 0
+    for _ in range(repeats):
+        for measure in (plain, counted):
+            sync(device)
+            counter = StepFlopCounter(torch) if measure is counted else None
+            t0 = time.perf_counter()
+            if counter is not None:
+                counter.begin(1)
+            run(1)
+            if counter is not None:
+                counter.end()
+                seen = counter.result.ops
+            sync(device)
+            measure.append((time.perf_counter() - t0) * 1e3)
+    p, c = statistics.median(plain), statistics.median(counted)
+    return {"plain_step_ms": p, "counted_step_ms": c, "extra_steps": (c - p) / p if p > 0 else None, "ops": seen}
 
 
 def call_costs(device: str, opt) -> dict:
@@ -412,6 +447,7 @@ def measure(kind: str, device: str, cell_s: float, rounds: int, profiler_rounds:
     steps = max(10, round(cell_s / step_s))
     block_steps = max(3, round(block_s / step_s))
     costs = call_costs(device, opt)
+    counting = counting_cost(run, device)
     # Part 1 needs a host-bound loop: in a GPU-bound one the host runs ahead and a half's host
     # time is the queue's back-pressure, not the loop's pace. There, whole cells vary by only
     # ~0.1-0.3 % and the direct comparison is the measure (and short cells need less time).
@@ -448,6 +484,8 @@ def measure(kind: str, device: str, cell_s: float, rounds: int, profiler_rounds:
             r["none"]["total_s"] for r in prof_rounds) / steps * 1e3
     res["median_ms"] = {m: v["ms_per_step"] for m, v in res["modes"].items()}
     res["call_costs_us"] = costs
+    res["flop_counting"] = counting
+    res["flops_counted"] = FLOPS
     # a whole cell: long enough for the one-line mode's NVML utilization read (cell_meter.UTIL_MIN_S)
     res["exit_breakdown_ms"] = {m: exit_breakdown(m, run, steps, device) for m in GPUNB_MODES[1:]}
     res["cells"] = {"gpunb": cells, "torch.profiler": prof_rounds, "blocks": blocks, "toggled_pairs_us": pairs}
@@ -468,6 +506,11 @@ def print_table(results: list[dict], meta: dict) -> None:
         print(f"\n{res['loop']} · {res['step_ms']:.3f} ms/step · {res['cell_s']:.2f} s cells "
               f"({res['steps_per_cell']} steps) · {steady} · {res['block_rounds']} short-cell rounds of "
               f"{res['steps_per_block']} steps · {res['rounds']} whole-cell rounds (+{res['profiler_rounds']} torch.profiler)")
+        fc = res.get("flop_counting")
+        if fc:
+            print(f"  FLOP count of one step ({'on' if res.get('flops_counted') else 'off'} in %%gpuprofile here): "
+                  f"{fc['plain_step_ms']:.3f} ms plain, {fc['counted_step_ms']:.3f} ms counted "
+                  f"(+{fc['extra_steps']:.2f} steps' worth, {fc['ops']} operations)")
         if res["in_situ_us_per_step"]:
             print("  gpunb's own code timed in place, µs per step: "
                   + ", ".join(f"{k} {v:.2f}" for k, v in res["in_situ_us_per_step"].items()))
@@ -525,11 +568,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--toggle-steps", type=int, default=10, help="steps per hooks-on/off half (default 10)")
     ap.add_argument("--toggle-budget-s", type=float, default=None,
                     help="seconds of on/off pairs per loop (default 50, 2 on CPU)")
+    ap.add_argument("--short", action="store_true",
+                    help="a ~3 minute run: --block-budget-s 30 --toggle-budget-s 20 --rounds 4 --profiler-rounds 1 "
+                         "(options given explicitly win)")
+    ap.add_argument("--no-flops", action="store_true",
+                    help="profile without %%gpuprofile's FLOP count of step 2 (on by default, as in a notebook)")
     ap.add_argument("--cpus", help="pin the measuring processes to these cores, e.g. 4-7 or 2,3")
     ap.add_argument("--loops", nargs="+", choices=LOOPS, default=list(LOOPS), help="which loops (default both)")
     ap.add_argument("--loop", choices=LOOPS, help=argparse.SUPPRESS)  # child process: one loop
     ap.add_argument("--json", help=argparse.SUPPRESS)  # child process: write its result here
     args = ap.parse_args(argv)
+    global FLOPS
+    FLOPS = not args.no_flops
+    if args.short:
+        for name, value in SHORT.items():
+            if getattr(args, name) is None:
+                setattr(args, name, value)
     cpus = None
     if args.cpus:
         try:
@@ -565,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
 
         res["meta"] = {"device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
                        "torch": torch.__version__, "python": platform.python_version(), "gpunb": gpunb.__version__,
-                       "cell_s": cell_s, "cpus": args.cpus, "cpu_count": os.cpu_count()}
+                       "cell_s": cell_s, "cpus": args.cpus, "cpu_count": os.cpu_count(), "flops_counted": FLOPS}
         Path(args.json).write_text(json.dumps(res))
         return 0
     if not args.out:
@@ -577,7 +631,7 @@ def main(argv: list[str] | None = None) -> int:
     passed = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
               if k in ("device", "cell_s", "rounds", "profiler_rounds", "block_s", "block_budget_s", "toggle_steps",
                        "toggle_budget_s", "cpus")
-              and v is not None]
+              and v is not None] + (["--no-flops"] if args.no_flops else [])
     for kind in args.loops:  # the parent never imports torch: each loop gets a fresh process
         part = out / f".profile_overhead_{kind}.json"
         done = subprocess.run([sys.executable, __file__, "--loop", kind, "--json", str(part), *passed])

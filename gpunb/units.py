@@ -1,4 +1,5 @@
-"""Human-readable numbers with units: the one set of formatters every view and summary uses.
+"""Human-readable numbers with units: the one set of formatters every view and summary uses,
+and values cut short for messages (an environment value may be a megabyte).
 
 A missing reading (None, an ``Unavailable`` NVML value, NaN) reads "n/a", never a crash.
 """
@@ -46,3 +47,41 @@ def num(value: Any, unit: str = "", digits: int = 0) -> str:
     if not _number(value):
         return "n/a"
     return f"{value:.{digits}f}{(' ' + unit) if unit else ''}"
+
+
+def shown(value: str, limit: int = 40) -> str:
+    """``repr(value)`` for a message, cut short: an environment value may be a megabyte."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 1]}… ({len(value):,} characters)"
+
+
+def flop_count(n: Any) -> str:
+    """138.1 MFLOP, 26.39 TFLOP, 1.10 PFLOP (floating-point operations, not per second)."""
+    if not _number(n):
+        return "n/a"
+    for unit, size in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.{2 if abs(n) / size < 100 else 1}f} {unit}"
+    return f"{int(n)} FLOP"
+
+
+def flop_rate(per_s: Any) -> str:
+    """A rate as the datasheets write it: 412 TFLOP/s, 3.1 TFLOP/s, 85.2 GFLOP/s."""
+    if not _number(per_s):
+        return "n/a"
+    for unit, size in (("PFLOP/s", 1e15), ("TFLOP/s", 1e12), ("GFLOP/s", 1e9), ("MFLOP/s", 1e6)):
+        if abs(per_s) >= size:
+            value = per_s / size
+            return f"{value:.{0 if value >= 100 else 1}f} {unit}"
+    return f"{per_s:.0f} FLOP/s"
+
+
+def byte_rate(per_s: Any) -> str:
+    """Memory bandwidth in decimal units, as GPU datasheets give it: 3.21 TB/s, 812 GB/s."""
+    if not _number(per_s):
+        return "n/a"
+    if abs(per_s) >= 1e12:
+        return f"{per_s / 1e12:.2f} TB/s"
+    if abs(per_s) >= 1e9:
+        return f"{per_s / 1e9:.0f} GB/s" if abs(per_s) >= 1e11 else f"{per_s / 1e9:.1f} GB/s"
+    return f"{per_s / 1e6:.1f} MB/s"

@@ -6,6 +6,7 @@ import IPython
 import pytest
 
 from gpunb.readings import nvml as nvml_module
+from gpunb.readings import peak_cache
 from gpunb.readings.nvml import NvmlSession
 from gpunb.testing import scenario
 
@@ -38,3 +39,14 @@ def ip():
     yield shell
     shell.run_line_magic("unload_ext", "gpunb")
     shell.user_ns.pop("_gpunb_test", None)
+
+
+@pytest.fixture(autouse=True)
+def private_peak_cache(tmp_path_factory, monkeypatch):
+    """Matmul peaks a test's check measures (recorded probes) go to a private file, never to
+    the developer's ~/.cache, and are forgotten after the test."""
+    path = tmp_path_factory.getbasetemp() / "gpunb-cache" / peak_cache.FILE_NAME
+    monkeypatch.setattr(peak_cache, "cache_file", lambda environ=None: path)
+    yield path
+    peak_cache.forget_this_process()
+    path.unlink(missing_ok=True)

@@ -1,4 +1,13 @@
-"""%gpufit's search on synthetic probe readings (the policy is pure), and its CPU behaviour."""
+"""%gpufit's search on synthetic trial readings (the policy is pure), and its CPU behaviour.
+
+A simulated trial reads like a sustained run of the real runner (gpunb.analysis.fit_trial),
+which starts every trial as a fresh process would: peak allocated over its steps, and a need
+for reserved memory that is the allocator's overhead above the tensors (split blocks,
+segment rounding, the layout of a fresh process). A batch trains when that need fits the
+capacity; its true maximum is found by brute force. Some steps reserve more than they need
+(cuDNN workspaces, variable lengths): the allocator gives that cache back when asked, so it
+shows in the peak reserved without deciding anything.
+"""
 
 from __future__ import annotations
 
@@ -7,26 +16,42 @@ import random
 
 import pytest
 
-from gpunb.analysis.batch_fit import BatchFit, Line, Trial, fit_line, lines_from, next_trial, search
+from gpunb.analysis.batch_fit import SAFETY, BatchFit, Line, Trial, fit_line, lines_from, next_trial, search
+from tests.chart_html import images
 
 GiB = 2**30
 MiB = 2**20
 
 
-def simulated_gpu(fixed, per_sample, capacity, frag_true, frag_measured, block=2 * MiB):
-    """A step whose activations grow linearly on top of what it started with (weights, optimizer
-    state: ``fixed``, reported as the step's base like fit_batch_size does); the allocator needs
-    ``frag_true`` extra to run and reports ``frag_measured`` extra as reserved (2 MiB blocks)."""
+def simulated_gpu(fixed, per_sample, capacity, overhead, *, intercept=0, bend=None, greedy=0.0):
+    """A step whose activations grow on top of what it started with (``fixed``: weights and
+    optimizer state, reported as the step's base as the runner does); a fresh process needs
+    ``overhead`` more than the tensors for them. ``bend=(c0, s)``: a convex peak, max(c0 + s*b,
+    per_sample*b), as when gradients set the peak at small batches. ``greedy``: the step keeps
+    that much more cached than it needs, up to the capacity, and gives it back when asked."""
+
+    def need(batch):
+        act = intercept + per_sample * batch
+        if bend:
+            act = max(act, bend[0] + bend[1] * batch)
+        return fixed + act, fixed + math.ceil(act * (1 + overhead) / (2 * MiB)) * 2 * MiB + 20 * MiB
 
     def run(batch, purpose, n):
-        if fixed + per_sample * batch * (1 + frag_true) > capacity:
-            return Trial(n, batch, False, purpose, error="CUDA out of memory")
-        alloc = fixed + per_sample * batch
-        reserved = fixed + math.ceil(per_sample * batch * (1 + frag_measured) / block) * block
-        return Trial(n, batch, True, purpose, int(alloc), int(reserved), 512 * MiB, base_allocated_bytes=int(fixed))
+        allocated, needed = need(batch)
+        if needed > capacity:
+            return Trial(n, batch, False, purpose, error="CUDA out of memory", steps=50, steps_done=1,
+                         capacity_bytes=capacity)
+        held = fixed + (needed - fixed) * (1 + greedy)
+        released = int(held > capacity)
+        return Trial(n, batch, True, purpose, int(allocated), int(min(held, capacity)), 512 * MiB,
+                     base_allocated_bytes=int(fixed), steps=50, steps_done=50, cache_releases=released,
+                     capacity_bytes=capacity)
 
-    true_max = math.floor((capacity - fixed) / (per_sample * (1 + frag_true)))
-    return run, true_max
+    lo, hi = 0, 10**9
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if need(mid)[1] <= capacity else (lo, mid)
+    return run, lo
 
 
 def test_line_fit_recovers_slope_and_intercept():
@@ -37,63 +62,116 @@ def test_line_fit_recovers_slope_and_intercept():
     assert Line(5.0, 0.0).largest_batch(10) == math.inf
 
 
-def test_first_moves_are_two_small_probes_then_a_prediction_just_under_the_line():
-    run, true_max = simulated_gpu(20 * GiB, 40 * MiB, 120 * GiB, 0.01, 0.04)
-    trials = []
-    for _ in range(3):
-        b, why = next_trial(trials, capacity=120 * GiB, start=2, max_batch=None)
-        trials.append(run(b, why, len(trials) + 1))
-    assert [(t.batch, t.purpose) for t in trials[:2]] == [(2, "probe"), (16, "probe")]
-    assert trials[2].purpose == "prediction" and trials[2].ok
-    assert 0.9 * true_max <= trials[2].batch <= true_max
+def test_a_trial_fits_when_it_trains_every_step():
+    kw = dict(steps=50, capacity_bytes=10 * GiB)
+    assert Trial(1, 8, True, "probe", GiB, 2 * GiB, steps_done=50, **kw).fits
+    edge = Trial(1, 8, True, "probe", GiB, 10 * GiB, steps_done=50, cache_releases=3, caught_ooms=2, **kw)
+    assert edge.fits and edge.at_edge  # a fresh process gives its cache back too: recorded, not held against it
+    assert "gave its cache back 3×" in edge.verdict and "cuDNN caught 2" in edge.verdict
+    assert not Trial(1, 8, False, "probe", steps_done=7, **kw).fits
+    assert Trial(1, 8, False, "x", steps=50, steps_done=7).verdict == "out of memory at step 8"
+    assert Trial(1, 8, True, "probe", GiB, 2 * GiB, steps_done=50, **kw).to_dict()["fits"] is True
 
 
-@pytest.mark.parametrize("seed", range(5))
-def test_within_5_percent_of_the_true_maximum_in_few_trials(seed):
+def test_first_moves_are_two_probes_a_scout_then_candidates_that_bracket_the_limit():
+    run, true_max = simulated_gpu(20 * GiB, 40 * MiB, 120 * GiB, 0.06)
+    fit = search(run, capacity=120 * GiB, start=2, max_batch=None)
+    moves = [(t.batch, t.purpose, t.fits) for t in fit.trials]
+    assert moves[:2] == [(2, "probe", True), (16, "probe", True)]
+    assert fit.trials[2].purpose == "scout" and fit.trials[2].fits
+    # the scout fills about a third: there the overhead of large blocks shows in peak reserved
+    assert 0.2 * true_max < fit.trials[2].batch < 0.5 * true_max, moves
+    assert fit.trials[3].purpose == "candidate"
+    assert fit.verified <= true_max and fit.recommended == math.floor(fit.verified * (1 - SAFETY))
+    assert 0.93 * true_max <= fit.recommended, moves
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_recommendation_never_exceeds_the_largest_batch_that_trains_and_is_within_10_percent(seed):
     rng = random.Random(seed)
-    counts = []
-    for _ in range(60):
+    ratios, counts = [], []
+    for _ in range(80):
         fixed = rng.uniform(0.5, 60) * GiB
         per_sample = rng.uniform(0.2, 400) * MiB
-        capacity = rng.uniform(fixed + 5 * GiB, 140 * GiB)
-        ft = rng.uniform(0, 0.06)
-        run, true_max = simulated_gpu(fixed, per_sample, capacity, ft, ft + rng.uniform(0, 0.04))
-        fit = search(run, capacity=int(capacity), start=2, max_batch=None, margin=0.05)
-        assert fit.ok and fit.max_batch <= true_max  # it only reports what ran
-        assert fit.max_batch >= 0.95 * true_max, (fit.max_batch, true_max, fit.trials)
-        assert fit.recommended == math.floor(fit.max_batch * 0.95)
+        capacity = int(rng.uniform(fixed + 5 * GiB, 140 * GiB))
+        intercept = rng.uniform(0, 0.1) * (capacity - fixed) if rng.random() < 0.3 else 0
+        greedy = rng.choice([0.0, 0.0, 0.3, 0.8])
+        run, true_max = simulated_gpu(fixed, per_sample, capacity, rng.uniform(0, 0.15), intercept=intercept,
+                                      greedy=greedy)
+        fit = search(run, capacity=capacity, start=2, max_batch=None)
+        moves = [(t.batch, t.purpose, t.fits) for t in fit.trials]
+        assert fit.ok and fit.recommended <= true_max, moves  # below what trained, with the safety
+        assert any(t.fits for t in fit.trials if t.batch == fit.verified)
+        ratios.append(fit.recommended / true_max)
         counts.append(fit.trial_count)
-    assert max(counts) <= 6 and sum(c <= 4 for c in counts) >= 0.8 * len(counts)
+    assert min(ratios) >= 0.9, min(ratios)
+    assert sum(r >= 0.93 for r in ratios) >= 0.8 * len(ratios)
+    assert max(counts) <= 6, counts
+
+
+@pytest.mark.parametrize("greedy", [0.5, 1.5])
+def test_a_step_that_reserves_more_than_it_needs_is_not_fit_by_its_reserve(greedy):
+    # cuDNN's workspaces and variable lengths fill the cache (on the H200: 5.45 GiB reserved for
+    # 3.31 GiB allocated); what decides is whether it trains, and the fit goes to the limit
+    run, true_max = simulated_gpu(0.2 * GiB, 75 * MiB, 6 * GiB, 0.08, greedy=greedy)
+    fit = search(run, capacity=6 * GiB, start=2, max_batch=None)
+    moves = [(t.batch, t.purpose, t.fits) for t in fit.trials]
+    assert 0.9 * true_max <= fit.recommended <= true_max, (true_max, moves)
+    assert fit.trial_count <= 6
+
+
+def test_a_first_candidate_that_does_not_train_is_backed_off_then_bisected():
+    # the fresh layout needs 25 % more than the tensors near the limit, but only 2 % at the scout
+    def run(batch, purpose, n):
+        act = 30 * MiB * batch
+        overhead = 0.02 if batch < 1500 else 0.25
+        need = 4 * GiB + act * (1 + overhead)
+        if need > 100 * GiB:
+            return Trial(n, batch, False, purpose, steps=50, steps_done=1, capacity_bytes=100 * GiB)
+        return Trial(n, batch, True, purpose, 4 * GiB + act, int(need), base_allocated_bytes=4 * GiB,
+                     steps=50, steps_done=50, capacity_bytes=100 * GiB)
+
+    true_max = math.floor(96 * GiB / 1.25 / (30 * MiB))
+    fit = search(run, capacity=100 * GiB, start=2, max_batch=None)
+    moves = [(t.batch, t.purpose, t.fits) for t in fit.trials]
+    assert ("back off" in [m[1] for m in moves]) and not fit.trials[3].fits, moves
+    assert fit.recommended <= true_max and fit.verified < min(t.batch for t in fit.trials if not t.fits)
+    assert fit.recommended >= 0.85 * true_max, moves
+
+
+def test_the_safety_is_taken_only_at_the_limit():
+    run, true_max = simulated_gpu(1 * GiB, 1 * MiB, 100 * GiB, 0.0)
+    fit = search(run, capacity=100 * GiB, start=2, max_batch=512)
+    assert fit.recommended == fit.verified == 512 and fit.safety == 0  # the cap, far below the limit
+    assert any("max_batch=512" in n for n in fit.notes)
+    fit = search(run, capacity=100 * GiB, start=2, max_batch=None)
+    assert fit.safety == SAFETY and fit.recommended == math.floor(fit.verified * (1 - SAFETY))
 
 
 def test_a_start_that_does_not_fit_is_halved_and_nothing_fitting_is_reported():
-    run, true_max = simulated_gpu(10 * GiB, 1 * GiB, 20 * GiB, 0.0, 0.02)
-    fit = search(run, capacity=20 * GiB, start=64, max_batch=None, margin=0.05)
-    assert fit.trials[0].batch == 64 and not fit.trials[0].ok and fit.trials[1].purpose == "smaller start"
-    assert fit.ok and true_max - 1 <= fit.max_batch <= true_max  # 10 here: one sample is 10 %
-    run, _ = simulated_gpu(30 * GiB, 1 * GiB, 20 * GiB, 0.0, 0.0)
-    fit = search(run, capacity=20 * GiB, start=4, max_batch=None, margin=0.05)
+    run, true_max = simulated_gpu(10 * GiB, 1 * GiB, 20 * GiB, 0.0)
+    fit = search(run, capacity=20 * GiB, start=64, max_batch=None)
+    assert fit.trials[0].batch == 64 and not fit.trials[0].fits and fit.trials[1].purpose == "smaller start"
+    assert fit.ok and true_max - 2 <= fit.recommended <= true_max  # 9 here: one sample is 10 %
+    run, _ = simulated_gpu(30 * GiB, 1 * GiB, 20 * GiB, 0.0)
+    fit = search(run, capacity=20 * GiB, start=4, max_batch=None)
     assert not fit.ok and "even the smallest batch" in fit.problem
     assert [t.batch for t in fit.trials] == [4, 2, 1]
 
 
-def test_max_batch_caps_the_search():
-    run, _ = simulated_gpu(1 * GiB, 1 * MiB, 100 * GiB, 0.0, 0.0)
-    fit = search(run, capacity=100 * GiB, start=2, max_batch=512, margin=0.05)
-    assert fit.max_batch == 512 and any("max_batch=512" in n for n in fit.notes)
-
-
 def test_memory_that_does_not_grow_is_flagged():
     def run(batch, purpose, n):
-        return Trial(n, batch, True, purpose, GiB, GiB, 0)
+        return Trial(n, batch, True, purpose, GiB, GiB, 0, steps=1, steps_done=1)
 
-    fit = search(run, capacity=10 * GiB, start=2, max_batch=None, margin=0.05, max_trials=4)
+    fit = search(run, capacity=10 * GiB, start=2, max_batch=None, max_trials=4)
     assert fit.trial_count == 4 and any("does step_fn use" in n for n in fit.notes)
+    assert fit.safety == 0  # nothing suggests a limit near it
 
 
 def test_nvml_memory_outside_torch_that_grows_counts_against_capacity():
-    a = Trial(1, 2, True, "probe", 10 * GiB, 10 * GiB, 500 * MiB)
-    b = Trial(2, 16, True, "probe", 11 * GiB, 11 * GiB, 500 * MiB + 14 * 64 * MiB)
+    kw = dict(steps=1, steps_done=1)
+    a = Trial(1, 2, True, "probe", 10 * GiB, 10 * GiB, 500 * MiB, **kw)
+    b = Trial(2, 16, True, "probe", 11 * GiB, 11 * GiB, 500 * MiB + 14 * 64 * MiB, **kw)
     cons, opt = lines_from([a, b])
     assert cons.slope == pytest.approx((GiB + 14 * 64 * MiB) / 14)
     assert opt.slope == pytest.approx(GiB / 14)
@@ -112,7 +190,7 @@ def test_cpu_only_torch_says_it_needs_a_cuda_gpu():
 
 @pytest.mark.parametrize("kwargs, words", [
     ({"start": 0}, "start must be"), ({"margin": 2}, "margin must be"), ({"max_batch": 1, "start": 8}, "max_batch"),
-    ({"steps": "2"}, "steps must be"),
+    ({"steps": "2"}, "steps must be"), ({"margin": True}, "margin must be"),
 ])
 def test_bad_arguments_are_explained(kwargs, words):
     from gpunb import fit_batch_size
@@ -122,19 +200,46 @@ def test_bad_arguments_are_explained(kwargs, words):
     assert not fit_batch_size(42, progress=False).ok
 
 
-def test_result_renders_text_html_and_a_png_curve():
-    run, _ = simulated_gpu(20 * GiB, 40 * MiB, 120 * GiB, 0.01, 0.03)
-    fit = search(run, capacity=120 * GiB, start=2, max_batch=None, margin=0.05)
+def test_result_renders_text_and_html_with_the_curve_inside():
+    run, _ = simulated_gpu(20 * GiB, 40 * MiB, 120 * GiB, 0.03)
+    fit = search(run, capacity=120 * GiB, start=2, max_batch=None)
     fit.device = "cuda:0"
     bundle = fit._repr_mimebundle_()
-    assert f"largest batch that ran: {fit.max_batch}" in bundle["text/plain"]
-    assert "<table" in bundle["text/html"]
+    text = bundle["text/plain"]
+    assert f"recommended batch: {fit.recommended}" in text and "50 steps" in text
+    assert f"{fit.verified} trained" in text and "3 % below" in text
+    assert f"{fit.trial_count} trials in" in text and "free" in text  # the measured headroom
+    html = bundle["text/html"]
+    assert "<table" in html and str(fit.recommended) in html
+    assert set(bundle) == {"text/plain", "text/html"}  # no image output for the HTML to hide
+    [curve] = images(html, "gpunb-chart")
     import base64
 
-    assert base64.b64decode(bundle["image/png"])[:8] == b"\x89PNG\r\n\x1a\n"
+    png = base64.b64decode(curve["src"].split(",", 1)[1])
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and html.index("<table") < html.index("<img")
+    assert "log scale" in curve["alt"] and f"recommended {fit.recommended}" in curve["alt"]
     d = fit.to_dict()
-    assert d["trial_count"] == len(d["trials"]) and d["max_batch"] == fit.max_batch
+    assert d["trial_count"] == len(d["trials"]) and d["recommended"] == fit.recommended
+    assert d["headroom_bytes"] == 120 * GiB - fit.verified_trial.peak_reserved_bytes > 0
     assert isinstance(BatchFit(False, "x").to_dict(), dict)
+
+
+def test_the_curve_has_a_log_batch_axis_and_no_background():
+    run, _ = simulated_gpu(20 * GiB, 40 * MiB, 120 * GiB, 0.03)
+    fit = search(run, capacity=120 * GiB, start=2, max_batch=None)
+    fig = fit.figure()
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log" and fig.patch.get_alpha() == 0.0 and ax.get_ylim()[0] == 0
+    left, right = ax.get_xlim()
+    assert left <= min(t.batch for t in fit.trials) and right >= fit.recommended  # probes and answer in view
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", transparent=True)
+    corner = Image.open(io.BytesIO(buf.getvalue())).convert("RGBA").getpixel((1, 1))
+    assert corner[3] == 0  # transparent: the page's own background shows, light or dark
 
 
 def optimizer_bound_gpu(params_bytes, per_sample, capacity, with_hook, overhead=0.02):
@@ -147,23 +252,26 @@ def optimizer_bound_gpu(params_bytes, per_sample, capacity, with_hook, overhead=
 
     def run(batch, purpose, n):
         fb = f2 + per_sample * batch
-        if max(f1, fb) * (1 + overhead) > capacity:
-            return Trial(n, batch, False, purpose)
         peak = max(f1, fb)
-        return Trial(n, batch, True, purpose, peak, peak, None, peak_before_step_bytes=fb if with_hook else None,
-                     base_allocated_bytes=base)
+        reserved = base + (peak - base) * (1 + overhead)
+        if reserved > capacity:
+            return Trial(n, batch, False, purpose, steps=50, steps_done=1, capacity_bytes=capacity)
+        return Trial(n, batch, True, purpose, peak, int(reserved), None,
+                     peak_before_step_bytes=fb if with_hook else None, base_allocated_bytes=base, steps=50,
+                     steps_done=50, capacity_bytes=capacity)
 
-    true_max = math.floor((capacity / (1 + overhead) - f2) / per_sample)
+    true_max = math.floor(((capacity - base) / (1 + overhead) + base - f2) / per_sample)
     return run, true_max
 
 
-@pytest.mark.parametrize("with_hook, most_trials", [(True, 4), (False, 6)])
-def test_a_peak_set_by_the_optimizer_at_small_batches_does_not_fool_the_fit(with_hook, most_trials):
+@pytest.mark.parametrize("with_hook", [True, False])
+def test_a_peak_set_by_the_optimizer_at_small_batches_does_not_fool_the_fit(with_hook):
     # the MLP of the GPU test: 134 M parameters (0.5 GB), 0.66 MB per sample, 35 GB
     run, true_max = optimizer_bound_gpu(537 * MiB, 0.66 * MiB, 35 * GiB, with_hook)
-    fit = search(run, capacity=35 * GiB, start=2, max_batch=None, margin=0.05)
-    assert 0.95 * true_max <= fit.max_batch <= true_max, fit.trials
-    assert fit.trial_count <= most_trials, [(t.batch, t.ok, t.purpose) for t in fit.trials]
+    fit = search(run, capacity=35 * GiB, start=2, max_batch=None)
+    moves = [(t.batch, t.ok, t.purpose) for t in fit.trials]
+    assert 0.9 * true_max <= fit.recommended <= true_max, moves
+    assert fit.trial_count <= 6, moves
 
 
 def h200_mlp_gpu(per_sample=660_000, overhead=0.035):
@@ -174,55 +282,61 @@ def h200_mlp_gpu(per_sample=660_000, overhead=0.035):
     activations take over; the optimizer step peaks at base + 2 x grads. Capacity: the 0.25 cap."""
     base, grads, capacity = 1_679_581_184, 537_142_272, 37_527_470_080
 
-    def run(batch, purpose, n):
+    def need(batch):
         fb = max(base + grads + 135_168 * batch, base + per_sample * batch)
         fb = -(-fb // 512) * 512  # the allocator's 512 B rounding
         peak = max(fb, base + 2 * grads)
-        if peak * (1 + overhead) > capacity:
-            return Trial(n, batch, False, purpose, error="CUDA out of memory")
-        reserved = -(-peak // (2 * MiB)) * 2 * MiB
-        return Trial(n, batch, True, purpose, peak, reserved, 778_043_392, peak_before_step_bytes=fb,
-                     base_allocated_bytes=base)
+        return fb, peak, -(-int(base + (peak - base) * (1 + overhead)) // (2 * MiB)) * 2 * MiB
 
-    true_max = math.floor((capacity / (1 + overhead) - base) / per_sample)
-    return run, capacity, true_max
+    def run(batch, purpose, n):
+        fb, peak, reserved = need(batch)
+        if reserved > capacity:
+            return Trial(n, batch, False, purpose, error="CUDA out of memory", steps=50, steps_done=1,
+                         capacity_bytes=capacity)
+        return Trial(n, batch, True, purpose, peak, reserved, 778_043_392, peak_before_step_bytes=fb,
+                     base_allocated_bytes=base, steps=50, steps_done=50, capacity_bytes=capacity)
+
+    lo, hi = 1, 10**7
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if need(mid)[2] <= capacity else (lo, mid)
+    return run, capacity, lo
 
 
 def test_h200_mlp_shape_a_convex_peak_is_scouted_not_extrapolated():
     run, capacity, true_max = h200_mlp_gpu()
-    assert 52_000 < true_max < 53_000  # brute force on the H200 found 52384
-    fit = search(run, capacity=capacity, start=2, max_batch=None, margin=0.05)
+    assert 52_000 < true_max < 53_000  # brute force on the H200 found 52384 (2 steps, same process)
+    fit = search(run, capacity=capacity, start=2, max_batch=None)
     moves = [(t.batch, t.ok, t.purpose) for t in fit.trials]
     assert moves[:2] == [(2, True, "probe"), (16, True, "probe")]
     # 1.9 MB of growth in 14 samples says nothing about 35 GB: scout before predicting
     assert moves[2][1:] == (True, "scout") and moves[2][0] < true_max, moves
-    assert 0.95 * true_max <= fit.max_batch <= true_max, moves
-    assert fit.trial_count <= 4, moves
-    assert fit.predicted < 1.1 * true_max  # the prediction came from the scout, not the 254704 of the probes
+    assert 0.93 * true_max <= fit.recommended <= true_max, moves
+    assert fit.trial_count <= 6, moves
+    assert fit.predicted < 1.1 * true_max  # the prediction came from the scouts, not the 254704 of the probes
 
 
 @pytest.mark.parametrize("per_sample, overhead", [(500_000, 0.0), (660_000, 0.06), (900_000, 0.02),
-                                                  (2_000_000, 0.04), (660_000 * 6, 0.03)])
-def test_convex_peaks_of_other_sizes_stay_within_5_percent(per_sample, overhead):
+                                                  (2_000_000, 0.04), (660_000 * 6, 0.03), (660_000, 0.15)])
+def test_convex_peaks_of_other_sizes_stay_within_10_percent(per_sample, overhead):
     run, capacity, true_max = h200_mlp_gpu(per_sample, overhead)
-    fit = search(run, capacity=capacity, start=2, max_batch=None, margin=0.05)
+    fit = search(run, capacity=capacity, start=2, max_batch=None)
     moves = [(t.batch, t.ok, t.purpose) for t in fit.trials]
-    assert 0.95 * true_max <= fit.max_batch <= true_max, moves
-    assert fit.trial_count <= 5, moves
+    assert 0.9 * true_max <= fit.recommended <= true_max, moves
+    assert fit.trial_count <= 6, moves
 
 
-@pytest.mark.parametrize("model, probes, true_max, move", [
+@pytest.mark.parametrize("model, probes, true_max", [
     # (batch, peak allocated, peak reserved, peak before optimizer.step, allocated at the step's start)
     ("mlp", [(2, 2753871872, 2755657728, 2216993792, 1679581184),
-             (16, 2753929216, 2776629248, 2218886144, 1679581184)], 52384, "scout"),
+             (16, 2753929216, 2776629248, 2218886144, 1679581184)], 52384),
     ("transformer", [(2, 800075264, 853540864, 800075264, 297226240),
-                     (16, 4290604544, 4548722688, 4290604544, 297226240)], 146, "prediction"),
+                     (16, 4290604544, 4548722688, 4290604544, 297226240)], 146),
 ])
-def test_the_recorded_h200_probes_lead_to_a_batch_that_fits(model, probes, true_max, move):
+def test_the_recorded_h200_probes_lead_to_a_scout_that_fits(model, probes, true_max):
     # the H200 readings of run 2 (oom_gpufit_*.json), capacity the 0.25 cap; true_max by brute force
-    trials = [Trial(i + 1, b, True, "probe", a, r, 778043392, peak_before_step_bytes=f, base_allocated_bytes=s)
-              for i, (b, a, r, f, s) in enumerate(probes)]
+    trials = [Trial(i + 1, b, True, "probe", a, r, 778043392, peak_before_step_bytes=f, base_allocated_bytes=s,
+                    steps=50, steps_done=50) for i, (b, a, r, f, s) in enumerate(probes)]
     batch, purpose = next_trial(trials, capacity=37527470080, start=2, max_batch=None)
-    assert purpose == move
-    low = 0.5 if move == "scout" else 0.95  # a scout only has to fit; a prediction has to be the answer
-    assert low * true_max <= batch <= true_max, batch
+    assert purpose == "scout"
+    assert 16 < batch <= 0.7 * true_max, batch  # a scout has to fit with room, and be larger than the probes

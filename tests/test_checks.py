@@ -192,3 +192,16 @@ def test_report_is_json_serialisable(h200_torch):
     data = json.loads(run().to_json())
     assert data["ok"] is True and data["summary"]["fail"] == 0
     assert {c["id"] for c in data["checks"]} >= {"driver", "cuda_smoke", "shm", "frameworks"}
+
+
+def test_the_measured_matmul_peaks_are_kept_for_gpuprofile(h200_torch, private_peak_cache):
+    from gpunb.readings import peak_cache
+
+    run()
+    kept = peak_cache.lookup("GPU-12bebae7-3cb1-fcf7-294c-65779ece26ff")
+    assert kept.tflops == pytest.approx({"bf16": 784.872, "tf32": 387.786, "fp32": 50.774}, rel=1e-5)
+    assert kept.name == "NVIDIA H200" and kept.torch_version == "2.11.0+cu130" and kept.this_process
+    assert "GPU-12bebae7-3cb1-fcf7-294c-65779ece26ff" in json.loads(private_peak_cache.read_text())
+    peak_cache.forget_this_process()
+    run(quick=True)  # no probe: nothing new, the file still answers
+    assert peak_cache.lookup("GPU-12bebae7-3cb1-fcf7-294c-65779ece26ff").tflops["bf16"] == pytest.approx(784.872, rel=1e-5)

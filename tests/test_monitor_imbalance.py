@@ -18,7 +18,7 @@ from gpunb.analysis.sampler import Sampler
 from gpunb.readings.nvml import NvmlSession
 from gpunb.testing import load_trace
 from gpunb.testing.fake_nvml import FakeGpu, FakePynvml, load_nvlink_pair
-from gpunb.views.imbalance_view import imbalance_html, imbalance_text
+from gpunb.views.imbalance_view import imbalance_badge, imbalance_html, imbalance_text
 
 TRACE = load_trace()
 PID = TRACE["pid"]  # the recorded training process; the sampler is told it is this kernel's
@@ -129,12 +129,21 @@ def test_the_monitor_shows_the_finding_as_a_line(monkeypatch):
 
     sampler, clock = sampler_for(phase("train"), phase("model"))
     run(sampler, clock, 35)
-    m = Monitor(sampler, KernelState(), window_s=60, devices=None, use_widget=False)
+    m = Monitor(sampler, KernelState(), window_s=60, devices=None, live=False)
     assert m.text().splitlines()[0].startswith("unbalanced GPUs (idle GPU): GPU 1 idle 9")
     assert "ran out of batches" in m.text().splitlines()[0]
     html = m.html()
-    assert html.startswith('<div class="gpunb-imbalance"') and "idle GPU" in html
+    # one line above the charts, inside the monitor's frame ...
+    assert html.startswith('<div class="gpunb-monitor"') and "idle GPU" in html
+    assert html.index('class="gpunb-imbalance"') < html.index("<table")
+    # ... and a badge in the label of the GPU it names (SparkPanel.gpu_label), not in the other's
+    rows = html.split('<tr class="gpunb-gpu">')[1:]
+    assert len(rows) == 2 and "unbalanced: idle" not in rows[0] and "unbalanced: idle" in rows[1]
     assert m.to_dict()["imbalance"][0]["gpus"] == [1]
+    # the live frame the sampler thread redraws says the same
+    bundle = m._live_bundle()
+    assert "gpunb-imbalance" in bundle["text/html"] and "unbalanced: idle" in bundle["text/html"]
+    assert bundle["text/plain"].startswith("unbalanced GPUs (idle GPU)")
 
 
 def test_the_line_escapes_what_it_shows():
@@ -143,6 +152,8 @@ def test_the_line_escapes_what_it_shows():
 
     out = imbalance_html([F()])
     assert "<img" not in out and "&lt;img" in out
+    badge = imbalance_badge([type("G", (F,), {"gpus": (1,)})()], 1)
+    assert "<img" not in badge and "&lt;img" in badge and imbalance_badge([], 1) == ""
     assert imbalance_text([]) == [] and imbalance_html([]) == ""
 
 

@@ -157,8 +157,8 @@ def test_ring_columns_gaps_and_wraparound():
     assert ring.tail() == {"a": [3.0, None, 6.0], "b": [2, 3, None]}
     assert ring.tail(2) == {"a": [None, 6.0], "b": [3, None]}
     assert ring.tail(0) == {"a": [], "b": []}
-    ring.append({"b": 999})  # out of range: clamped below the gap marker, not a gap
-    assert ring.tail(1)["b"] == [254]
+    ring.append({"b": 999})  # out of range: a gap (a clamped 254 would be a number nobody read)
+    assert ring.tail(1)["b"] == [None]
 
 
 @pytest.mark.parametrize("name", ["power-not-supported"])

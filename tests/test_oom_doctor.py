@@ -160,11 +160,21 @@ def test_other_processes_are_named_by_notebook_when_the_jupyter_server_says():
     assert oom_mod.name_holders(()) == ()  # nothing to name: the server is not asked
 
 
+def _as_if_on_gpu(census):
+    """The census of CPU tensors, relabelled as on cuda:0 (only GPU tensors count toward savings)."""
+    from dataclasses import replace
+
+    from gpunb.analysis.tensor_census import Census
+
+    return Census(tuple(replace(e, device="cuda:0") for e in census.entries))
+
+
 def test_leftovers_from_earlier_cells_are_named_with_their_variable():
     ns = {"model": torch.nn.Linear(256, 256), "junk": torch.zeros(1024, 1024)}
     census = oom_mod.relabel_earlier(take_census(ns, torch=torch), {"junk": id(ns["junk"])}, ns)
     entry = census.find("junk")
     assert entry.source == oom_mod.EARLIER_CELLS
+    census = _as_if_on_gpu(census)
     # message scaled to the CPU tensors' sizes: junk (4 MiB) >= half of the 6 MiB asked
     # 2 MiB free + junk's 4 MiB would have held the 6 MiB asked
     d = diagnose(message=_msg(6 * 2**20, 2 * 2**20, 512 * 2**20, 5 * 2**20, 0), census=census)
@@ -305,3 +315,93 @@ def test_other_processes_first_when_they_alone_would_have_made_it_fit():
                  allocator_conf="")
     assert d.primary_cause == OTHER_PROCESSES, [c.code for c in d.causes]
     assert d.fixes[0].title == "Free the GPU from other processes" and d.fixes[0].severity == 2
+
+
+# -- issue 13: the shortfall first, only GPU tensors, fixes sized to the shortfall ------------------
+
+PICTURE = ("CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 139.81 GiB of which "
+           "3.2 GiB is free.")  # the review picture's error (shared/review/oom-doctor-fixes.png)
+
+
+def _picture_census():
+    ns = {"model": torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256)),
+          "X": torch.zeros(16000, 256)}
+    ns["opt"] = torch.optim.Adam(ns["model"].parameters())
+    ns["model"](ns["X"][:8]).sum().backward()
+    ns["opt"].step()
+    return take_census(ns, torch=torch)
+
+
+def test_the_first_line_states_the_shortfall():
+    d = diagnose(message=PICTURE)
+    assert d.headline == "asked 20.00 GiB, 3.20 GiB free: short by 16.80 GiB"
+    assert d.shortfall_bytes == 20 * GiB - size_to_bytes("3.2", "GiB")
+    bundle = d._repr_mimebundle_()
+    assert bundle["text/plain"].splitlines()[0] == (
+        "gpunb OOM doctor: OutOfMemoryError: asked 20.00 GiB, 3.20 GiB free: short by 16.80 GiB")
+    assert "<b>asked 20.00 GiB, 3.20 GiB free: short by 16.80 GiB</b>" in bundle["text/html"]
+    assert d.to_dict()["shortfall_bytes"] == d.shortfall_bytes
+    # under a per-process cap what was left under the cap is the free memory
+    capped = diagnose(message=H200_FRAGMENTATION, allocator_conf="")
+    assert capped.headline == "asked 6.00 GiB, 4.00 GiB free: short by 2.00 GiB"
+
+
+def test_cpu_tensors_never_count_toward_savings():
+    census = _picture_census()  # model, gradients, Adam state and X: all on the CPU, as in the picture
+    assert census.total_bytes(role="optimizer state") > 0
+    d = diagnose(message=PICTURE, census=census, batch_size=("bs", 512))
+    titles = [f.title for f in d.fixes]
+    assert not any("set_to_none" in t or "lighter optimizer" in t or "leftovers" in t.lower() for t in titles)
+    assert titles[:3] == ["Use a smaller batch", "Train in bf16 autocast", "Use activation checkpointing"]
+    small = d.fixes[0]
+    # without the allocator's numbers the request is the working set's lower bound: at most 16 % fits
+    assert small.severity == 2 and small.saving_bytes == d.shortfall_bytes
+    assert "at least 20.00 GiB" in small.reason and "≈16 %" in small.reason and "bs = 512 → at most ≈81" in small.reason
+    assert "%gpufit step" in small.how
+    text = d._repr_mimebundle_()["text/plain"]
+    assert "saves ≈16.80 GiB: covers the 16.80 GiB short" in text
+    assert "saves ≈10.00 GiB of the 16.80 GiB short: not enough alone" in text  # bf16: half of 20 GiB
+    assert "KiB" not in text.split("Fixes")[1]  # no saving computed from CPU tensors
+
+
+def test_working_set_fixes_come_first_with_savings_from_the_measured_activations():
+    census = _census(("train_step() local x", 65536000000, "float32", "other", EXCEPTION_SRC), *MLP_STATE)
+    d = diagnose(message=H200_TOO_LARGE_BATCH, census=census, other_processes=PYTEST_RUNNER, allocator_conf="",
+                 batch_size=("train_step() bs", 4_000_000))
+    titles = [f.title for f in d.fixes]
+    assert titles[:3] == ["Use a smaller batch", "Train in bf16 autocast", "Use activation checkpointing"], titles
+    m = d.message
+    fixed = 537001984 + 1074003968  # the census's parameters and optimizer state on the GPU
+    need = m.requested_bytes + m.allocated_bytes - fixed  # activations alive at the failure + the request
+    short = m.requested_bytes - m.free_bytes
+    small, bf16, ckpt = d.fixes[:3]
+    assert small.saving_bytes == short and small.severity == 2
+    assert bf16.saving_bytes == need // 2 and bf16.severity == 2  # half of 183 GiB covers 55.67 GiB
+    assert ckpt.saving_bytes == need // 2
+    other = next(f for f in d.fixes if f.title == "Free the GPU from other processes")
+    assert other.severity == 1 and d.fixes.index(other) > 2
+
+
+def test_fixes_are_ranked_by_whether_they_cover_the_shortfall():
+    # leftovers primary: freeing them covers and comes first; fixes that cannot cover come last
+    census = _census(("junk", 102630604800, "uint8", "other", oom_mod.EARLIER_CELLS),
+                     ("train_step() local x", 5263097856, "float32", "other", EXCEPTION_SRC), *MLP_STATE,
+                     ("model.0.0.weight.grad", 537001984, "float32", "gradient", "namespace"))
+    d = diagnose(message=H200_LEFTOVERS, census=census, other_processes=PYTEST_RUNNER, allocator_conf="")
+    severities = [f.severity for f in d.fixes]
+    assert severities == sorted(severities, reverse=True), [(f.title, f.severity) for f in d.fixes]
+    assert d.fixes[0].title == "Free leftovers from earlier cells"
+    covering = [f for f in d.fixes if f.severity == 2]
+    assert all(f.saving_bytes is None or f.saving_bytes >= d.shortfall_bytes for f in covering)
+    grads = next(f for f in d.fixes if "set_to_none" in f.title)
+    assert grads.saving_bytes == 537001984 and grads.severity == 1  # 0.5 GiB of 3.46 GiB short
+
+
+def test_gpufit_value_of_this_kernel_is_offered(monkeypatch):
+    from gpunb.analysis import batch_fit
+
+    fit = batch_fit.BatchFit(True, recommended=363, capacity_bytes=20 * GiB, steps=50, step_name="step")
+    monkeypatch.setattr(batch_fit, "_LAST", [fit])
+    d = diagnose(message=PICTURE)
+    small = next(f for f in d.fixes if f.title == "Use a smaller batch")
+    assert small.how.startswith("batch_size = 363   # %gpufit step measured it trains 50 steps in 20.00 GiB")

@@ -54,12 +54,16 @@ def test_traceback_shown_then_diagnosis_then_memory_released(shell, capsys):
     assert "train_step() local acts" in out  # the failed frame's tensor, named
     gc.collect()
     assert shell.user_ns["_gpunb_test"]["ref"]() is None, "the failed frame's objects must be freed"
-    assert sys.last_value is None and shell.InteractiveTB.tb is None
+    assert not hasattr(sys, "last_value") and shell.InteractiveTB.tb is None  # %debug then says so itself
     d = shell._gpunb_extension_state.kernel.last_oom
     assert d.release is not None and not d.release.kept_traceback
     assert d.census.find("train_step() local acts").nbytes == 4096 * 64 * 4
     smaller = next(f for f in d.fixes if f.title == "Use a smaller batch")
-    assert "train_step() bs was 4096" in smaller.how  # the batch size, read from the failed frame
+    assert "train_step() bs = 4096 → at most" in smaller.reason  # the batch size, read from the failed frame
+    # the released line says how much each holder had: acts (1 MiB) and the payload (1 MiB) in the frames
+    assert any(c.startswith("locals of") and c.endswith("traceback frames (2.0 MiB of tensors)")
+               for c in d.release.cleared), d.release.cleared
+    assert "traceback frames (2.0 MiB of tensors)" in out
 
 
 def test_keep_traceback_keeps_frames_for_debug_until_release(shell, capsys):
@@ -113,7 +117,7 @@ def test_output_history_holding_tensors_is_dropped_on_oom(shell, capsys):
     assert n in shell.user_ns["Out"]
     shell.run_cell(FAILING_CELL, store_history=True)
     out = capsys.readouterr().out
-    assert f"Out[{n}]" in out
+    assert f"Out[{n}] (3.8 MiB of tensors)" in out  # the released line says how much it held
     assert n not in shell.user_ns["Out"]
 
 

@@ -20,6 +20,7 @@ class Advice:
     gain: float | None = None
     link: str = ""
     severity: int = 1  # 2 = fixes a failure, 1 = improves, 0 = nice to know
+    saving_bytes: int | None = None  # memory it saves, where that is what it is about (the OOM doctor)
 
     def to_dict(self) -> dict:
         return {
@@ -29,6 +30,7 @@ class Advice:
             "gain": self.gain,
             "link": self.link,
             "severity": self.severity,
+            "saving_bytes": self.saving_bytes,
         }
 
 

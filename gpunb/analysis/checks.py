@@ -21,10 +21,11 @@ from gpunb.readings.allreduce import TIMEOUT_S as ALLREDUCE_TIMEOUT_S
 from gpunb.readings.allreduce import AllReduceLaunch
 from gpunb.readings.cuda_probe import run_probe
 from gpunb.readings.devices import attribute_processes, kernel_pids, map_devices, torch_device_uuids, torch_reserved_on
-from gpunb.readings.gpu import read_snapshot
+from gpunb.readings.gpu import DriverInfo, GpuSnapshot, read_snapshot
 from gpunb.readings.host import read_host_facts
 from gpunb.readings.links import read_link_map
-from gpunb.readings.nvml import NvmlSession, default_session
+from gpunb.readings.nvml import NvmlSession, NvmlStatus, Unavailable, default_session
+from gpunb.readings.peak_cache import remember as remember_matmul_peaks
 from gpunb.readings.torch_build import read_kernel_torch_state, read_torch_build
 
 # (check, needs the subprocess measurements) in the order of the training checklist:
@@ -80,6 +81,11 @@ class DeviceChoiceError(CheckOptionError):
 
 # gloo between CPU processes (the fake NVML's stand-in) moves ~1 GB/s: small sizes suffice.
 GLOO_SIZES_MIB = (1, 8)
+def _describe(exc: BaseException) -> str:
+    try:
+        return f"{type(exc).__name__}: {str(exc)[:300]}"
+    except Exception:
+        return type(exc).__name__
 
 
 def _one(fn: Callable[[CheckInputs], CheckResult], inputs: CheckInputs) -> CheckResult:
@@ -102,6 +108,15 @@ def _allreduce_backend(inputs: CheckInputs, nvml: NvmlSession) -> str | None:
     if nvml.fake:
         return "gloo"
     return "nccl" if inputs.torch.cuda else None
+def _keep_matmul_peaks(inputs: CheckInputs, env: Mapping[str, str]) -> None:
+    """The probe's matmul TFLOP/s per GPU, kept for %%gpuprofile's MFU (readings/peak_cache.py)."""
+    probe = inputs.probe
+    facts = probe.facts if probe is not None else None
+    for dev in (facts or {}).get("devices", []):
+        result = probe.result("matmul", dev.get("index"))
+        if result and dev.get("uuid"):
+            remember_matmul_peaks(dev["uuid"], str(dev.get("name", "")), result,
+                                  torch_version=str(facts.get("torch_version", "")), environ=env)
 
 
 def check(
@@ -132,7 +147,13 @@ def check(
     t0 = time.monotonic()
     env = dict(os.environ if environ is None else environ)
     nvml = nvml or default_session()
-    snapshot = read_snapshot(nvml)
+    try:
+        snapshot = read_snapshot(nvml)
+    except Exception as exc:  # a reader bug must not take the rest of the checklist with it
+        status = NvmlStatus(False, f"gpunb could not read NVML: {_describe(exc)}",
+                            "This is a gpunb bug: please report it with this output. The other checks still ran.")
+        gap = Unavailable(status.cause)
+        snapshot = GpuSnapshot(DriverInfo(status, gap, gap, 0))
     torch = torch_state.imported_torch()
     devices = map_devices(snapshot.gpus, env, torch_device_uuids(torch))
     visible = devices.visible
@@ -142,9 +163,13 @@ def check(
         chosen = devices.nvml_index(device)
         if chosen is None:
             count = len(devices.devices)
+            unusable = [g for g in snapshot.gpus if not isinstance(g.uuid, str)]
             raise DeviceChoiceError(
                 f"device {device} does not exist: CUDA sees {count} GPU(s)"
-                + (f" (cuda:0..cuda:{count - 1})" if count else ""))
+                + (f" (cuda:0..cuda:{count - 1})" if count else "")
+                + "".join(f"; GPU{g.index} is {'lost (NVML: GPU is lost)' if g.lost else 'unreadable: ' + str(g.uuid)}"
+                          ", so CUDA cannot use it until it is reset (see `gpunb check` without --device)"
+                          for g in unusable))
         selected = (chosen,)
     else:
         selected = tuple(g.index for g in snapshot.gpus)
@@ -215,6 +240,7 @@ def check(
                 show(f"running: {_STEP_WORDS.get(step, step)}{where}")
             prober.join()
             inputs.probe = probe_box.get("result")
+            _keep_matmul_peaks(inputs, env)
         if launch is not None:
             show(f"running: an all-reduce across {launch.world_size} GPUs, one subprocess each "
                  f"(stopped after {allreduce_timeout_s:.0f} s)")

@@ -7,7 +7,7 @@ from gpunb.analysis.check_report import CheckResult, Status, worst
 from gpunb.readings.gpu import SLOWDOWN_BITS, clock_event_explanations, clock_event_names
 from gpunb.readings.nvml import is_available
 from gpunb.readings.visible_devices import VisibleDevices
-from gpunb.units import gib, num
+from gpunb.units import gib, num, shown
 
 NVIDIA_SMI_DOC = "https://docs.nvidia.com/deploy/nvidia-smi/index.html"
 NVML_DOC = "https://docs.nvidia.com/deploy/nvml-api/"
@@ -50,6 +50,13 @@ def check_driver(inputs: CheckInputs) -> CheckResult:
                            f"{ids} fell off the bus (NVML: GPU is lost); nothing can run on it.",
                            "Look for Xid errors in `dmesg`; a GPU reset (`nvidia-smi -r`, admin) or a reboot is "
                            "needed. Meanwhile hide it with CUDA_VISIBLE_DEVICES.", NVIDIA_SMI_DOC)
+    trouble = inputs.snapshot.nvml_trouble
+    if trouble:  # readings skipped because NVML hung or answered slowly: they show as n/a below
+        return CheckResult("driver", title, "warn", summary, measured,
+                           "NVML answered slowly or not at all: " + "; ".join(trouble[:3]),
+                           "Readings that timed out show as n/a. If `nvidia-smi` is slow or hangs too, the driver "
+                           "is struggling: look for Xid errors in `dmesg`; a GPU reset or reboot (administrator) "
+                           "may be needed.", NVIDIA_SMI_DOC)
     return CheckResult("driver", title, "ok", summary, measured, link=NVIDIA_SMI_DOC)
 
 
@@ -62,8 +69,8 @@ def check_other_processes(inputs: CheckInputs) -> CheckResult:
     parts, measured = [], {}
     for g in inputs.gpus:
         procs = inputs.processes(g.index)
-        if not is_available(procs):
-            statuses.append("ok")
+        if not is_available(procs):  # nothing read: not "ok"
+            statuses.append("skip")
             parts.append(f"GPU{g.index}: process list {procs}")
             continue
         others = list(inputs.ownership[g.index].others)  # not this kernel nor its children (devices.py)
@@ -178,16 +185,21 @@ def check_ecc(inputs: CheckInputs) -> CheckResult:
     for g in inputs.gpus:
         errors = g.ecc_uncorrected_volatile
         measured[f"gpu{g.index}"] = {"ecc_enabled": g.ecc_enabled, "uncorrected_volatile": errors}
-        if g.ecc_enabled is not True:
-            parts.append(f"GPU{g.index}: ECC {'off' if g.ecc_enabled is False else 'n/a'}")
+        if not is_available(g.ecc_enabled):
+            parts.append(f"GPU{g.index}: ECC mode {g.ecc_enabled}")
+            statuses.append("skip")
+        elif g.ecc_enabled is not True:
+            parts.append(f"GPU{g.index}: ECC off")
             statuses.append("ok")
         elif is_available(errors) and errors > 0:
             parts.append(f"GPU{g.index}: {errors} uncorrectable error(s) since the driver loaded")
             statuses.append("fail")
-        else:
-            parts.append(f"GPU{g.index}: ECC on, 0 uncorrectable errors" if is_available(errors)
-                         else f"GPU{g.index}: ECC on, error count {errors}")
+        elif is_available(errors):
+            parts.append(f"GPU{g.index}: ECC on, 0 uncorrectable errors")
             statuses.append("ok")
+        else:
+            parts.append(f"GPU{g.index}: ECC on, error count {errors}")
+            statuses.append("skip")
     status = worst(statuses)
     return CheckResult("ecc", title, status, "; ".join(parts), measured,
                        "Uncorrectable memory errors: results may be wrong and the GPU may need a reset."
@@ -204,7 +216,8 @@ def check_persistence(inputs: CheckInputs) -> CheckResult:
     off = [g for g in inputs.gpus if g.persistence_mode is False]
     parts = [f"GPU{g.index}: {'on' if g.persistence_mode is True else 'off' if g.persistence_mode is False else g.persistence_mode}"
              for g in inputs.gpus]
-    return CheckResult("persistence_mode", title, "warn" if off else "ok", "; ".join(parts),
+    read = [g for g in inputs.gpus if is_available(g.persistence_mode)]
+    return CheckResult("persistence_mode", title, "warn" if off else "ok" if read else "skip", "; ".join(parts),
                        {f"gpu{g.index}": g.persistence_mode for g in inputs.gpus},
                        "Persistence mode is off: the driver tears the GPU down when idle, so every first CUDA "
                        "call pays the start-up again." if off else "",
@@ -223,9 +236,10 @@ def check_mig(inputs: CheckInputs) -> CheckResult:
             parts.append(f"GPU{g.index}: on, {len(g.mig_devices)} MIG device(s): "
                          + ", ".join(f"{m.uuid} ({gib(m.memory_total_bytes)})" for m in g.mig_devices))
         else:
-            parts.append(f"GPU{g.index}: {'off' if g.mig_enabled is False else 'n/a'}")
+            parts.append(f"GPU{g.index}: {'off' if g.mig_enabled is False else g.mig_enabled}")
     on = any(g.mig_enabled is True for g in inputs.gpus)
-    return CheckResult("mig_mode", title, "ok", "; ".join(parts),
+    read = any(is_available(g.mig_enabled) for g in inputs.gpus)
+    return CheckResult("mig_mode", title, "ok" if read else "skip", "; ".join(parts),
                        {f"gpu{g.index}": {"enabled": g.mig_enabled, "devices": [m.uuid for m in g.mig_devices]}
                         for g in inputs.gpus},
                        link="https://docs.nvidia.com/datacenter/tesla/mig-user-guide/",
@@ -241,6 +255,9 @@ def check_compute_mode(inputs: CheckInputs) -> CheckResult:
     statuses, parts = [], []
     for g in inputs.gpus:
         parts.append(f"GPU{g.index}: {g.compute_mode}")
+        if not is_available(g.compute_mode):
+            statuses.append("skip")
+            continue
         statuses.append({"exclusive-process": "warn", "prohibited": "fail"}.get(g.compute_mode, "ok"))
     status = worst(statuses)
     cause = fix = ""
@@ -257,24 +274,31 @@ def check_compute_mode(inputs: CheckInputs) -> CheckResult:
 def check_visible_devices(inputs: CheckInputs) -> CheckResult:
     title = "CUDA_VISIBLE_DEVICES matches the GPUs"
     vis: VisibleDevices = inputs.visible
-    measured = {"value": vis.raw, "visible": list(vis.visible), "nvml_indices": list(vis.nvml_indices)}
+    raw = None if vis.raw is None else shown(vis.raw, 80)  # the value may be huge: shown cut short
+    measured = {"value": vis.raw if vis.raw is None or len(vis.raw) <= 200 else raw,
+                "visible": list(vis.visible), "nvml_indices": list(vis.nvml_indices)}
     link = "https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#cuda-environment-variables"
     if not inputs.snapshot.driver.nvml.ok:
-        summary = "unset" if vis.raw is None else f"set to {vis.raw!r}"
+        summary = "unset" if vis.raw is None else f"set to {raw}"
         return CheckResult("cuda_visible_devices", title, "skip", f"{summary}; no GPU to match it against", measured)
     if vis.problems:
         return CheckResult("cuda_visible_devices", title, "fail",
-                           f"CUDA_VISIBLE_DEVICES={vis.raw!r}: CUDA will see {len(vis.visible)} GPU(s)",
+                           f"CUDA_VISIBLE_DEVICES={raw}: CUDA will see {len(vis.visible)} GPU(s)",
                            measured, " ".join(vis.problems),
                            "Fix the value (indices, GPU-<uuid> or MIG-<uuid>, comma-separated), or unset it: "
                            "`%env CUDA_VISIBLE_DEVICES=0` in a notebook must run before torch touches CUDA.", link)
     devices = inputs.devices
     pairs = ", ".join(f"cuda:{d.cuda_index} = GPU{d.nvml_index}{'' if d.certain else ' (uncertain)'}"
                       for d in devices.devices)
+    unusable = [g for g in inputs.snapshot.gpus if not isinstance(g.uuid, str)]
+    if vis.raw is None and unusable:  # a lost GPU: CUDA sees the others, not "all"
+        return CheckResult("cuda_visible_devices", title, "warn", f"unset: CUDA sees {pairs or 'no GPU'}", measured,
+                           " ".join(vis.notes), "See the driver check: a lost GPU needs a reset; until then "
+                           "CUDA_VISIBLE_DEVICES=<the others> keeps programs off it.", link)
     if vis.raw is None:
         summary = f"unset: CUDA sees all {len(vis.visible)} GPU(s)" + (f" ({pairs})" if len(devices.devices) > 1 else "")
     else:
-        summary = f"CUDA_VISIBLE_DEVICES={vis.raw!r}: CUDA sees {pairs}"
+        summary = f"CUDA_VISIBLE_DEVICES={raw}: CUDA sees {pairs}"
     if devices.confirmed_by_torch:
         summary += "; confirmed by torch's device UUIDs"
     measured["cuda_to_nvml"] = {f"cuda:{d.cuda_index}": d.nvml_index for d in devices.devices}

@@ -49,6 +49,12 @@ def check_shm(inputs: CheckInputs) -> CheckResult:
 def check_disk(inputs: CheckInputs) -> CheckResult:
     h = inputs.host
     title = "Free disk space for checkpoints"
+    if h.cwd_deleted:
+        return CheckResult("disk", title, "warn", "the current directory was deleted: its disk space cannot be read",
+                           {"path": None}, "The directory this process runs in no longer exists: saving a checkpoint "
+                           "or reading data by a relative path fails with FileNotFoundError.",
+                           "Change to an existing directory (`%cd ~` in a notebook, `cd ~` in a shell), then "
+                           "run the check again.")
     if h.disk_free_bytes is None:
         return CheckResult("disk", title, "skip", f"cannot read disk usage of {h.disk_path}")
     summary = f"{gib(h.disk_free_bytes)} free of {gib(h.disk_total_bytes)} at {h.disk_path}"

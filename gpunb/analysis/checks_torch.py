@@ -8,10 +8,11 @@ import re
 from gpunb.analysis.check_inputs import CheckInputs
 from gpunb.analysis.check_report import CheckResult, Status, worst
 from gpunb.analysis.gpu_specs import pcie_gbps, peak_for
+from gpunb.analysis.torch_wheels import install_command
 from gpunb.readings.devices import uuid_key
 from gpunb.readings.gpu import GpuInfo
 from gpunb.readings.nvml import is_available
-from gpunb.units import num
+from gpunb.units import num, shown
 
 INSTALL_DOC = "https://pytorch.org/get-started/locally/"
 COMPAT_DOC = "https://docs.nvidia.com/deploy/cuda-compatibility/"
@@ -75,9 +76,8 @@ def check_torch_build(inputs: CheckInputs) -> CheckResult:
             return CheckResult("torch_cuda", title, "skip", f"torch {t.version} is a CPU build (no GPU here)", measured)
         return CheckResult("torch_cuda", title, "fail", f"torch {t.version} is a CPU-only build", measured,
                            "This torch has no CUDA support: every model silently trains on the CPU.",
-                           "Reinstall the CUDA build: `pip install --force-reinstall torch --index-url "
-                           "https://download.pytorch.org/whl/cu130` (pick the CUDA version your driver supports at "
-                           + INSTALL_DOC + ").", INSTALL_DOC)
+                           f"Reinstall the CUDA build your driver (CUDA {driver_cuda}) runs: "
+                           f"`{install_command(driver_cuda)}`.", INSTALL_DOC)
     summary = f"torch {t.version} built for CUDA {t.cuda}; driver supports CUDA {driver_cuda}"
     facts = _facts(inputs)
     if facts is not None and not facts.get("cuda_available") and inputs.has_gpu:
@@ -347,9 +347,14 @@ def check_precision(inputs: CheckInputs) -> CheckResult:
     k, facts = inputs.kernel_torch, _facts(inputs)
     setting = k.matmul_precision if k is not None else (facts or {}).get("matmul_precision")
     parts, tips = [], []
+    unread = [g for g in inputs.gpus if not is_available(g.compute_capability)]
+    if len(unread) == len(inputs.gpus):  # nothing to judge: not "ok"
+        return CheckResult("precision", title, "skip", "; ".join(
+            f"GPU{g.index}: compute capability could not be read ({g.compute_capability.reason})" for g in unread))
     for g in inputs.gpus:
         cc = g.compute_capability
         if not is_available(cc):
+            parts.append(f"GPU{g.index}: compute capability {cc}")
             continue
         parts.append(f"GPU{g.index}: " + ("TF32 and bf16 supported" if tuple(cc) >= (8, 0)
                                           else "no TF32/bf16 (before Ampere): use fp16 autocast with GradScaler"))
@@ -386,10 +391,10 @@ def parse_alloc_conf(value: str) -> tuple[dict[str, str], list[str]]:
         key, sep, val = item.partition(":")
         key = key.strip()
         if not sep:
-            problems.append(f"{item!r} has no ':' (expected key:value)")
+            problems.append(f"{shown(item)} has no ':' (expected key:value)")
             continue
         if key not in _ALLOC_KEYS:
-            problems.append(f"unknown key {key!r}")
+            problems.append(f"unknown key {shown(key)}")
         settings[key] = val.strip()
     return settings, problems
 
@@ -404,10 +409,17 @@ def check_alloc_conf(inputs: CheckInputs) -> CheckResult:
         return CheckResult("alloc_conf", title, "ok", "unset: torch's default caching allocator", {}, link=link, tip=tip)
     raw = inputs.environ[name]
     settings, problems = parse_alloc_conf(raw)
-    summary = f"{name}={raw!r} → " + (", ".join(f"{k}={v}" for k, v in settings.items()) or "nothing")
+    # Shown cut short: the value (and so its keys and problems) may be huge.
+    parsed = ", ".join(f"{k if len(k) <= 40 else shown(k)}={v if len(v) <= 40 else shown(v)}"
+                       for k, v in list(settings.items())[:10])
+    summary = f"{name}={shown(raw, 80)} → " + (parsed or "nothing") + (
+        f" and {len(settings) - 10} more" if len(settings) > 10 else "")
+    listed = problems[:5] + ([f"{len(problems) - 5} more problems"] if len(problems) > 5 else [])
+    if len(raw) > 4096 or len(settings) > 50:
+        settings = {"(value too long to list)": shown(raw, 80)}
     if problems:
-        return CheckResult("alloc_conf", title, "warn", summary, {"settings": settings, "problems": problems},
-                           "; ".join(problems) + ": torch rejects unrecognized keys with an error at the first CUDA "
+        return CheckResult("alloc_conf", title, "warn", summary, {"settings": settings, "problems": listed},
+                           "; ".join(listed) + ": torch rejects unrecognized keys with an error at the first CUDA "
                            "allocation.", "Correct the value (keys: " + ", ".join(sorted(_ALLOC_KEYS)) + ").", link)
     if inputs.kernel_torch is not None and inputs.kernel_torch.cuda_initialized:
         tip = "This kernel's CUDA is already initialized: changes to the variable now apply only after a restart."

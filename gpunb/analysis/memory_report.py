@@ -17,6 +17,9 @@ from gpunb.analysis.release import measure
 from gpunb.analysis.tensor_census import Census, take_census
 
 
+NVML_BUDGET_S = 1.0  # what %gpumem may spend on NVML: a hung driver costs the cell at most this (plus one call)
+
+
 def _gpu_rows(torch: Any, nvml: Any) -> tuple[tuple[GpuMemoryRow, ...], list[str]]:
     from gpunb.readings import torch_state
     from gpunb.readings.devices import read_device_map, read_ownership
@@ -139,7 +142,8 @@ def memory(
                         if torch.backends.cuda.is_built() and nvml.device_count() > 0 else
                         "torch sees no CUDA GPU (CPU-only build or no driver): showing CPU tensors. "
                         "Run %gpucheck to see why.")
-    gpus, nvml_problems = _gpu_rows(torch, nvml)
+    with nvml.budget(NVML_BUDGET_S, "%gpumem"):
+        gpus, nvml_problems = _gpu_rows(torch, nvml)
     problems.extend(nvml_problems)
     use_cuda = torch is not None and _cuda(torch) and not all_devices
     census = None
@@ -148,5 +152,7 @@ def memory(
         census = take_census(namespace, torch=torch, devices={"cuda"} if use_cuda else None,
                              output_history=oh if isinstance(oh, dict) else None,
                              exceptions=[("old exception (sys.last_value)", getattr(sys, "last_value", None))])
+        if census.skipped_count:
+            problems.append(census.skipped_note())
     return MemoryReport(gpus, census, problems, freed, top, "cuda" if use_cuda else "all")
 

@@ -7,12 +7,13 @@ live tensors. Causes are named from those; fixes carry an estimated saving for t
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from typing import Any
 
 from gpunb import units
-from gpunb.analysis.advice import Advice, ranked
+from gpunb.analysis.advice import Advice
 from gpunb.analysis.oom_message import OomMessage, find_oom, parse_oom_message
 from gpunb.analysis.oom_records import Cause, OomDiagnosis, OtherProcess
 from gpunb.analysis.tensor_census import EXCEPTION, NAMESPACE, Census, take_census
@@ -91,16 +92,21 @@ def diagnose(
                 process = me.used_bytes
     other_bytes = sum(p.used_bytes or 0 for p in others)
 
-    by_role = census.by_role() if census else {}
+    # Only tensors on the failing GPU hold its memory: CPU tensors in the census are shown, never counted.
+    on_gpu = [e for e in census.entries if _on_device(e.device, m.device)] if census else []
+    by_role: dict[str, int] = {}
+    for e in on_gpu:
+        by_role[e.role] = by_role.get(e.role, 0) + e.nbytes
     params = by_role.get("parameter", 0)
     grads = by_role.get("gradient", 0)
     opt_state = by_role.get("optimizer state", 0)
-    leftover_entries = [e for e in census.entries if e.source != NAMESPACE and e.source != EXCEPTION] if census else []
+    fp32_params = any(e.role == "parameter" and e.dtype == "float32" for e in on_gpu)
+    leftover_entries = [e for e in on_gpu if e.source != NAMESPACE and e.source != EXCEPTION]
     # Leftovers: not the model/optimizer, and not the failed cell's frames — tensors kept
     # from earlier cells (namespace "other" that predates the failing cell is passed by the
     # hook as source "earlier cells"), the output history and older exceptions.
     leftover_bytes = sum(e.nbytes for e in leftover_entries)
-    frames_bytes = census.total_bytes(source=EXCEPTION) if census else 0
+    frames_bytes = sum(e.nbytes for e in on_gpu if e.source == EXCEPTION)
 
     # What the failing code needed at that moment (lower bound): what torch held plus the request.
     needed = (allocated or 0) + (requested or 0) if allocated is not None and requested is not None else None
@@ -154,15 +160,25 @@ def diagnose(
     causes = _ranked_causes(causes, sufficient)
 
     fixes = _fixes(causes, needed=needed, requested=requested, free=free, unalloc=unalloc, params=params, grads=grads,
-                   opt_state=opt_state, allocated=allocated, leftover_entries=leftover_entries, census=census,
-                   others=others, expandable_on=expandable_on, batch_size=batch_size, gives=gives,
-                   sufficient=sufficient)
+                   opt_state=opt_state, allocated=allocated, leftover_entries=leftover_entries,
+                   fp32_params=fp32_params if census is not None and on_gpu else None, others=others,
+                   expandable_on=expandable_on, batch_size=batch_size, gives=gives, sufficient=sufficient)
     notes = []
+    if census is not None and census.skipped_count:
+        notes.append(census.skipped_note())
     if frames_bytes:
         notes.append(f"the failed cell's frames hold {gib(frames_bytes)} of tensors until released")
     if process is not None and m.non_torch_bytes is not None:
         notes.append(f"CUDA context and non-PyTorch libraries: {gib(m.non_torch_bytes)}")
-    return OomDiagnosis(etype, msg, causes, fixes, census, torch_memory, tuple(others), process, None, notes)
+    return OomDiagnosis(etype, msg, causes, fixes, census, torch_memory, tuple(others), process, None, notes,
+                        requested_bytes=requested, free_bytes=free)
+
+
+def _on_device(device: str, index: int | None) -> bool:
+    """Is a census entry's device ("cuda:0", "cpu") the GPU that ran out (any GPU if unknown)?"""
+    if not device.startswith("cuda"):
+        return False
+    return index is None or device in (f"cuda:{index}", "cuda")
 
 
 def _ranked_causes(causes: list[Cause], sufficient: dict[str, bool | None]) -> list[Cause]:
@@ -185,27 +201,45 @@ def _ranked_causes(causes: list[Cause], sufficient: dict[str, bool | None]) -> l
 
 def _fixes(causes: list[Cause], *, needed: int | None, requested: int | None, free: int | None,
            unalloc: int | None, params: int, grads: int, opt_state: int, allocated: int | None,
-           leftover_entries: list, census: Census | None, others: list[OtherProcess],
+           leftover_entries: list, fp32_params: bool | None, others: list[OtherProcess],
            expandable_on: bool, batch_size: tuple[str, int] | None = None,
            gives: dict[str, int | None] | None = None, sufficient: dict[str, bool | None] | None = None,
            ) -> list[Advice]:
+    """The fixes, each with the memory it would save here, ranked: the one thing that can work for
+    a request larger than the GPU; for a working-set failure the batch size, bf16 autocast and
+    activation checkpointing; then by whether the saving covers the shortfall, and its size."""
     codes = {c.code for c in causes}
-    out: list[Advice] = []
-    gain = lambda b: _frac(b, needed)  # noqa: E731  fraction of what the failing code needed
+    short = None if requested is None or free is None else max(0, requested - free)
     gives, sufficient = gives or {}, sufficient or {}
+    out: list[tuple[tuple, Advice]] = []  # (rank key, fix)
+    order = {c.code: i for i, c in enumerate(causes)}
 
-    def freeing(code: str, nbytes: int | None) -> tuple[float | None, int]:
-        """(gain, severity) of giving a cause's memory back: it fixes the failure only if it suffices,
-        and it gains only what the request could have used (nothing, for other processes under a cap)."""
+    def add(title: str, reason: str, how: str, saving: int | None, link: str = "", covers: bool | None = None,
+            group: int = 2, cause: str = WORKING_SET, sure: bool = False) -> None:
+        """``sure``: the saving is what giving that memory back returns, or a batch chosen to fit;
+        else it is an estimate (bf16 halves activations, checkpointing keeps block inputs)."""
+        if covers is None:
+            covers = saving is not None and short is not None and saving >= short
+        fix = Advice(title, reason, how, _frac(saving, needed), link, severity=2 if covers else 1,
+                     saving_bytes=None if saving is None else int(saving))
+        if group < 2:  # in the order added (the issue's order for a working-set failure), covering first
+            key: tuple = (group, not covers, len(out))
+        else:  # covering first, sure before estimated, the cause's rank, then the larger saving
+            key = (group, not covers, not sure, order.get(cause, len(order)), -(saving or 0))
+        out.append((key, fix))
+
+    def freeing(code: str, nbytes: int | None) -> tuple[int | None, bool]:
+        """(saving, covers) of giving a cause's memory back: only what the request could have used
+        (nothing, for other processes under a cap), and it covers only if that would have sufficed."""
         g = gives.get(code)
-        return gain(nbytes if g is None else g), 1 if sufficient.get(code) is False else 2
+        return (nbytes if g is None else g), sufficient.get(code) is not False and (
+            sufficient.get(code) is True or (short is not None and (g if g is not None else nbytes or 0) >= short))
+
     if TOO_LARGE_FOR_GPU in codes:
-        out.append(Advice(
-            "Split the operation that asked for one huge block",
+        add("Split the operation that asked for one huge block",
             f"a single allocation of {gib(requested)} exceeds the GPU; look at the line in the traceback",
             "Process the tensor in chunks (e.g. `torch.split` / a loop over the batch), or reduce the "
-            "sequence length/resolution that sets its size.",
-            None, severity=2))
+            "sequence length/resolution that sets its size.", None, covers=True, group=0)
     if LEFTOVERS in codes:
         names = [e.name for e in leftover_entries if not e.name.startswith(("Out[", "_"))][:5]
         outs = [e.name for e in leftover_entries if e.name.startswith("Out[")][:5]
@@ -214,82 +248,96 @@ def _fixes(causes: list[Cause], *, needed: int | None, requested: int | None, fr
             how.append("%gpumem --free " + " ".join(n.split(".")[0].split("[")[0] for n in names))
         if outs:
             how.append("%reset -f out   # output history holds: " + ", ".join(outs))
-        freed = sum(e.nbytes for e in leftover_entries)
-        g, sev = freeing(LEFTOVERS, freed)
-        out.append(Advice("Free leftovers from earlier cells", f"{gib(freed)} held by " + ", ".join(
-            e.name for e in leftover_entries[:4]), "\n".join(how) or "del <name>; then %gpumem", g, severity=sev))
+        held = sum(e.nbytes for e in leftover_entries)
+        saving, covers = freeing(LEFTOVERS, held)
+        add("Free leftovers from earlier cells", f"{gib(held)} held by " + ", ".join(
+            e.name for e in leftover_entries[:4]), "\n".join(how) or "del <name>; then %gpumem", saving, covers=covers,
+            cause=LEFTOVERS, sure=True)
     if OTHER_PROCESSES in codes:
         other = sum(p.used_bytes or 0 for p in others)
         held_by = ", ".join(p.label if p.holder else str(p.pid) for p in others[:5])
         if not any(p.holder for p in others[:5]):
             held_by = f"PID {held_by} (another kernel or job)"
-        g, sev = freeing(OTHER_PROCESSES, other)
-        short = "" if sev == 2 else " (freeing them alone would not have been enough)"
-        out.append(Advice("Free the GPU from other processes",
-                          f"{gib(other)} held by {held_by}{short}",
-                          "Shut down idle kernels (JupyterLab: Running tab) or use another GPU "
-                          "(`CUDA_VISIBLE_DEVICES`); `nvidia-smi` lists them.", g, severity=sev))
+        saving, covers = freeing(OTHER_PROCESSES, other)
+        add("Free the GPU from other processes",
+            f"{gib(other)} held by {held_by}" + ("" if covers else " (freeing them alone would not have been enough)"),
+            "Shut down idle kernels (JupyterLab: Running tab) or use another GPU "
+            "(`CUDA_VISIBLE_DEVICES`); `nvidia-smi` lists them.", saving, covers=covers, cause=OTHER_PROCESSES,
+            sure=True)
     if FRAGMENTATION in codes and not expandable_on:
-        g, sev = freeing(FRAGMENTATION, unalloc)
-        out.append(Advice("Turn on expandable segments",
-                          f"{gib(unalloc)} was reserved but unallocated: fragmentation",
-                          "import os; os.environ['PYTORCH_CUDA_ALLOC_CONF'] = 'expandable_segments:True'  "
-                          "# before torch first uses CUDA: restart the kernel, set it in the first cell",
-                          g, CUDA_NOTES, severity=sev))
+        saving, covers = freeing(FRAGMENTATION, unalloc)
+        add("Turn on expandable segments", f"{gib(unalloc)} was reserved but unallocated: fragmentation",
+            "import os; os.environ['PYTORCH_CUDA_ALLOC_CONF'] = 'expandable_segments:True'  "
+            "# before torch first uses CUDA: restart the kernel, set it in the first cell", saving, CUDA_NOTES,
+            covers=covers, cause=FRAGMENTATION, sure=True)
     if WORKING_SET in codes or LEFTOVERS in codes or FRAGMENTATION in codes:
-        working = next((c.bytes for c in causes if c.code == WORKING_SET), None)
-        if working is None and allocated is not None:
-            working = max(0, allocated - params - grads - opt_state)
-        # What fits: the working set scales with the batch; the fixed part does not.
-        if working and requested is not None and free is not None and needed:
-            short = max(0, requested - free)
-            act_need = working + requested
-            fit = max(0.0, 1.0 - short / act_need) if act_need else None
-            reason = (f"activations/temporaries need ≈{gib(act_need)} and {gib(short)} was missing; "
-                      f"at most ≈{fit * 100:.0f} % of the current batch fits (the rest of the step allocates more)"
-                      if fit is not None else "")
-            factor = max(0.05, (fit or 0.5) * 0.9)  # 10 % under the estimate: the fit is approximate
-            how = "batch_size = int(batch_size * %.2f)   # or find it exactly: %%gpufit step_fn" % factor
+        _working_set_fixes(add, causes, short=short, requested=requested, allocated=allocated,
+                           fixed=params + grads + opt_state + sum(e.nbytes for e in leftover_entries),
+                           fp32_params=fp32_params, batch_size=batch_size,
+                           group=1 if causes and causes[0].code == WORKING_SET else 2)
+    if grads:
+        add("Drop gradients between steps (set_to_none)",
+            f"{gib(grads)} of gradients were alive during the failing step",
+            "optimizer.zero_grad(set_to_none=True)   # or model.zero_grad(set_to_none=True) before eval", grads,
+            sure=True)
+    if opt_state:
+        add("Use a lighter optimizer", f"optimizer state holds {gib(opt_state)} (Adam keeps 2 values per parameter)",
+            "torch.optim.SGD(model.parameters(), lr=..., momentum=0.9)   # 1 value per parameter; "
+            "or 8-bit Adam (bitsandbytes)", opt_state // 2)
+    out.sort(key=lambda kf: kf[0])
+    return [a for _, a in out]
+
+
+def _working_set_fixes(add: Any, causes: list[Cause], *, short: int | None, requested: int | None,
+                       allocated: int | None, fixed: int, fp32_params: bool | None,
+                       batch_size: tuple[str, int] | None, group: int) -> None:
+    """Smaller batch, gradient accumulation, bf16 autocast, activation checkpointing, with savings from
+    the working set measured at the failure: what torch had allocated beyond the model, its
+    gradients, optimizer state and leftovers (activations and temporaries of this batch), plus the
+    request itself. Without the allocator's numbers the request alone is a lower bound."""
+    need = None
+    if requested is not None:
+        need = requested + (max(0, allocated - fixed) if allocated is not None else 0)
+    at_least = "" if allocated is not None else "at least "
+    fits = None if need is None or short is None or need <= 0 else max(0.0, 1.0 - short / need)
+    reason = ""
+    if need is not None and short is not None:
+        reason = f"this batch's activations and temporaries needed {at_least}{gib(need)} and {gib(short)} was missing"
+        if fits:
+            reason += f": at most ≈{fits * 100:.0f} % of the batch fits"
             if batch_size is not None:
                 where, value = batch_size
-                how = (f"batch_size = {max(1, int(value * factor))}   # {where} was {value}; "
-                       "or find it exactly: %gpufit step_fn")
-                reason += f" (≈{max(1, int(value * (fit or 0.5)))} of {value})"
-            out.append(Advice("Use a smaller batch", reason, how,
-                              _frac(short, needed) if short else 0.5 * (gain(working) or 0),
-                              # the sure fix when nothing that could be freed would have been enough
-                              severity=2 if causes[0].code == WORKING_SET else 1))
-            out.append(Advice("Keep the effective batch with gradient accumulation",
-                              "a smaller micro-batch with accumulation uses the smaller batch's memory "
-                              "and trains like the large one",
-                              "loss = loss / accum_steps; loss.backward()\n"
-                              "if (i + 1) % accum_steps == 0: optimizer.step(); optimizer.zero_grad(set_to_none=True)",
-                              _frac(short, needed) if short else None, severity=1))
-            fp32_params = census is not None and any(e.role == "parameter" and e.dtype == "float32"
-                                                     for e in census.entries)
-            if fp32_params or census is None:
-                out.append(Advice("Train in bf16 autocast",
-                                  "activations stored in bf16 take half the bytes of fp32",
-                                  "with torch.autocast('cuda', dtype=torch.bfloat16):\n    loss = model(x)...",
-                                  gain(act_need // 2), "https://docs.pytorch.org/docs/stable/amp.html"))
-            out.append(Advice("Use activation checkpointing",
-                              "recompute activations in backward instead of storing them (≈ +30 % compute)",
-                              "from torch.utils.checkpoint import checkpoint\n"
-                              "h = checkpoint(block, h, use_reentrant=False)",
-                              gain(int(act_need * 0.6)),
-                              "https://docs.pytorch.org/docs/stable/checkpoint.html"))
-    if grads:
-        out.append(Advice("Drop gradients between steps (set_to_none)",
-                          f"{gib(grads)} of gradients were alive during the failing step",
-                          "optimizer.zero_grad(set_to_none=True)   # or model.zero_grad(set_to_none=True) before eval",
-                          gain(grads)))
-    if opt_state:
-        out.append(Advice("Use a lighter optimizer",
-                          f"optimizer state holds {gib(opt_state)} (Adam keeps 2 values per parameter)",
-                          "torch.optim.SGD(model.parameters(), lr=..., momentum=0.9)   # 1 value per parameter; "
-                          "or 8-bit Adam (bitsandbytes)",
-                          gain(opt_state // 2)))
-    return ranked(out)
+                reason += f" ({where} = {value} → at most ≈{max(1, math.floor(value * fits))})"
+        else:
+            reason += ": even a batch of one would not fit; the fixed part (model, optimizer) is too large"
+    how = "%gpufit step   # the largest batch that trains a sustained run, measured in a few trials"
+    from gpunb.analysis.batch_fit import last_fit
+
+    fit = last_fit()
+    if fit is not None and fit.recommended:
+        measured = "it" if not fit.safety else f"{fit.verified} (less {fit.safety * 100:.0f} % for safety)"
+        how = (f"batch_size = {fit.recommended}   # %gpufit {fit.step_name or 'step'} measured {measured} trains "
+               f"{fit.steps} steps in {gib(fit.capacity_bytes)} (this kernel); run it again if the model changed")
+    shrink = (short if fits else need) if need is not None and short is not None else None
+    add("Use a smaller batch", reason or "the cell's own activations did not fit", how, shrink,
+        covers=bool(fits), group=group, sure=True)
+    add("Keep the effective batch with gradient accumulation",
+        "micro-batches of the smaller size use its memory and, accumulated, train like the large batch",
+        "loss = loss / accum_steps; loss.backward()\n"
+        "if (i + 1) % accum_steps == 0: optimizer.step(); optimizer.zero_grad(set_to_none=True)", shrink,
+        covers=bool(fits), group=2, sure=True)  # after the three the issue names: it is the batch fix again
+    if fp32_params is not False:
+        add("Train in bf16 autocast",
+            f"activations stored in bf16 take half the bytes of fp32: ≈{gib(need // 2)} of the {at_least}{gib(need)}"
+            if need is not None else "activations stored in bf16 take half the bytes of fp32",
+            "with torch.autocast('cuda', dtype=torch.bfloat16):\n    loss = model(x)...",
+            None if need is None else need // 2, "https://docs.pytorch.org/docs/stable/amp.html", group=group)
+    add("Use activation checkpointing",
+        "each checkpointed block keeps only its input and recomputes the rest in backward (≈ +30 % compute); with "
+        "four or more equal blocks at least half of the activations go"
+        + (f": ≈{gib(need // 2)}" if need is not None else ""),
+        "from torch.utils.checkpoint import checkpoint\nh = checkpoint(block, h, use_reentrant=False)",
+        None if need is None else need // 2, "https://docs.pytorch.org/docs/stable/checkpoint.html", group=group)
 
 
 def name_holders(others: tuple[OtherProcess, ...]) -> tuple[OtherProcess, ...]:
@@ -319,10 +367,11 @@ def relabel_earlier(census: Census, before_ids: dict[str, int] | None, namespace
             if top in before_ids and before_ids[top] == id(namespace.get(top, None)):
                 e = replace(e, source=EARLIER_CELLS)
         out.append(e)
-    return Census(tuple(out), census.truncated, census.names_skipped)
+    return replace(census, entries=tuple(out))
 
 
 EARLIER_CELLS = "earlier cells"
+PREVIOUS_ERROR = "older error (sys.last_value)"  # census label of tensors an earlier exception's frames hold
 
 
 def gather_readings(
@@ -355,7 +404,7 @@ def gather_readings(
         previous = getattr(sys, "last_value", None)
         exceptions = [(EXCEPTION, exc)]
         if previous is not None and previous is not exc:
-            exceptions.append(("older error (sys.last_value)", previous))
+            exceptions.append((PREVIOUS_ERROR, previous))
         census = take_census(namespace, torch=torch, devices=devices, output_history=output_history,
                              exceptions=exceptions)
         census = relabel_earlier(census, before_ids, namespace)
@@ -389,7 +438,7 @@ def batch_size_hint(exc: BaseException, namespace: dict | None = None) -> tuple[
     def pick(values: dict) -> tuple[str, int] | None:
         for name in BATCH_NAMES:
             v = values.get(name)
-            if isinstance(v, int) and not isinstance(v, bool) and v > 1:
+            if type(v) is int and v > 1:  # type(), not isinstance(): a proxy's __class__ may raise
                 return name, v
         return None
 

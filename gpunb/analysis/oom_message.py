@@ -26,15 +26,40 @@ from dataclasses import dataclass, field
 
 _UNITS = {"bytes": 1, "byte": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
           "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
-_SIZE = r"([0-9]+(?:\.[0-9]+)?)\s*(bytes|byte|KiB|MiB|GiB|TiB|KB|MB|GB|TB|B)"
+# Every pattern here is linear in the message: numbers are bounded runs that must start
+# at a run's first digit, gaps are bounded, and sizes written before their label are
+# looked for in a short window behind the label, not by a search from every digit (a
+# megabyte message of digits took minutes with `[0-9]+` patterns). A number of more than
+# 15 digits is not a size.
+_NUM = r"(\d{1,15}(?:\.\d{1,6})?)(?!\d|\.\d)"
+_UNIT = r"(bytes|byte|KiB|MiB|GiB|TiB|KB|MB|GB|TB|B)\b"
+_GAP = r"\s{1,4}"
+_SIZE = _NUM + r"\s{0,4}" + _UNIT
+_SIZE_BEFORE = re.compile(r"(?<![\d.])" + _SIZE + r"\s{0,4}$", re.I)  # ends right at the label
+_WINDOW = 48  # characters behind a label that may hold its size
 
 # What kind of allocation failure, by message text (checked in this order).
 _KINDS = (
     ("cuda", re.compile(r"CUDA out of memory", re.I)),
     ("cudnn", re.compile(r"CUDNN_STATUS_(?:ALLOC_FAILED|NOT_SUPPORTED)")),
     ("cublas", re.compile(r"CUBLAS_STATUS_ALLOC_FAILED")),
-    ("cuda", re.compile(r"cudaErrorMemoryAllocation|out of memory.*\bcuda|CUDA error: out of memory", re.I)),
+    ("cuda", re.compile(r"cudaErrorMemoryAllocation|CUDA error: out of memory", re.I)),
 )
+_OUT_OF_MEMORY = re.compile(r"out of memory", re.I)
+_CUDA_WORD = re.compile(r"\bcuda", re.I)
+
+
+def _kind(text: str) -> str | None:
+    kind = next((k for k, rx in _KINDS if rx.search(text)), None)
+    if kind is not None:
+        return kind
+    # "out of memory" with "cuda" later on the same line: one look per line, never a
+    # search from every occurrence to the end of its line.
+    for line in text.splitlines():
+        m = _OUT_OF_MEMORY.search(line)
+        if m and _CUDA_WORD.search(line, m.end()):
+            return "cuda"
+    return None
 
 
 def size_to_bytes(number: str, unit: str) -> int:
@@ -79,31 +104,41 @@ class OomMessage:
         return d
 
 
-def _find(pattern: str, text: str) -> int | None:
-    m = re.search(pattern, text, re.I)
+def _after(label: str, text: str, tail: str = "") -> int | None:
+    """The size written right after ``label`` (and before ``tail``)."""
+    m = re.search(label + _GAP + _SIZE + tail, text, re.I)
     return size_to_bytes(m.group(1), m.group(2)) if m else None
 
 
+def _before(label: str, text: str) -> int | None:
+    """The size written right before ``label``: looked for behind each label found."""
+    for m in re.finditer(label, text, re.I):
+        size = _SIZE_BEFORE.search(text, max(0, m.start() - _WINDOW), m.start())
+        if size:
+            return size_to_bytes(size.group(1), size.group(2))
+    return None
+
+
 def parse_oom_message(text: str) -> OomMessage | None:
-    """Read an OOM message; ``None`` when the text is not an allocation failure."""
-    kind = next((k for k, rx in _KINDS if rx.search(text)), None)
+    """Read an OOM message; ``None`` when the text is not an allocation failure. Linear
+    in the length of the message."""
+    kind = _kind(text)
     if kind is None:
         return None
-    device = None
-    m = re.search(r"GPU\s+(\d+)", text)
-    if m:
-        device = int(m.group(1))
-    requested = _find(r"Tried to allocate\s+" + _SIZE, text)
-    total = _find(r"total capacity of\s+" + _SIZE, text) or _find(_SIZE + r"\s+total capacity", text)
-    free = _find(r"of which\s+" + _SIZE + r"\s+is free", text) or _find(_SIZE + r"\s+free\b", text)
-    process = _find(r"this process has\s+" + _SIZE + r"\s+memory in use", text)
-    allocated = _find(_SIZE + r"\s+is allocated by PyTorch", text) or _find(_SIZE + r"\s+already allocated", text)
-    unalloc = _find(_SIZE + r"\s+is reserved by PyTorch but unallocated", text)
-    reserved = _find(_SIZE + r"\s+reserved in total by PyTorch", text)
-    allowed = _find(_SIZE + r"\s+(?:is\s+)?allowed", text)
+    m = re.search(r"GPU" + _GAP + r"(\d{1,4})(?!\d)", text)
+    device = int(m.group(1)) if m else None
+    requested = _after(r"Tried to allocate", text)
+    total = _after(r"total capacity of", text) or _before(r"\btotal capacity", text)
+    free = _after(r"of which", text, _GAP + r"is free") or _before(r"\bfree\b", text)
+    process = _after(r"this process has", text, _GAP + r"memory in use")
+    allocated = _before(r"\bis allocated by PyTorch", text) or _before(r"\balready allocated", text)
+    unalloc = _before(r"\bis reserved by PyTorch but unallocated", text)
+    reserved = _before(r"\breserved in total by PyTorch", text)
+    allowed = _before(r"\b(?:is\s{1,4})?allowed", text)
     others = tuple(
         (int(pid), size_to_bytes(num, unit))
-        for pid, num, unit in re.findall(r"Process\s+(\d+)\s+has\s+" + _SIZE + r"\s+memory in use", text)
+        for pid, num, unit in re.findall(
+            r"Process" + _GAP + r"(\d{1,10})(?!\d)" + _GAP + "has" + _GAP + _SIZE + _GAP + "memory in use", text)
     )
     return OomMessage(kind, text, device, requested, total, free, process, allocated, unalloc, reserved, allowed, others)
 
@@ -143,10 +178,13 @@ def find_oom(exc: BaseException | None, extra_types: tuple[type, ...] = ()) -> B
         if types and isinstance(e, types):
             return e
         if isinstance(e, (RuntimeError, MemoryError)) or type(e).__name__ in ("OutOfMemoryError", "AcceleratorError"):
-            msg = str(e)
+            try:
+                msg = str(e)
+            except Exception:  # an exception whose message cannot be made is no OOM we can read
+                continue
             if "DefaultCPUAllocator" in msg:
                 continue  # host RAM, not the GPU
-            if any(rx.search(msg) for _, rx in _KINDS):
+            if _kind(msg) is not None:
                 return e
     return None
 

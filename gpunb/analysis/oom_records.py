@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpunb import units
 from gpunb.analysis.advice import Advice
 from gpunb.analysis.oom_message import OomMessage
 from gpunb.analysis.release import ReleaseReport
@@ -51,10 +52,30 @@ class OomDiagnosis(DisplayMixin):
     this_process_bytes: int | None = None  # NVML
     release: ReleaseReport | None = None  # filled when the memory was given back
     notes: list[str] = field(default_factory=list)
+    requested_bytes: int | None = None  # the allocation that failed
+    free_bytes: int | None = None  # what it could have had: free on the device, or left under the cap
+
+    _dict_extras = ("headline", "shortfall_bytes")
 
     @property
     def primary_cause(self) -> str | None:
         return self.causes[0].code if self.causes else None
+
+    @property
+    def shortfall_bytes(self) -> int | None:
+        if self.requested_bytes is None or self.free_bytes is None:
+            return None
+        return max(0, self.requested_bytes - self.free_bytes)
+
+    @property
+    def headline(self) -> str:
+        """The failure in numbers: "asked 20.00 GiB, 3.20 GiB free: short by 16.80 GiB"."""
+        if self.requested_bytes is None:
+            return "the message does not say how much was asked"
+        if self.free_bytes is None:
+            return f"asked {units.gib(self.requested_bytes, digits=2)}"
+        return (f"asked {units.gib(self.requested_bytes, digits=2)}, {units.gib(self.free_bytes, digits=2)} free: "
+                f"short by {units.gib(self.shortfall_bytes, digits=2)}")
 
     def _repr_views_(self) -> dict[str, Render]:
         from gpunb.views.memory_view import diagnosis_html, diagnosis_text

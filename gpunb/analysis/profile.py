@@ -9,14 +9,22 @@ resets it at the start (``torch.cuda.reset_peak_memory_stats``) so the peak is t
 code that reads ``torch.cuda.max_memory_allocated()`` across cells sees the reset too.
 ``reset_peak=False`` (``--no-reset``) leaves the counter alone; the peak is then only
 reported when it grew during the cell.
+
+A closer look at a few steps (``step_plan.py``): the FLOPs of step 2 are counted (on by
+default, ``flops=False`` turns it off) and, with ``ops=True``, steps 4-6 are traced by
+torch.profiler into a Chrome/Perfetto trace in ``trace_dir`` (default: the working
+directory, which in Jupyter is the notebook's). The steps they slow are left out of the
+step times.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, Mapping
 
 from gpunb.analysis.advice import ranked
 from gpunb.analysis.instruments import TIMELINE_EVERY_S, Instruments
@@ -24,11 +32,16 @@ from gpunb.analysis.rank_channel import RankChannel
 from gpunb.analysis.ranks import TrafficMeter, build_ranks, judge_ranks
 from gpunb.analysis.profile_records import CellProfile, GpuPart, StepStats, TimeShares
 from gpunb.analysis.step_events import per_step_ms
+from gpunb.analysis.step_plan import StepPlan
+from gpunb.analysis.throughput import assess
+from gpunb.analysis.throughput_records import OpsReport
 from gpunb.analysis.verdict import judge
 from gpunb.readings import torch_state
 from gpunb.readings.devices import read_device_map, read_ownership
+from gpunb.readings.gpu import read_driver
 from gpunb.readings.gpu_activity import UtilWindow, now_us, read_util_since
 from gpunb.readings.nvml import NvmlSession, default_session, is_available
+from gpunb.readings.peak_cache import lookup as measured_peaks
 from gpunb.readings.process import read_process_usage, reset_peak_rss
 
 
@@ -44,9 +57,20 @@ class ProfileSession:
 
     def __init__(self, *, label: str = "", cell: int | None = None, warmup_steps: int = 1,
                  reset_peak: bool = True, timeline: bool = True, nvml: NvmlSession | None = None,
-                 ranks: bool = True) -> None:
+                 flops: bool = True, ops: bool = False, trace_dir: str | os.PathLike | None = None,
+                 environ: Mapping[str, str] | None = None, ranks: bool = True) -> None:
         if not isinstance(warmup_steps, int) or isinstance(warmup_steps, bool) or warmup_steps < 0:
             raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
+        for name, value in (("flops", flops), ("ops", ops)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} must be True or False, got {value!r}")
+        if trace_dir is not None and not isinstance(trace_dir, (str, os.PathLike)):
+            raise TypeError(f"trace_dir must be a directory path, got {type(trace_dir).__name__}")
+        self.flops = flops
+        self.ops = ops
+        self.trace_dir = trace_dir
+        self.environ = environ
+        self.plan: StepPlan | None = None
         self.label = label
         self.cell = cell
         self.warmup_steps = warmup_steps
@@ -77,6 +101,11 @@ class ProfileSession:
         self.instruments = Instruments(torch, memory_every_s=TIMELINE_EVERY_S if self.timeline else None)
         if cuda:
             self.instruments.device_used = self._device_used_probe(torch)
+        if self.flops or self.ops:
+            if torch is not None:
+                self._plan_steps(torch)
+            else:  # the cell imports torch itself: plan the closer look then
+                self.instruments.on_torch_import = self._plan_steps
         self.usage0 = read_process_usage()
         self.t0 = self.usage0.t_s
         self.instruments.install(cuda)
@@ -84,6 +113,31 @@ class ProfileSession:
             self.traffic = TrafficMeter(self.nvml or default_session())
             self.channel = RankChannel().open(self.instruments)
         return self
+
+    def _plan_steps(self, torch: Any) -> None:
+        self.plan = StepPlan(torch, flops=self.flops, trace_path=self._trace_path() if self.ops else None)
+        assert self.instruments is not None
+        self.instruments.step_watch = self.plan.on_step
+
+    def abort(self) -> None:
+        """Take every hook out without building a report (after a failure of gpunb's own, or
+        when the cell could not be profiled)."""
+        if self.instruments is not None:
+            self.instruments.remove()
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
+        if self.plan is not None:
+            try:
+                self.plan.finish()
+            except Exception:
+                pass
+
+    def _trace_path(self) -> Path:
+        """Next to the notebook (the kernel's working directory), named by cell and time."""
+        cell = f"cell{self.cell}-" if self.cell is not None else ""
+        name = f"gpuprofile-{cell}{time.strftime('%Y%m%d-%H%M%S')}.pt.trace.json"
+        return Path(self.trace_dir if self.trace_dir is not None else os.getcwd()) / name
 
     def stop(self, error: BaseException | None = None) -> CellProfile:
         """End the measurement (call once, also when the cell raised) and build the record."""
@@ -93,7 +147,10 @@ class ProfileSession:
         ins.remove()
         records = self.channel.close() if self.channel is not None else []
         self.channel = None
-        torch = self.torch
+        plan = self.plan
+        if plan is not None:
+            plan.stop_counting()  # before gpunb's own end-of-cell work could be counted
+        torch = self.torch = ins.torch  # the cell may have imported torch itself
         cuda = torch_state.cuda_initialized(torch)
         synced = gpu_time = None
         end_event = None
@@ -111,15 +168,22 @@ class ProfileSession:
                 error = error or exc
         ins.sample_memory(force=True)
         usage = read_process_usage(peak_was_reset=self.rss_reset)
-        steps = self._steps(ins)
+        ops = plan.finish() if plan is not None else None  # after the GPU finished: the trace is complete
+        if ops is None and self.ops and torch is None:
+            ops = OpsReport(False, (), 0.0, {}, (), (), "", None, 0.0,
+                            "torch was not imported when the cell started, so there was nothing to trace")
+        steps = self._steps(ins, plan.excluded if plan is not None else set())
         shares = self._shares(ins, t_end)
         nvml = self.nvml or default_session()
         gpu, absent = self._gpu_part(torch, cuda, nvml) if cuda else (None, self._why_no_gpu(torch))
         visible = ""
+        driver_cuda = None
         count = nvml.device_count()
         if count:
             name = nvml.device_query(0, "nvmlDeviceGetName")
             visible = str(name) if is_available(name) else "an NVIDIA GPU"
+            cuda_version = read_driver(nvml).cuda_driver_version
+            driver_cuda = cuda_version if is_available(cuda_version) else None
         build = getattr(getattr(torch, "version", None), "cuda", None) if torch is not None else None
         profile = CellProfile(
             label=self.label,
@@ -146,6 +210,9 @@ class ProfileSession:
             memory_timeline=tuple((t - self.t0, a, r) for t, a, r in ins.memory),
             step_marks_s=tuple(t - self.t0 for t in ins.step_t),
             error=f"{type(error).__name__}: {error}" if error is not None else "",
+            flops=self._throughput(plan, steps, gpu, torch) if plan is not None and self.flops else None,
+            ops=ops,
+            driver_cuda=driver_cuda,
         )
         verdict, advice = judge(profile)
         part = build_ranks(records, warmup_steps=self.warmup_steps, nvml=nvml,
@@ -157,14 +224,6 @@ class ProfileSession:
             advice = ranked(list(advice) + rank_advice)
         self.result = dataclasses.replace(profile, verdict=verdict, advice=tuple(advice), ranks=part)
         return self.result
-
-    def abort(self) -> None:
-        """Take every hook out without a report (the cell could not be profiled)."""
-        if self.instruments is not None:
-            self.instruments.remove()
-        if self.channel is not None:
-            self.channel.close()
-            self.channel = None
 
     def _device_used_probe(self, torch: Any) -> Any:
         nvml = self.nvml or default_session()
@@ -185,7 +244,19 @@ class ProfileSession:
         return used
 
     # -- parts ----------------------------------------------------------------------------
-    def _steps(self, ins: Instruments) -> StepStats:
+    def _throughput(self, plan: StepPlan, steps: StepStats, gpu: GpuPart | None, torch: Any) -> Any:
+        if plan.steps_seen == 0:
+            return None  # no training loop: nothing to say about FLOPs
+        count = plan.flop_count
+        measured = None
+        if gpu is not None and count is not None:
+            measured = measured_peaks(torch_state.device_uuid(torch, gpu.device), self.environ)
+        # the GPU's peaks apply when the counted FLOPs ran on it (not a model left on the CPU)
+        on_gpu = gpu is not None and count is not None and (
+            count.gpu_flops * 2 >= count.flops if count.flops else "cuda" in self.instruments.param_device_types)
+        return assess(count, plan.flops_why_not, steps.median_ms, gpu.name if on_gpu else None, measured)
+
+    def _steps(self, ins: Instruments, excluded: set[int] = frozenset()) -> StepStats:
         n = len(ins.step_t)
         marks = [self.t0] + ins.step_t
         host = [(b - a) * 1000.0 for a, b in zip(marks, marks[1:])]
@@ -200,13 +271,15 @@ class ProfileSession:
             source = "host clock"
             times = host
         first = times[0] if times else None
-        steady = sorted(times[self.warmup_steps:]) if len(times) > self.warmup_steps else []
+        # the warm-up, and the steps a closer look slowed (step_plan.py)
+        steady = sorted(t for i, t in enumerate(times) if i >= self.warmup_steps and i not in excluded)
+        excluded_here = tuple(sorted(i for i in excluded if self.warmup_steps <= i < n))
         median = statistics.median(steady) if steady else None
         p90 = _percentile(steady, 0.9) if steady else None
         per_s = 1000.0 / statistics.fmean(steady) if steady and statistics.fmean(steady) > 0 else None
         samples_per_s = per_s * ins.batch_size if per_s and ins.batch_size else None
         return StepStats(n, min(self.warmup_steps, n), first, median, p90, per_s,
-                         samples_per_s, ins.batch_size, source, tuple(times))
+                         samples_per_s, ins.batch_size, source, tuple(times), excluded_here)
 
     def _shares(self, ins: Instruments, t_end: float) -> TimeShares:
         begin = ins.first_fetch_t if ins.first_fetch_t is not None else self.t0
@@ -214,7 +287,8 @@ class ProfileSession:
         loop = end - begin if end > begin else t_end - self.t0
         return TimeShares(loop, ins.fetch_s, ins.fetch_n, ins.sync_n, ins.sync_gpu_n, ins.sync_s, ins.sync_gpu_s,
                           dict(ins.sync_by_method), ins.write_s, ins.write_n, ins.write_chars,
-                          ins.loader_workers, ins.loader_pin_memory)
+                          ins.loader_workers, ins.loader_pin_memory,
+                          loop_start_s=(begin - self.t0) if end > begin else 0.0)
 
     def _why_no_gpu(self, torch: Any) -> str:
         if torch is None:

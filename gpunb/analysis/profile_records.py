@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from gpunb.analysis.advice import Advice
 from gpunb.analysis.rank_records import RanksPart
+from gpunb.analysis.throughput_records import OpsReport, Throughput
 from gpunb.display import DisplayMixin, Render
 
 
@@ -22,6 +23,8 @@ class StepStats:
     batch_size: int | None
     source: str  # "CUDA events" (maybe "... every ~N steps, split by the host clock") or "host clock"
     step_ms: tuple[float, ...] = ()  # every step, in order (step 0 from the cell start)
+    # 0-based steps left out of median/p90 besides the warm-up: counted for FLOPs, traced by --ops
+    excluded: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,7 @@ class TimeShares:
     output_chars: int
     loader_workers: int | None
     loader_pin_memory: bool | None
+    loop_start_s: float | None = None  # when the loop began, in seconds from the cell start
 
     def share(self, seconds: float) -> float:
         return seconds / self.loop_s if self.loop_s > 0 else 0.0
@@ -107,6 +111,9 @@ class CellProfile(DisplayMixin):
     verdict: Verdict = Verdict("none", "", "")
     advice: tuple[Advice, ...] = ()
     extra: dict = field(default_factory=dict)
+    flops: Throughput | None = None  # FLOPs of one counted step, TFLOP/s, MFU (None: not asked for, no steps)
+    ops: OpsReport | None = None  # --ops: top operators and kernels of a few traced steps
+    driver_cuda: str | None = None  # the newest CUDA the driver supports ("13.0"), from NVML
     ranks: RanksPart | None = None  # the worker processes of a multi-GPU cell (analysis/ranks.py)
 
     def _repr_views_(self) -> dict[str, Render]:

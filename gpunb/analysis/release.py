@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from gpunb import units
 from gpunb.analysis.oom_message import exception_chain
 
 # Config switch: keep the failed cell's frames for %debug (``%gpumem --keep-traceback on``).
@@ -147,17 +148,25 @@ def clear_frame(frame: Any) -> bool:
 
 
 def holds_tensor(value: Any, torch: Any, devices: set[str] | None, depth: int = 2) -> bool:
-    """Does an output-history value hold a tensor (on ``devices``), looking ``depth`` deep?"""
+    """Does an output-history value hold a tensor (on ``devices``), looking ``depth`` deep?
+    A value that raises when looked at (an unbound proxy, say) counts as holding none."""
     if torch is None:
         return False
+    try:
+        return _holds_tensor(value, torch, devices, depth)
+    except Exception:
+        return False
+
+
+def _holds_tensor(value: Any, torch: Any, devices: set[str] | None, depth: int) -> bool:
     if isinstance(value, torch.Tensor):
         return devices is None or value.device.type in devices
     if depth <= 0:
         return False
     if isinstance(value, dict):
-        return any(holds_tensor(v, torch, devices, depth - 1) for v in list(value.values())[:1000])
+        return any(_holds_tensor(v, torch, devices, depth - 1) for v in list(value.values())[:1000])
     if isinstance(value, (list, tuple)):
-        return any(holds_tensor(v, torch, devices, depth - 1) for v in value[:1000])
+        return any(_holds_tensor(v, torch, devices, depth - 1) for v in value[:1000])
     return False
 
 
@@ -196,13 +205,21 @@ def release_failure(
     devices: set[str] | None = frozenset({"cuda"}),
     nvml_process_bytes: Callable[[], int | None] | None = None,
     pinned_bytes: int | None = None,
+    held_bytes: dict[str, int] | None = None,
 ) -> ReleaseReport:
     """Free what a failed cell pins, then ``gc.collect()`` and ``empty_cache()``.
 
     With ``keep_traceback`` the frames and ``sys.last_*`` stay (``%debug`` works), and only
     the allocator's cache is returned. The exception object itself is never removed: the
-    kernel still reports the cell as failed, with its traceback.
+    kernel still reports the cell as failed, with its traceback. ``held_bytes`` (from the
+    tensor census: ``"frames"``, ``"previous error"``, ``"Out[3]"``...) puts amounts on what
+    was let go.
     """
+    held = held_bytes or {}
+
+    def amount(key: str) -> str:
+        return f" ({units.gib(held[key], digits=2)} of tensors)" if held.get(key) else " (no tensors)" if key in held else ""
+
     torch = torch if torch is not None else sys.modules.get("torch")
     before = measure(torch, device, nvml_process_bytes)
     cleared: list[str] = []
@@ -210,16 +227,19 @@ def release_failure(
     if not keep_traceback:
         n = clear_exception_frames(exc)
         if n:
-            cleared.append(f"locals of {n} traceback frames")
+            cleared.append(f"locals of {n} traceback frames{amount('frames')}")
         last = getattr(sys, "last_value", None)
         if last is not None and last is not exc:
             n2 = clear_exception_frames(last)
             if n2:
-                cleared.append(f"locals of {n2} frames of the previous error")
+                cleared.append(f"locals of {n2} frames of the previous error{amount('previous error')}")
+        # Deleted, not set to None: IPython's %debug and %tb test for the attributes and
+        # then say "No traceback ..." themselves; None made them raise AttributeError.
         for name in ("last_type", "last_value", "last_traceback", "last_exc"):
-            if getattr(sys, name, None) is not None:
-                setattr(sys, name, None)
-                cleared.append(f"sys.{name}")
+            if hasattr(sys, name):
+                if getattr(sys, name) is not None:
+                    cleared.append(f"sys.{name}")
+                delattr(sys, name)
         itb = getattr(shell, "InteractiveTB", None) if shell is not None else None
         if itb is not None and getattr(itb, "tb", None) is not None:
             itb.tb = None
@@ -227,7 +247,7 @@ def release_failure(
     if drop_outputs and shell is not None:
         dropped = drop_output_history(shell, torch, devices)
         if dropped:
-            cleared.append("output history: " + ", ".join(dropped))
+            cleared.append("output history: " + ", ".join(d + amount(d) for d in dropped))
     gc.collect()
     if torch is not None:
         try:

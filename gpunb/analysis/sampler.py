@@ -2,7 +2,7 @@
 
 It keeps the readings in bounded ring buffers of compact typed numbers (``array``), so
 a day at the default 2 Hz fits in a few MB, and hands out windows of them to whoever
-listens (the ``%gpumonitor`` widget). The thread never prints: it only calls listeners.
+listens (the ``%gpumonitor`` output). The thread never prints: it only calls listeners.
 NVML faults (a sensor not supported, a GPU fallen off the bus) become gaps plus a note;
 nothing that happens in a tick stops the thread.
 
@@ -24,9 +24,17 @@ from typing import Any, Callable, Iterable
 from gpunb.analysis.imbalance import WINDOW_S as IMBALANCE_WINDOW_S
 from gpunb.analysis.imbalance import Imbalance, find_imbalance
 from gpunb.readings.devices import kernel_pids, read_ownership
-from gpunb.readings.gpu import GpuInfo, read_info, read_sample
+from gpunb.readings.gpu import GpuInfo, read_info, read_sample, unread_sample
 from gpunb.readings.host import read_host_sample
-from gpunb.readings.nvml import NvmlSession, NvmlStatus, Unavailable, default_session, is_available
+from gpunb.readings.nvml import (
+    HUNG_FIX,
+    TIMEOUT,
+    NvmlSession,
+    NvmlStatus,
+    Unavailable,
+    default_session,
+    is_available,
+)
 
 # NVML refreshes utilization about every 200 ms on an H200 (measured, see research), so
 # faster than 10 Hz only repeats values; below 0.5 Hz a training ramp is a blur.
@@ -44,6 +52,16 @@ WINDOW_MAX_S = HISTORY_TICKS / HZ_DEFAULT
 WINDOW_MIN_S = 1.0
 THREAD_NAME = "gpunb-sampler"
 MIB = 2**20
+# NVML time one tick may use (and finding the GPUs when a monitor starts): a hung call costs
+# a tick at most this plus one call's timeout, so the thread always comes back to its stop flag.
+TICK_BUDGET_S = 0.4
+START_BUDGET_S = 0.8
+TICK_GRACE_S = 0.02  # a tick waits no longer than its budget (plus this) for a GPU's readings
+# When NVML could not list the GPUs (not started, a timeout), ask again after this many
+# seconds, doubling up to the second figure.
+REDISCOVER_S = (1.0, 60.0)
+# stop() waits this long for the thread (a tick is bounded by the budgets above).
+STOP_JOIN_S = 0.8
 
 # Per-GPU columns: name -> array typecode. Floats store NaN for a gap; the unsigned
 # integer columns store their largest value as the gap marker.
@@ -64,6 +82,9 @@ HOST_COLUMNS: tuple[tuple[str, str], ...] = (
     ("kernel_rss_mib", "f"),
 )
 _GAP_INT = {"B": 0xFF, "H": 0xFFFF, "I": 0xFFFFFFFF}
+# No quantity a float column holds comes near this (64 TiB is 6.7e7 MiB, a year 3.2e7 s):
+# anything larger is a garbage reading, not a value to draw.
+_FLOAT_MAX = 1e15
 
 
 def clamp_hz(hz: Any) -> tuple[float, str]:
@@ -104,17 +125,27 @@ class RingColumns:
         return min(self.appended, self.capacity)
 
     def _encode(self, name: str, value: Any) -> Any:
+        """The stored form of ``value``; anything that is not a finite, non-negative number
+        the column can hold (every column is a physical quantity) becomes a gap."""
         gap = self._gap[name]
-        if value is None or isinstance(value, Unavailable):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return gap  # None, Unavailable, strings, odd objects
+        try:
+            number = float(value)
+        except (OverflowError, ValueError):
+            return gap
+        if not math.isfinite(number) or number < 0:
             return gap
         if isinstance(gap, float):
-            return float(value)
-        return max(0, min(int(round(value)), gap - 1))
+            return number if number <= _FLOAT_MAX else gap
+        whole = int(round(number))
+        return whole if whole < gap else gap
 
     def append(self, row: dict[str, Any]) -> None:
+        """Add one row; a value that does not fit becomes a gap, never a short column."""
+        encoded = [(arr, self._encode(name, row.get(name))) for name, arr in self._arrays.items()]
         full = self.appended >= self.capacity
-        for name, arr in self._arrays.items():
-            value = self._encode(name, row.get(name))
+        for arr, value in encoded:
             if full:
                 arr[self._head] = value
             else:
@@ -122,6 +153,16 @@ class RingColumns:
         if full:
             self._head = (self._head + 1) % self.capacity
         self.appended += 1
+
+    def add_columns(self, spec: Iterable[tuple[str, str]]) -> None:
+        """New columns (a GPU found late), gaps for the rows already held."""
+        for name, code in spec:
+            if name in self._arrays:
+                continue
+            gap = math.nan if code in "fd" else _GAP_INT[code]
+            self._gap[name] = gap
+            self._arrays[name] = array(code, [gap]) * len(next(iter(self._arrays.values()), ()))
+        self.spec = tuple((name, arr.typecode) for name, arr in self._arrays.items())
 
     def _ordered(self, arr: array, n: int) -> array:
         if self.appended <= self.capacity:
@@ -166,6 +207,7 @@ class GpuSeries:
     lost: bool
     columns: dict[str, list]
     max_sm_clock_mhz: float | None = None
+    temp_slowdown_c: float | None = None  # NVML's slowdown threshold: clocks drop above it
 
 
 @dataclass(frozen=True)
@@ -260,17 +302,52 @@ class Sampler:
         self._origin: float | None = None
         self.started_unix: float | None = None
 
-        self.status = self.nvml.start()
+        self.status = NvmlStatus(False, "NVML not asked yet.")
         self.gpus: tuple[GpuInfo, ...] = ()
-        if self.status.ok:
-            self.gpus = tuple(read_info(self.nvml, i) for i in range(self.nvml.device_count()))
-        spec = [("t_s", "f")]
-        for info in self.gpus:
-            spec += [(gpu_column(info.index, name), code) for name, code in GPU_COLUMNS]
-        spec += list(HOST_COLUMNS)
-        self._store = RingColumns(spec, capacity)
+        self.layout = 0  # counts changes of ``gpus`` (views redraw their panels)
+        self._store = RingColumns([("t_s", "f"), *HOST_COLUMNS], capacity)
+        self._discover_at: float | None = None  # when to look for the GPUs again
+        self._discover_delay = REDISCOVER_S[0]
         self.ram_total_mib: float | None = None
         self.cpu_count = os.cpu_count()
+        self._discover()
+
+    # -- finding the GPUs -------------------------------------------------------------
+    def _find_gpus(self) -> tuple[NvmlStatus, Any]:
+        """(status, GPU facts or the Unavailable count); runs on the NVML worker."""
+        status = self.nvml.start()
+        if not status.ok:
+            return status, None
+        count = self.nvml.query("nvmlDeviceGetCount")
+        if not is_available(count):
+            return status, count
+        return status, tuple(read_info(self.nvml, i) for i in range(count))
+
+    def _discover(self) -> None:
+        """Find the GPUs. A failure that may pass (NVML not started yet, a timeout) is
+        tried again later with backoff: one bad moment at start must not hide the GPUs."""
+        status, found = self.nvml.run(
+            self._find_gpus, budget_s=START_BUDGET_S, what="finding the GPUs",
+            fallback=lambda why: (NvmlStatus(False, f"NVML did not answer: {why}.", HUNG_FIX, TIMEOUT), None))
+        if isinstance(found, Unavailable):
+            status = NvmlStatus(False, f"NVML could not count the GPUs: {found.reason}.",
+                                "gpunb asks again in a moment; `nvidia-smi` shows what the driver says.", found.code)
+        if not status.ok:
+            self.status = status
+            delay = self._discover_delay
+            self._discover_delay = min(REDISCOVER_S[1], delay * 2)
+            self._discover_at = time.monotonic() + delay
+            self._note_once(f"{status.cause} Looking again in {delay:g} s.")
+            return
+        self.status, self._discover_at, self._discover_delay = status, None, REDISCOVER_S[0]
+        if found:
+            with self._data_lock:
+                self._store.add_columns(
+                    (gpu_column(info.index, name), code) for info in found for name, code in GPU_COLUMNS)
+                self.gpus = found
+                self.layout += 1
+            if self.ticks:  # found late: say so beside the gap before it
+                self.note(f"NVML answers again: found {len(found)} GPU(s).")
 
     # -- rate and listeners -----------------------------------------------------
     def set_hz(self, hz: float) -> str:
@@ -299,9 +376,13 @@ class Sampler:
 
     # -- one reading ------------------------------------------------------------
     def tick(self) -> None:
-        """Read every GPU and the host once, append a row, tell the listeners."""
+        """Read every GPU and the host once, append a row, tell the listeners. NVML gets
+        at most TICK_BUDGET_S (less at high rates); what it did not answer is a gap."""
         with self._tick_lock:
-            row = self._read_row()
+            with self.nvml.budget(min(TICK_BUDGET_S, 0.8 / self.hz), "the monitor"):
+                if self._discover_at is not None and time.monotonic() >= self._discover_at:
+                    self._discover()
+                row = self._read_row()
             with self._data_lock:
                 self._store.append(row)
         self._notify()
@@ -312,7 +393,13 @@ class Sampler:
             self._origin = now
             self.started_unix = self._wall_clock()
         row: dict[str, Any] = {"t_s": now - self._origin}
-        used = {info.index: self._read_gpu(info.index, row) for info in self.gpus}
+        used: dict[int, float | None] = {}
+        for info in self.gpus:
+            try:
+                used[info.index] = self._read_gpu(info.index, row)
+            except Exception as exc:  # one GPU's bad reading is a gap in its columns, not a lost row
+                used[info.index] = None
+                self._note_once(f"GPU {info.index}: reading failed ({exc!r}); shown as a gap.")
         if self.gpus and self._process_list_due(now, used):
             self._last_process_t = now
             self._refresh_processes(used)
@@ -335,7 +422,9 @@ class Sampler:
         )
 
     def _read_gpu(self, index: int, row: dict[str, Any]) -> float | None:
-        s = read_sample(self.nvml, index, self._clock)
+        t = self._clock()
+        s = self.nvml.run(read_sample, self.nvml, index, self._clock, grace_s=TICK_GRACE_S,
+                          fallback=lambda why: unread_sample(index, t, why))
         col = lambda name: gpu_column(index, name)  # noqa: E731
         used = _mib(s.memory_used_bytes)
         row[col("mem_used_mib")] = used
@@ -433,7 +522,9 @@ class Sampler:
         return thread is not None and thread.is_alive()
 
     def start(self) -> None:
-        """Start sampling in a fresh thread (no-op if already running)."""
+        """Start sampling in a fresh thread (no-op if already running). A thread of an
+        earlier stop that is still finishing its tick is waited for first: never two."""
+        _wait_for_stopped_threads()
         with self._thread_lock:
             if self._thread is not None and self._thread.is_alive():
                 return
@@ -442,8 +533,9 @@ class Sampler:
             self._stop_event, self._thread = stop, thread
             thread.start()
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop the thread and wait for it; safe to call any number of times."""
+    def stop(self, timeout: float = STOP_JOIN_S) -> None:
+        """Stop the thread and wait for it (a tick is bounded, so briefly); safe to call
+        any number of times."""
         with self._thread_lock:
             stop, thread = self._stop_event, self._thread
             self._stop_event = self._thread = None
@@ -451,6 +543,9 @@ class Sampler:
             stop.set()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
+            if thread.is_alive():  # inside a slow tick: the next start() waits for it
+                with _stopping_lock:
+                    _stopping.append(thread)
 
     def _run(self, stop: threading.Event) -> None:
         cpu0, wall0 = time.thread_time(), time.monotonic()
@@ -533,7 +628,7 @@ class Sampler:
             lost = info.lost or (info.index, "lost") in self._faults.active
             gpus.append(GpuSeries(
                 info.index, str(name), _mib(info.memory_total_bytes), _num(info.power_limit_w), lost, cols,
-                _num(info.max_sm_clock_mhz),
+                _num(info.max_sm_clock_mhz), _num(info.temp_slowdown_c),
             ))
         return tuple(gpus)
 
@@ -574,6 +669,19 @@ class Sampler:
             gpu_count=len(self.gpus),
             started_unix=self.started_unix,
         )
+
+
+_stopping: list[threading.Thread] = []  # stopped sampler threads still finishing a tick
+_stopping_lock = threading.Lock()
+
+
+def _wait_for_stopped_threads(timeout: float = 1.0) -> None:
+    with _stopping_lock:
+        threads = [t for t in _stopping if t.is_alive()]
+        _stopping[:] = threads
+    end = time.monotonic() + timeout
+    for thread in threads:
+        thread.join(max(0.0, end - time.monotonic()))
 
 
 def _other(used: list, own: list) -> list:

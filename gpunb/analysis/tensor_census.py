@@ -10,10 +10,16 @@ share storage), under the first name found for it.
 
 Works for tensors on any device (CPU too, which is how it is tested in CI); pass
 ``devices={"cuda"}`` to keep only GPU tensors.
+
+A notebook namespace holds objects that are not ours to trust: proxies whose
+``__class__`` raises while unbound (werkzeug's ``LocalProxy``), containers whose
+``items()`` or ``__iter__`` raise, properties that raise. Such a name is skipped and
+counted (``Census.names_skipped``); the walk goes on with the others.
 """
 
 from __future__ import annotations
 
+import itertools
 import sys
 import types
 from collections import deque
@@ -68,7 +74,18 @@ class TensorEntry:
 class Census:
     entries: tuple[TensorEntry, ...]  # largest first
     truncated: bool = False  # the walk hit its node bound
-    names_skipped: tuple[str, ...] = field(default_factory=tuple)
+    names_skipped: tuple[str, ...] = field(default_factory=tuple)  # could not be inspected (first 20 kept)
+    skipped_count: int = 0
+    skipped_reason: str = ""  # the first error met, e.g. "RuntimeError: object is not bound"
+
+    def skipped_note(self) -> str:
+        """"3 names skipped (could not be inspected: u, d, l; RuntimeError: ...)", or ""."""
+        if not self.skipped_count:
+            return ""
+        names = ", ".join(self.names_skipped[:8]) + (", …" if self.skipped_count > 8 else "")
+        noun = "name" if self.skipped_count == 1 else "names"
+        return (f"{self.skipped_count} {noun} skipped (could not be inspected: {names}; "
+                f"{self.skipped_reason}); tensors they hold are not counted")
 
     def total_bytes(self, *, role: str | None = None, source: str | None = None, device: str | None = None) -> int:
         return sum(
@@ -93,7 +110,28 @@ class Census:
             "by_role": self.by_role(),
             "leftover_bytes": sum(e.nbytes for e in self.leftovers),
             "truncated": self.truncated,
+            "names_skipped": list(self.names_skipped),
+            "skipped_count": self.skipped_count,
         }
+
+
+def _short_repr(value: Any, limit: int = 40) -> str:
+    """A key's repr for a reference path: bounded, and never raising."""
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _top_name(path: str) -> str:
+    """The variable a reference path starts at: ``model.fc[0].weight`` -> ``model``."""
+    if " local " in path:
+        return path
+    for i, ch in enumerate(path):
+        if ch in ".[{":
+            return path[:i]
+    return path
 
 
 def _skip_name(name: str) -> bool:
@@ -120,6 +158,29 @@ class _Walker:
         self.param_names: dict[int, str] = {}  # id(param) -> first name
         self.optimizers: list[tuple[str, Any, str]] = []
         self.queue: deque = deque()
+        self.skipped: dict[str, None] = {}  # top names that could not be inspected, in order
+        self.skipped_count = 0
+        self.skipped_reason = ""
+
+    def skip(self, path: str, exc: BaseException) -> None:
+        name = _top_name(path)
+        if name in self.skipped:
+            return
+        self.skipped_count += 1
+        if len(self.skipped) < 20:
+            self.skipped[name] = None
+        if not self.skipped_reason:
+            try:
+                message = str(exc)
+            except Exception:
+                message = ""
+            self.skipped_reason = f"{type(exc).__name__}: {message[:120]}" if message else type(exc).__name__
+
+    def is_module(self, obj: Any) -> bool:
+        try:
+            return isinstance(obj, self.Module)
+        except Exception:  # a proxy whose __class__ raises: the walk skips it later
+            return False
 
     # -- tensors -----------------------------------------------------------------
     def add_tensor(self, t: Any, name: str, role: str, source: str) -> None:
@@ -147,7 +208,11 @@ class _Walker:
 
     def drain(self) -> None:
         while self.queue:
-            self._process(*self.queue.popleft())
+            item = self.queue.popleft()
+            try:
+                self._process(*item)
+            except Exception as exc:  # a hostile object: skip that name, walk the rest
+                self.skip(item[1], exc)
 
     def _process(self, obj: Any, name: str, depth: int, source: str, role: str = "other") -> None:
         if self.nodes >= self.max_nodes:
@@ -184,19 +249,22 @@ class _Walker:
         if depth >= self.max_depth:
             return
         if isinstance(obj, dict):
-            for i, (k, v) in enumerate(list(obj.items())):
+            for i, (k, v) in enumerate(list(itertools.islice(obj.items(), 10_001))):
                 if i >= 10_000:
                     self.truncated = True
                     break
-                self.visit(v, f"{name}[{k!r}]", depth + 1, source, role)
+                self.visit(v, f"{name}[{_short_repr(k)}]", depth + 1, source, role)
         elif isinstance(obj, (list, tuple)):
-            for i, v in enumerate(obj):
+            for i, v in enumerate(list(itertools.islice(obj, 10_001))):
                 if i >= 10_000:
                     self.truncated = True
                     break
                 self.visit(v, f"{name}[{i}]", depth + 1, source, role)
         elif isinstance(obj, (set, frozenset)):
-            for i, v in enumerate(obj):
+            for i, v in enumerate(list(itertools.islice(obj, 10_001))):
+                if i >= 10_000:
+                    self.truncated = True
+                    break
                 self.visit(v, f"{name}{{item {i}}}", depth + 1, source, role)
         else:
             attrs = getattr(obj, "__dict__", None)
@@ -228,24 +296,30 @@ class _Walker:
     def finish_optimizers(self) -> None:
         for name, opt, source in self.optimizers:
             try:
-                groups = opt.param_groups
-                state = opt.state
-            except Exception:
-                continue
-            index = 0
-            for group in groups:
-                for p in group.get("params", ()):
-                    pname = self.param_names.get(id(p), f"param{index}")
-                    index += 1
-                    if id(p) not in self.seen_objects:  # parameters only the optimizer holds
-                        self.seen_objects.add(id(p))
-                        self.add_tensor(p, f"{name}.param_groups[{pname}]", "parameter", source)
-                        if p.grad is not None:
-                            self.add_tensor(p.grad, f"{name}.param_groups[{pname}].grad", "gradient", source)
-                    for key, value in (state.get(p) or {}).items():
-                        if isinstance(value, self.Tensor):
-                            self.add_tensor(value, f"{name}.state[{pname}].{key}", "optimizer state", source)
+                self._finish_optimizer(name, opt, source)
+            except Exception as exc:  # an optimizer subclass with odd state
+                self.skip(name, exc)
         self.optimizers.clear()
+
+    def _finish_optimizer(self, name: str, opt: Any, source: str) -> None:
+        try:
+            groups = opt.param_groups
+            state = opt.state
+        except Exception:
+            return
+        index = 0
+        for group in groups:
+            for p in group.get("params", ()):
+                pname = self.param_names.get(id(p), f"param{index}")
+                index += 1
+                if id(p) not in self.seen_objects:  # parameters only the optimizer holds
+                    self.seen_objects.add(id(p))
+                    self.add_tensor(p, f"{name}.param_groups[{pname}]", "parameter", source)
+                    if p.grad is not None:
+                        self.add_tensor(p.grad, f"{name}.param_groups[{pname}].grad", "gradient", source)
+                for key, value in (state.get(p) or {}).items():
+                    if isinstance(value, self.Tensor):
+                        self.add_tensor(value, f"{name}.state[{pname}].{key}", "optimizer state", source)
 
 
 def _frames(tb: Any) -> Iterable[tuple[str, dict]]:
@@ -295,23 +369,21 @@ def take_census(
     if torch is None:
         return Census(())
     w = _Walker(torch, devices, max_depth, max_nodes)
-    skipped = []
     ns = namespace or {}
     # Modules first, so optimizer state and gradients get the model's names.
-    items = [(k, v) for k, v in list(ns.items()) if isinstance(k, str)]
-    for key, value in items:
-        if _skip_name(key):
-            skipped.append(key)
-            continue
-        if isinstance(value, w.Module):
+    items = [(k, v) for k, v in list(ns.items()) if isinstance(k, str) and not _skip_name(k)]
+    modules = [w.is_module(v) for _, v in items]
+    for (key, value), is_module in zip(items, modules):
+        if is_module:
             w.visit(value, key, 0, NAMESPACE)
     w.drain()
-    for key, value in items:
-        if not _skip_name(key) and not isinstance(value, w.Module):
+    for (key, value), is_module in zip(items, modules):
+        if not is_module:
             w.visit(value, key, 0, NAMESPACE)
     w.drain()
     w.finish_optimizers()
-    for n, value in sorted((output_history or {}).items(), key=lambda kv: kv[0] if isinstance(kv[0], int) else 0):
+    history = [(n, v) for n, v in list((output_history or {}).items()) if isinstance(n, int)]
+    for n, value in sorted(history, key=lambda kv: kv[0]):
         w.visit(value, f"Out[{n}]", 0, OUTPUT_HISTORY)
     w.drain()
     w.finish_optimizers()
@@ -322,4 +394,4 @@ def take_census(
         w.drain()
         w.finish_optimizers()
     entries = sorted(w.entries, key=lambda e: -e.nbytes)
-    return Census(tuple(entries), w.truncated, tuple(skipped))
+    return Census(tuple(entries), w.truncated, tuple(w.skipped), w.skipped_count, w.skipped_reason)

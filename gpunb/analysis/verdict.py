@@ -16,6 +16,8 @@ import os
 from gpunb.analysis.advice import Advice, ranked
 from gpunb.analysis.gpu_specs import peak_for
 from gpunb.analysis.profile_records import CellProfile, Verdict
+from gpunb.analysis.throughput import throughput_advice
+from gpunb.analysis.torch_wheels import install_command
 
 VERDICT_SHARE = 0.20
 ADVICE_SHARE = 0.05
@@ -89,7 +91,7 @@ def judge(p: CellProfile) -> tuple[Verdict, list[Advice]]:
         if not p.torch_cuda:
             advice.append(Advice("Install a CUDA build of torch",
                                  f"NVML sees {p.gpu_visible}, but torch {p.torch_version} is a CPU-only build",
-                                 "pip install torch --index-url https://download.pytorch.org/whl/<cuXYZ> (see %gpucheck)",
+                                 install_command(p.driver_cuda),
                                  severity=2))
         else:
             advice.append(Advice("Move the model and each batch to the GPU",
@@ -105,10 +107,20 @@ def judge(p: CellProfile) -> tuple[Verdict, list[Advice]]:
         if retries:
             advice.append(Advice("Let the allocator grow segments instead of fragmenting", why,
                                  "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (set before CUDA starts)"))
-    if gpu is not None and fp32 and ampere_plus:
+    mix = dict(p.flops.count.precision_mix()) if p.flops is not None and p.flops.count is not None else None
+    low_precision = mix is not None and mix.get("bf16", 0) + mix.get("fp16", 0) + mix.get("fp8", 0) >= 0.5
+    if gpu is not None and fp32 and ampere_plus and not low_precision:  # the FLOP count saw no autocast
         ratio = peak.bf16_tflops / peak.tf32_tflops if peak and peak.bf16_tflops and peak.tf32_tflops else None
-        advice.append(Advice("Train in bf16 with autocast (skip if you already do)",
-                             f"parameters are float32 on {gpu.name} (compute capability {cc[0]}.{cc[1]}), whose bf16 "
+        if mix:
+            fp32_share = mix.get("fp32", 0) + mix.get("tf32", 0)
+            mfu = f" at {100 * p.flops.mfu:.0f}% MFU" if p.flops.mfu is not None else ""
+            why = f"{100 * fp32_share:.0f}% of step {p.flops.count.step + 1}'s FLOPs ran in fp32/TF32{mfu} on {gpu.name}"
+            title = "Train in bf16 with autocast"
+        else:
+            why = f"parameters are float32 on {gpu.name}"
+            title = "Train in bf16 with autocast (skip if you already do)"
+        advice.append(Advice(title,
+                             f"{why} (compute capability {cc[0]}.{cc[1]}), whose bf16 "
                              "tensor cores are the fastest path" + (f" ({ratio:.0f}x its TF32 peak)" if ratio else "")
                              + "; activations also take half the memory",
                              "with torch.autocast('cuda', dtype=torch.bfloat16): loss = model(x)"))
@@ -155,4 +167,5 @@ def judge(p: CellProfile) -> tuple[Verdict, list[Advice]]:
                 advice.append(Advice("Try a larger batch",
                                      f"peak reserved {peak_res / 2**30:.1f} GiB of {total / 2**30:.1f} GiB",
                                      "double the batch size (and scale the learning rate)"))
+    advice += throughput_advice(p.flops, p.ops, verdict.kind)
     return verdict, ranked(advice)

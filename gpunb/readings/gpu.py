@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from gpunb.readings.nvml import NvmlSession, Unavailable, is_available
+from gpunb.readings.nvml import HUNG_FIX, TIMEOUT, NvmlSession, NvmlStatus, Unavailable, is_available
 
 # Clock-event ("throttle") reason bits, nvml.h ``nvmlClocksEventReason*``; words are ours.
 CLOCK_EVENT_REASONS: tuple[tuple[int, str, str], ...] = (
@@ -119,13 +119,25 @@ def _first(pair: Any) -> Any:
 
 def read_driver(nvml: NvmlSession) -> DriverInfo:
     status = nvml.start()
+    count = nvml.query("nvmlDeviceGetCount") if status.ok else 0
+    if status.ok and not is_available(count):  # NVML runs but cannot count the GPUs (a timeout, a lost bus)
+        status = NvmlStatus(False, f"NVML started but could not count the GPUs: {count.reason}.",
+                            "Run `nvidia-smi`; if it hangs or fails too, the driver needs attention "
+                            "(`dmesg` shows Xid errors). gpunb asks again next time.", count.code)
     if not status.ok:
         reason = Unavailable(status.cause, status.code)
         return DriverInfo(status, reason, reason, 0)
     cuda = nvml.query("nvmlSystemGetCudaDriverVersion")
     if is_available(cuda):
         cuda = f"{cuda // 1000}.{(cuda % 1000) // 10}"
-    return DriverInfo(status, nvml.query("nvmlSystemGetDriverVersion"), cuda, nvml.device_count())
+    return DriverInfo(status, nvml.query("nvmlSystemGetDriverVersion"), cuda, count)
+
+
+def unread_driver(reason: str) -> DriverInfo:
+    """The driver facts when NVML did not answer at all in time."""
+    status = NvmlStatus(False, f"NVML did not answer: {reason}.", HUNG_FIX, TIMEOUT)
+    gap = Unavailable(status.cause, TIMEOUT)
+    return DriverInfo(status, gap, gap, 0)
 
 
 def _is_lost(value: Any) -> bool:
@@ -221,6 +233,18 @@ def read_sample(nvml: NvmlSession, index: int, clock: Callable[[], float] = time
     )
 
 
+def unread_sample(index: int, t_s: float, reason: str) -> GpuSample:
+    """A sample whose every reading is missing for ``reason`` (NVML did not answer in time)."""
+    gap = Unavailable(reason, TIMEOUT)
+    return GpuSample(index, t_s, gap, gap, gap, gap, gap, gap, gap, gap, gap, gap, gap, gap)
+
+
+def unread_info(index: int, reason: str) -> GpuInfo:
+    """A GPU's facts, every one missing for ``reason``."""
+    gap = Unavailable(reason, TIMEOUT)
+    return GpuInfo(index, gap, gap, gap, gap, gap, gap, gap, gap, gap, gap, gap, gap, gap, gap, gap, gap)
+
+
 def read_processes(nvml: NvmlSession, index: int, *, names: bool = True) -> tuple[GpuProcess, ...] | Unavailable:
     """Compute processes on GPU ``index`` (tens of µs per call: not for every sampler tick).
     ``names=False`` skips the name query, one more driver call per process."""
@@ -235,6 +259,11 @@ def read_processes(nvml: NvmlSession, index: int, *, names: bool = True) -> tupl
     return tuple(out)
 
 
+# NVML time %gpucheck may spend on the snapshot (plus one call's timeout): a hung driver
+# costs the cell at most this, and what was not read in time says so.
+SNAPSHOT_BUDGET_S = 1.0
+
+
 @dataclass(frozen=True)
 class GpuSnapshot:
     """Everything NVML says about every GPU, once (what ``%gpucheck`` starts from)."""
@@ -243,16 +272,20 @@ class GpuSnapshot:
     gpus: tuple[GpuInfo, ...] = ()
     samples: tuple[GpuSample, ...] = ()
     processes: tuple[Any, ...] = ()  # per GPU: tuple[GpuProcess] or Unavailable
+    nvml_trouble: tuple[str, ...] = ()  # NVML calls skipped because they hung or answered slowly
 
 
-def read_snapshot(nvml: NvmlSession) -> GpuSnapshot:
-    driver = read_driver(nvml)
-    if not driver.nvml.ok:
-        return GpuSnapshot(driver)
-    indices = range(driver.gpu_count)
-    return GpuSnapshot(
-        driver,
-        tuple(read_info(nvml, i) for i in indices),
-        tuple(read_sample(nvml, i) for i in indices),
-        tuple(read_processes(nvml, i) for i in indices),
-    )
+def read_snapshot(nvml: NvmlSession, budget_s: float = SNAPSHOT_BUDGET_S) -> GpuSnapshot:
+    """Each part is read on the NVML worker within one shared budget, so a call that hangs
+    costs one part (given back as ``Unavailable`` with the reason), not the snapshot."""
+    with nvml.budget(budget_s, "the GPU snapshot"):
+        driver = nvml.run(read_driver, nvml, fallback=unread_driver)
+        if not driver.nvml.ok:
+            return GpuSnapshot(driver, nvml_trouble=nvml.trouble())
+        indices = range(driver.gpu_count)
+        gpus = tuple(nvml.run(read_info, nvml, i, fallback=lambda why, i=i: unread_info(i, why)) for i in indices)
+        samples = tuple(nvml.run(read_sample, nvml, i, fallback=lambda why, i=i: unread_sample(i, time.monotonic(), why))
+                        for i in indices)
+        processes = tuple(nvml.run(read_processes, nvml, i, fallback=lambda why: Unavailable(why, TIMEOUT))
+                          for i in indices)
+    return GpuSnapshot(driver, gpus, samples, processes, nvml.trouble())

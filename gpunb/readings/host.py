@@ -23,6 +23,7 @@ class HostFacts:
     disk_path: str
     disk_free_bytes: int | None
     disk_total_bytes: int | None
+    cwd_deleted: bool = False  # the current directory no longer exists (removed while we ran)
 
 
 @dataclass(frozen=True)
@@ -49,8 +50,12 @@ def read_host_facts(disk_path: str | None = None) -> HostFacts:
     except (AttributeError, OSError):
         affinity = None
     shm_free, shm_total = _disk("/dev/shm") if os.path.isdir("/dev/shm") else (None, None)
-    path = disk_path or os.getcwd()
-    disk_free, disk_total = _disk(path)
+    cwd_deleted = False
+    try:
+        path = disk_path or os.getcwd()
+    except FileNotFoundError:  # the directory was removed under us: no cwd to measure
+        path, cwd_deleted = "", True
+    disk_free, disk_total = _disk(path) if path else (None, None)
     return HostFacts(
         cpu_logical=psutil.cpu_count(logical=True),
         cpu_physical=psutil.cpu_count(logical=False),
@@ -62,10 +67,16 @@ def read_host_facts(disk_path: str | None = None) -> HostFacts:
         disk_path=path,
         disk_free_bytes=disk_free,
         disk_total_bytes=disk_total,
+        cwd_deleted=cwd_deleted,
     )
 
 
 _process = psutil.Process()
+
+
+def ram_available_bytes() -> int:
+    """Host memory a program can still take without swapping (psutil's ``available``)."""
+    return int(psutil.virtual_memory().available)
 
 
 def read_host_sample(clock: Callable[[], float] = time.monotonic) -> HostSample:

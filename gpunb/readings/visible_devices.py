@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from gpunb.units import shown
+
 # How an entry named its device (``VisibleDevices.how``).
 BY_ORDER = "order"  # the variable is unset: every GPU, in enumeration order
 BY_INDEX = "index"
@@ -60,7 +62,7 @@ def _match_uuid(token: str, gpus: Sequence[Any]) -> tuple[str, int, str] | None 
             hits.append((g.uuid, g.index, BY_UUID if g.uuid == token else BY_UUID_PREFIX))
         hits += [(mig.uuid, g.index, BY_MIG_UUID) for mig in g.mig_devices if mig.uuid.startswith(token)]
     if len(hits) > 1:
-        return f"{token!r} matches {len(hits)} devices; give more of the UUID"
+        return f"{shown(token)} matches {len(hits)} devices; give more of the UUID"
     return hits[0] if hits else None
 
 
@@ -77,6 +79,11 @@ def resolve(environ: Mapping[str, str], gpus: Sequence[Any]) -> VisibleDevices:
             notes.append("GPUs of different models and CUDA_DEVICE_ORDER is not PCI_BUS_ID: CUDA numbers them "
                          "fastest-first, NVML by bus id, so cuda:N may not be NVML's GPU N; set "
                          "CUDA_DEVICE_ORDER=PCI_BUS_ID or select GPUs by UUID.")
+        unread = [g for g in gpus if not isinstance(g.uuid, str)]
+        if unread:  # a lost GPU: CUDA cannot use it either
+            notes.append("CUDA cannot use " + ", ".join(
+                f"GPU{g.index} ({'lost' if getattr(g, 'lost', False) else 'its UUID could not be read: ' + str(g.uuid)})"
+                for g in unread) + ".")
         return VisibleDevices(None, uuids, indices, notes=tuple(notes), entries=(None,) * len(uuids),
                               how=(BY_ORDER,) * len(uuids))
     tokens = [t.strip() for t in raw.split(",")]
@@ -93,23 +100,31 @@ def resolve(environ: Mapping[str, str], gpus: Sequence[Any]) -> VisibleDevices:
     for pos, token in enumerate(tokens):
         hit: tuple[str, int, str] | None | str
         if token.lstrip("-").isdigit():
-            g = by_index.get(int(token))
+            # Compared as text first: int() refuses more than 4,300 digits, and no GPU index is that long.
+            number = int(token) if len(token) <= 9 else None
+            g = by_index.get(number) if number is not None else None
             hit = (g.uuid, g.index, BY_INDEX) if g is not None and isinstance(g.uuid, str) else None
-            reason = (f"index {token} does not exist (this machine has {len(gpus)} GPU(s): "
-                      f"0..{len(gpus) - 1})" if int(token) >= 0 else f"{token} is not a device")
+            plain = token if len(token) <= 20 else shown(token)
+            if g is not None and hit is None:
+                reason = f"index {token} is GPU{g.index}, whose UUID NVML could not read ({g.uuid})"
+            else:
+                reason = (f"index {plain} does not exist (this machine has {len(gpus)} GPU(s): "
+                          f"0..{len(gpus) - 1})" if not token.startswith("-") else f"{plain} is not a device")
         elif token.startswith(("GPU-", "MIG-")):
             hit = _match_uuid(token, gpus)
-            reason = hit if isinstance(hit, str) else f"no GPU or MIG device has UUID {token!r}"
+            reason = hit if isinstance(hit, str) else f"no GPU or MIG device has UUID {shown(token)}"
         else:
-            hit, reason = None, f"{token!r} is neither an index nor a GPU-/MIG- UUID"
+            hit, reason = None, f"{shown(token)} is neither an index nor a GPU-/MIG- UUID"
         if not isinstance(hit, tuple):
             ignored = tokens[pos + 1:]
-            tail = f"; the entries after it ({', '.join(ignored)}) are ignored too" if ignored else ""
+            listed = ", ".join(t if len(t) <= 20 else shown(t, 20) for t in ignored[:5])
+            listed += f" and {len(ignored) - 5} more" if len(ignored) > 5 else ""
+            tail = f"; the entries after it ({listed}) are ignored too" if ignored else ""
             problems.append(f"CUDA_VISIBLE_DEVICES entry {pos + 1}: {reason}. CUDA stops reading the list "
                             f"there{tail}.")
             break
         if hit[0] in visible:
-            problems.append(f"CUDA_VISIBLE_DEVICES lists {token!r} twice.")
+            problems.append(f"CUDA_VISIBLE_DEVICES lists {shown(token)} twice.")
             break
         visible.append(hit[0])
         indices.append(hit[1])

@@ -1,6 +1,6 @@
 """The public Python API, the twins of the magics: ``gpunb.check()``, ``gpunb.profile()``,
 ``gpunb.memory()``, ``gpunb.diagnose_oom()``, ``gpunb.fit_batch_size()``
-(``gpunb.monitor()`` lives with its widget in :mod:`gpunb.shells.monitor`).
+(``gpunb.monitor()`` lives with its live output in :mod:`gpunb.shells.monitor`).
 
 Each is thin: it finds the IPython shell when there is one, hands the analysis layer what
 that needs (the notebook's namespace, a progress callback, whether it runs in a kernel),
@@ -66,18 +66,22 @@ class profile(DisplayMixin):  # noqa: N801  (used like a function: `with gpunb.p
     untouched), ``timeline`` (memory points at most every 200 ms at step ends), ``label``,
     ``show`` (display the report when the block ends; default: when running in
     IPython/Jupyter), ``record`` (add it to ``%gpuprofile history``; without the extension
-    loaded, to the history ``%load_ext gpunb`` takes over), ``ranks`` (profile the worker
+    loaded, to the history ``%load_ext gpunb`` takes over), ``flops`` (count the FLOPs of
+    step 2 for TFLOP/s and MFU; default on), ``ops`` (torch.profiler over steps 4-6: top
+    operators and kernels, time shares, a trace file), ``trace_dir`` (where the trace goes;
+    default: the working directory, in Jupyter the notebook's), ``ranks`` (profile the worker
     processes the block starts: torchrun, torch.multiprocessing, notebook_launcher).
     """
 
     def __init__(self, label: str = "", *, warmup_steps: int = 1, reset_peak: bool = True,
-                 timeline: bool = True, show: bool | None = None, record: bool = True, ranks: bool = True) -> None:
+                 timeline: bool = True, show: bool | None = None, record: bool = True, flops: bool = True,
+                 ops: bool = False, trace_dir: Any = None, ranks: bool = True) -> None:
         from gpunb.analysis.profile import ProfileSession
 
         if not isinstance(label, str):
             raise TypeError(f"label must be a string, got {type(label).__name__}")
         self._session = ProfileSession(label=label, warmup_steps=warmup_steps, reset_peak=reset_peak,
-                                       timeline=timeline, ranks=ranks)
+                                       timeline=timeline, flops=flops, ops=ops, trace_dir=trace_dir, ranks=ranks)
         self.show = show
         self.record = record
         self.result: CellProfile | None = None
@@ -178,19 +182,21 @@ def fit_batch_size(
     *,
     start: int = 2,
     max_batch: int | None = None,
-    margin: float = 0.05,
+    margin: float = 0.0,
     device: Any = None,
-    steps: int = 2,
+    steps: int = 50,
     tolerance: float = 0.05,
     max_trials: int = 6,
     progress: Callable[[str], None] | bool | None = True,
 ) -> BatchFit:
-    """The largest batch size ``step_fn(batch_size)`` runs with on this GPU (``%gpufit``).
+    """The largest batch size ``step_fn(batch_size)`` trains with on this GPU (``%gpufit``).
 
     ``step_fn`` runs one full training step (forward, backward, optimizer step) at the
-    given batch size. Each trial runs it ``steps`` times and measures the last (the first
-    step creates optimizer state). ``recommended`` keeps ``margin`` (5 %) below the
-    largest batch that ran, for fragmentation over a long run and varying inputs.
+    given batch size. Each trial is a sustained run of ``steps`` steps that starts as a fresh
+    process would (optimizer state and gradients emptied, the cache given back); ``verified``
+    is the largest batch whose run trained, ``recommended`` that less 3 % when it was at the
+    limit. ``margin`` keeps that fraction of the memory free on top. The trials train the
+    model; the optimizers' own state is put back afterwards.
     ``progress``: True shows one line that updates in place (printed lines outside IPython),
     a function receives each line, False/None shows nothing.
     Note: this resets torch's peak-memory counters of the device.

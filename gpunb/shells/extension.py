@@ -36,6 +36,7 @@ class ExtensionState:
         self.shell = shell
         self._magic_names: list[tuple[str, str]] = []  # (kind, name)
         self._magic_classes: list[str] = []
+        self._magic_objects: list[Any] = []
         self._events: list[tuple[str, Callable]] = []
         self._on_unload: list[Callable[[], None]] = []
         self.kernel = KernelState()
@@ -45,6 +46,7 @@ class ExtensionState:
         for kind, table in magics.magics.items():
             self._magic_names.extend((kind, name) for name in table)
         self._magic_classes.append(type(magics).__name__)
+        self._magic_objects.append(magics)  # Magics.__init__ also put it in shell.configurables
 
     def on(self, event: str, callback: Callable) -> None:
         self.shell.events.register(event, callback)
@@ -69,9 +71,13 @@ class ExtensionState:
             manager.magics[kind].pop(name, None)
         for cls in self._magic_classes:
             manager.registry.pop(cls, None)
+        configurables = getattr(self.shell, "configurables", None)
+        if isinstance(configurables, list):  # else every load/unload left its Magics objects there
+            configurables[:] = [c for c in configurables if not any(c is m for m in self._magic_objects)]
         self._on_unload.clear()
         self._events.clear()
         self._magic_names.clear()
+        self._magic_objects.clear()
 
 
 def state_of(shell: Any) -> ExtensionState | None:

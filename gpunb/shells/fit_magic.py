@@ -21,28 +21,34 @@ class FitMagics(Magics):
               help="First probe batch size, 1 or more (default 2).")
     @argument("--max-batch", type=whole_number(1), default=None, metavar="N",
               help="Never try more than N (at least --start).")
-    @argument("--margin", type=decimal(0, 0.9, high_open=True), default=0.05, metavar="F",
-              help="Safety margin for the recommended size, a fraction from 0 to below 0.9 "
-                   "(default 0.05 = 5 %%).")
+    @argument("--margin", type=decimal(0, 0.9, high_open=True), default=0.0, metavar="F",
+              help="Keep this fraction of the memory free on top of what the trials measured, e.g. for "
+                   "longer inputs than the step's or other programs; from 0 to below 0.9 (default 0).")
     @argument("--device", type=cuda_device, default=None, metavar="DEV",
               help="CUDA device: cuda, cuda:N or N (default: the current one).")
-    @argument("--steps", type=whole_number(1), default=2, metavar="N",
-              help="Steps per trial, 1 or more; the last one is measured (default 2: the first creates "
-                   "optimizer state).")
+    @argument("--steps", type=whole_number(1), default=50, metavar="N",
+              help="Steps per trial, 1 or more: each trial is a sustained run, its peaks taken over the "
+                   "steps after the first (default 50).")
     @argument("--max-trials", type=whole_number(2), default=6, metavar="N",
               help="Give up after N trials, 2 or more (default 6).")
     @output_option("the BatchFit result")
     @line_magic
     def gpufit(self, line: str = "") -> None:
-        """Find the largest batch size that fits on the GPU for a training step, without crashing.
+        """Find the largest batch size that trains on the GPU for a training step, without crashing.
 
-        Runs STEP at two small batch sizes, fits peak memory as a line in the batch size,
-        predicts the largest batch that fits, verifies it by running it (an out-of-memory
-        error there is caught and freed) and refines until within 5 %. Shows progress while
-        it runs, then the trials, the prediction and the memory curve. Resets torch's
-        peak-memory counters.
+        Every trial is a sustained run of STEP (--steps, 50) that starts as a fresh process
+        would: the optimizer's state and the gradients emptied, the cache given back, so the
+        state is created where a real run creates it (yours is set aside on the host and put
+        back afterwards). Two small probes fit peak memory as a line in the batch size, a scout
+        measures the allocator's overhead at large blocks, and candidates close in on the limit
+        between batches that trained and batches that did not. The recommendation is 3 % below
+        the largest batch that trained (fresh processes differ by a sample or two near the
+        limit). An out-of-memory error in a trial is caught and freed. Shows progress while it
+        runs, then the recommended batch with the memory it left free, the trials and the memory
+        curve. The trials train the model (real optimizer steps). Resets torch's peak-memory
+        counters.
 
-        Python: ``gpunb.fit_batch_size(step, start=2, max_batch=None, margin=0.05)``.
+        Python: ``gpunb.fit_batch_size(step, start=2, max_batch=None, steps=50, margin=0.0)``.
 
         Example::
 

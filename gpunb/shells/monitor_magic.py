@@ -24,26 +24,28 @@ class MonitorMagics(Magics):
 
     @magic_arguments()
     @argument("--hz", type=decimal(HZ_MIN, HZ_MAX), default=None, metavar="HZ",
-              help=f"samples per second, {HZ_MIN:g} to {HZ_MAX:g} (default {HZ_DEFAULT:g}; shared by all monitors of "
-                   "this kernel)")
+              help=f"samples per second, {HZ_MIN:g} to {HZ_MAX:g} (default {HZ_DEFAULT:g}, or the rate already "
+                   "running; one sampler serves all monitors of this kernel at the fastest rate any asked for)")
     @argument("--window", type=decimal(WINDOW_MIN_S, WINDOW_MAX_S), default=None, metavar="SECONDS",
               help=f"seconds of history to show, {WINDOW_MIN_S:g} to {WINDOW_MAX_S:.0f} (default 120)")
     @argument("--device", type=whole_number(0), default=None, metavar="N",
               help="show only GPU N (default: every GPU)")
     @argument("--stop", action="store_true",
-              help="stop every monitor and the sampler thread; snapshots stay in the outputs")
+              help="stop every monitor and the sampler thread; their last frames stay in the outputs")
     @output_option("the Monitor object (.samples(), .to_pandas(), .stop())")
     @line_magic
     def gpumonitor(self, line: str = "") -> None:
-        """Live GPU sparklines that keep drawing while your next cells train.
+        """Live GPU charts that keep drawing while your next cells train.
 
-        For every GPU: memory (this kernel's share, other processes, free), utilization,
-        power against its limit, temperature, SM clock, and a badge naming any active
-        clock-event (throttle) reason; below them host CPU and RAM. One sampler thread per
-        kernel reads NVML; a second ``%gpumonitor`` shares it. Pause and Stop buttons act
-        once no cell is running; ``%gpumonitor --stop`` stops everything. A stopped
-        monitor leaves a static snapshot, so the saved notebook still shows it. In
-        terminal IPython it prints one line per GPU. Python API: ``gpunb.monitor()``.
+        One row per GPU: memory (this kernel's share and other processes', on a scale that
+        follows what is used, with the capacity beside it), utilization, power against its
+        limit, temperature against the slowdown threshold, SM clock, and a badge naming any
+        active clock-event (throttle) reason; a host row with CPU and RAM. One sampler
+        thread per kernel reads NVML; a second ``%gpumonitor`` shares it. The output is
+        plain HTML redrawn in place, so a saved, shared or exported notebook shows the last
+        frame (charts are images that untrusted notebooks keep); ``%gpumonitor --stop``
+        stops every monitor and captions each output with the time it stopped. In terminal
+        IPython it prints one line per GPU. Python API: ``gpunb.monitor()``.
 
         Examples::
 
@@ -59,15 +61,12 @@ class MonitorMagics(Magics):
             if others:
                 raise usage_error(self.gpumonitor, f"--stop takes no other options (got {option_words(others)})")
             n = stop_all(self.kernel)
-            print(f"gpunb: stopped {n} monitor(s) and the sampler thread; their snapshots stay in the outputs."
+            print(f"gpunb: stopped {n} monitor(s) and the sampler thread; their last frames, captioned with the time they stopped, stay in the outputs."
                   if n else "gpunb: no monitor was running; the sampler thread is stopped.")
             return
         try:
-            mon = monitor(
-                hz=args.hz if args.hz is not None else self._current_hz(),
-                window_s=args.window if args.window is not None else 120.0,
-                device=args.device,
-            )
+            mon = monitor(hz=args.hz, window_s=args.window if args.window is not None else 120.0,
+                          device=args.device)  # no --hz: the rate already running (see monitor())
         except ValueError as exc:  # a GPU that is not there: say what and how, no traceback
             raise usage_error(self.gpumonitor, str(exc)) from None
         for message in mon.messages:
@@ -79,24 +78,10 @@ class MonitorMagics(Magics):
 
         display(mon)
 
-    def _current_hz(self) -> float:
-        """Without ``--hz``, keep the rate a running sampler already has."""
-        return self.kernel.sampler.hz if self.kernel.sampler is not None else HZ_DEFAULT
-
-
-def _refresh_fallbacks(kernel: KernelState):
-    def post_run_cell(result: Any = None) -> None:
-        for mon in list(kernel.monitors):
-            try:
-                mon.refresh_fallback()
-            except Exception:  # a frontend gone away must not break the user's cells
-                pass
-
-    return post_run_cell
-
 
 def _stop_on_unload(kernel: KernelState):
     def stop() -> None:
+        from gpunb.readings.nvml import stop_default_worker
         from gpunb.shells.monitor import stop_all
 
         stop_all(kernel)
@@ -105,6 +90,7 @@ def _stop_on_unload(kernel: KernelState):
             from gpunb.readings.server_sessions import set_default_sessions
 
             set_default_sessions(None)
+        stop_default_worker()  # the NVML worker thread too (the next read starts a new one)
 
     return stop
 
@@ -114,4 +100,3 @@ def register(shell: Any, state: Any) -> None:
     # the extension's KernelState took over the standalone one when it was made.
     state.add_magics(MonitorMagics(shell, state.kernel))
     state.on_unload(_stop_on_unload(state.kernel))
-    state.on("post_run_cell", _refresh_fallbacks(state.kernel))

@@ -45,29 +45,36 @@ class OomHook:
         extra_types = self.kernel.extra_oom_types
         if "torch" not in sys.modules and not extra_types:
             return
-        if find_oom(exc, extra_types) is None:
-            return
         try:
+            if find_oom(exc, extra_types) is None:
+                return
             diagnosis = handle_oom(self.shell, exc, before_ids=self.kernel.names_before_cell,
                                    keep=keep_traceback(self.kernel))
-        except Exception as err:  # the doctor must never add a traceback of its own
-            print(f"gpunb: could not diagnose this out-of-memory error ({type(err).__name__}: {err}); "
-                  "%gpumem shows what holds memory.")
-            return
-        self.kernel.last_oom = diagnosis
-        from IPython.display import display
+            self.kernel.last_oom = diagnosis
+            from IPython.display import display
 
-        display(diagnosis)
+            display(diagnosis)
+        except Exception as err:  # the doctor must never add a traceback of its own
+            print(f"gpunb: could not diagnose this out-of-memory error ({_describe(err)}); "
+                  "%gpumem shows what holds memory.")
+
+
+def _describe(err: BaseException) -> str:
+    try:
+        return f"{type(err).__name__}: {str(err)[:200]}"
+    except Exception:
+        return type(err).__name__
+
+
+# NVML time the doctor may take (the process list, this process's memory).
+DOCTOR_NVML_BUDGET_S = 1.0
 
 
 def handle_oom(shell: Any, exc: BaseException, *, before_ids: dict[str, int] | None = None,
                keep: bool = False) -> Any:
-    """Diagnose ``exc`` with the notebook's readings, then release what it pins."""
+    """Diagnose ``exc`` with the notebook's readings, then release what it pins (the
+    release happens even when reading the notebook failed)."""
     from gpunb.analysis.oom import gather_readings
-    from gpunb.analysis.oom_message import parse_oom_message
-    from gpunb.analysis.release import release_failure
-    from gpunb.analysis.tensor_census import EXCEPTION
-    from gpunb.readings.devices import read_device_map, read_ownership
     from gpunb.readings.nvml import default_session
     from gpunb.readings.torch_state import cuda_initialized, imported_torch
 
@@ -76,25 +83,66 @@ def handle_oom(shell: Any, exc: BaseException, *, before_ids: dict[str, int] | N
     devices = {"cuda"} if cuda else None
     ns = shell.user_ns
     oh = ns.get("Out")
-    diagnosis = gather_readings(exc, namespace=ns, output_history=oh if isinstance(oh, dict) else None,
-                                before_ids=before_ids, devices=devices)
-    msg = parse_oom_message(str(find_oom(exc) or exc))
+    with default_session().budget(DOCTOR_NVML_BUDGET_S, "the OOM doctor"):
+        try:
+            diagnosis = gather_readings(exc, namespace=ns, output_history=oh if isinstance(oh, dict) else None,
+                                        before_ids=before_ids, devices=devices)
+        except Exception as err:  # whatever the readings met, the memory is still given back below
+            from gpunb.analysis.oom import diagnose
+
+            diagnosis = diagnose(exc)
+            diagnosis.notes.append(f"the notebook's memory could not be read ({_describe(err)}); this "
+                                   "diagnosis uses the error message only")
+        return _release(shell, exc, diagnosis, torch=torch, cuda=cuda, devices=devices, keep=keep)
+
+
+def _release(shell: Any, exc: BaseException, diagnosis: Any, *, torch: Any, cuda: bool, devices: Any,
+             keep: bool) -> Any:
+    from gpunb.analysis.oom_message import parse_oom_message
+    from gpunb.analysis.release import release_failure
+    from gpunb.analysis.tensor_census import EXCEPTION
+    from gpunb.readings.devices import read_device_map, read_ownership
+    from gpunb.readings.nvml import default_session
+
     device = None
-    if cuda:
-        device = msg.device if msg is not None and msg.device is not None else torch.cuda.current_device()
     nvml_bytes = None
-    if cuda:
-        nvml = default_session()
-        if nvml.start().ok:
-            device_map = read_device_map(nvml, torch=torch)
-            index = device_map.nvml_index(device)
-            if index is not None:
-                nvml_bytes = lambda: read_ownership(  # noqa: E731
-                    nvml, index, torch=torch, device_map=device_map, names=False).self_bytes
+    try:  # the numbers around the release are a bonus: without them the memory still comes back
+        msg = parse_oom_message(str(find_oom(exc) or exc))
+        if cuda:
+            device = msg.device if msg is not None and msg.device is not None else torch.cuda.current_device()
+            nvml = default_session()
+            if nvml.start().ok:
+                device_map = read_device_map(nvml, torch=torch)
+                index = device_map.nvml_index(device)
+                if index is not None:
+                    nvml_bytes = lambda: read_ownership(  # noqa: E731
+                        nvml, index, torch=torch, device_map=device_map, names=False).self_bytes
+    except Exception as err:
+        diagnosis.notes.append(f"memory before/after the release could not be measured ({_describe(err)})")
     pinned = diagnosis.census.total_bytes(source=EXCEPTION) if diagnosis.census is not None else None
     diagnosis.release = release_failure(shell, exc, torch=torch, device=device, keep_traceback=keep,
-                                        devices=devices, nvml_process_bytes=nvml_bytes, pinned_bytes=pinned)
+                                        devices=devices, nvml_process_bytes=nvml_bytes, pinned_bytes=pinned,
+                                        held_bytes=held_by(diagnosis.census))
     return diagnosis
+
+
+def held_by(census: Any) -> dict[str, int] | None:
+    """Bytes of tensors per holder the release lets go: the failed cell's frames, the previous
+    error's, each output-history entry (``release_failure`` names them the same way)."""
+    if census is None:
+        return None
+    import re
+
+    from gpunb.analysis.oom import PREVIOUS_ERROR
+    from gpunb.analysis.tensor_census import EXCEPTION, OUTPUT_HISTORY
+
+    held = {"frames": census.total_bytes(source=EXCEPTION), "previous error": census.total_bytes(source=PREVIOUS_ERROR)}
+    for e in census.entries:
+        if e.source == OUTPUT_HISTORY:
+            entry = re.match(r"Out\[\d+\]", e.name)
+            key = entry.group(0) if entry else e.name
+            held[key] = held.get(key, 0) + e.nbytes
+    return held
 
 
 def register(shell: Any, state: Any) -> None:

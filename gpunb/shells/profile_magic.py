@@ -9,6 +9,7 @@ so the kernel reports the cell as failed (nbclient stops, the OOM doctor sees it
 from __future__ import annotations
 
 import ast
+import dataclasses
 from typing import Any
 
 from IPython.core.magic import Magics, line_cell_magic, magics_class
@@ -25,16 +26,19 @@ from gpunb.analysis.profile_records import HistoryReport
 from gpunb.views.profile_view import one_line_text
 
 # Options of the cell form that the line form's actions do not take, and those they do.
-_CELL_OPTIONS = ("steps", "no_reset", "timeline", "label", "no_ranks", "output")
+_CELL_OPTIONS = ("steps", "no_reset", "timeline", "label", "no_ranks", "output", "ops", "no_flops")
 _LINE_OPTIONS = {"on": ("no_reset",), "off": (), "history": ("clear", "output")}
 
 
 class _OneLineMode:
     """pre/post_run_cell callbacks, registered once at load; cheap no-ops while
-    ``kernel.one_line_meter`` is None (the mode is off)."""
+    ``kernel.one_line_meter`` is None (the mode is off). Each measured cell also goes to
+    ``%gpuprofile history``, named by its ``In [n]`` and first line of code."""
 
-    def __init__(self, kernel: KernelState) -> None:
+    def __init__(self, kernel: KernelState, shell: Any = None) -> None:
         self.kernel = kernel
+        self.shell = shell
+        self._label = ""
 
     def pre(self, info: Any = None, *args: Any) -> None:
         meter = self.kernel.one_line_meter
@@ -42,13 +46,20 @@ class _OneLineMode:
             return
         raw = getattr(info, "raw_cell", "") or ""
         if not raw.lstrip().startswith(("%%gpuprofile", "%gpuprofile")):  # own report / the switch
+            self._label = _first_code_line(raw)
             meter.start()
 
     def post(self, result: Any = None, *args: Any) -> None:
         meter = self.kernel.one_line_meter
         line = meter.stop() if meter is not None else None  # None too when the cell was not metered
-        if line is not None:
-            print(one_line_text(line))
+        if line is None:
+            return
+        number = getattr(result, "execution_count", None)
+        if not isinstance(number, int) and self.shell is not None:
+            number = running_cell_number(self.shell)
+        line = dataclasses.replace(line, cell=number if isinstance(number, int) else None, label=self._label)
+        self.kernel.profile_history.add(line)
+        print(one_line_text(line))
 
 
 @magics_class
@@ -77,6 +88,13 @@ class ProfileMagics(Magics):
                    "memory: the cell's processes inherit GPUNB_RANK_CHANNEL and a PYTHONPATH entry)")
     @argument("--label", type=free_text, default=None, metavar="TEXT",
               help="a name for this run in the history table (default: the cell's first line of code)")
+    @argument("--ops", action="store_true",
+              help="trace steps 4-6 with torch.profiler: top operators and kernels, the share of time in "
+                   "matmul/attention/elementwise/communication/idle, a Chrome/Perfetto trace file next to "
+                   "the notebook (steps 3-7 are left out of the step times)")
+    @argument("--no-flops", action="store_true",
+              help="do not count the FLOPs of step 2 (by default they are counted, for TFLOP/s and MFU; "
+                   "the counted step is left out of the step times)")
     @argument("--clear", action="store_true", help="with `history`: forget the profiled cells")
     @output_option("the result object (CellProfile; with `history` the HistoryReport)")
     @line_cell_magic
@@ -85,7 +103,8 @@ class ProfileMagics(Magics):
 
         ::
 
-          %%gpuprofile [--steps N] [--no-reset] [--timeline | --no-timeline] [--no-ranks] [--label TEXT] [-o NAME]
+          %%gpuprofile [--steps N] [--no-reset] [--timeline | --no-timeline] [--no-ranks] [--label TEXT]
+                       [--ops] [--no-flops] [-o NAME]
           <training code>
 
           %gpuprofile on [--no-reset]   one line after every cell
@@ -94,11 +113,13 @@ class ProfileMagics(Magics):
 
         Steps are optimizer.step() calls, timed with CUDA events read at the end of the cell
         (no per-step synchronize). Data wait is time inside DataLoader iterators; host syncs
-        are .item()/.cpu()/.tolist()/printing of tensors. Worker processes the cell starts
-        (torchrun, torch.multiprocessing, accelerate.notebook_launcher) report per rank: step
-        times, peak VRAM, data wait, DDP's all-reduce time; the slowest rank is named. Without
-        a GPU it reports wall/CPU time, peak RSS and steps and says the GPU parts are absent. A
-        bad option fails the cell before its code runs.
+        are .item()/.cpu()/.tolist()/printing of tensors. The FLOPs of step 2 are counted on
+        the operations that ran, for TFLOP/s and MFU against the datasheet peak and the one
+        %gpucheck measured; --ops adds torch.profiler's view of steps 4-6. Worker processes the
+        cell starts (torchrun, torch.multiprocessing, accelerate.notebook_launcher) report per
+        rank: step times, peak VRAM, data wait, DDP's all-reduce time; the slowest rank is named.
+        Without a GPU it reports wall/CPU time, peak RSS, steps, FLOPs and TFLOP/s and says the
+        GPU parts are absent. A bad option fails the cell before its code runs.
         API twin: ``with gpunb.profile() as p: ...``.
         """
         args = parse_args(self.gpuprofile, line)
@@ -159,7 +180,7 @@ class ProfileMagics(Magics):
         session = ProfileSession(label=label, cell=number,
                                  warmup_steps=args.steps if args.steps is not None else 1,
                                  reset_peak=not args.no_reset, timeline=args.timeline is not False,
-                                 ranks=not args.no_ranks)
+                                 flops=not args.no_flops, ops=args.ops, ranks=not args.no_ranks)
         try:
             session.start()
         except Exception as exc:  # never keep the user's cell from running
@@ -248,7 +269,7 @@ def _first_code_line(cell: str, width: int = 40) -> str:
 
 def register(shell: Any, state: Any) -> None:
     kernel = state.kernel
-    mode = _OneLineMode(kernel)
+    mode = _OneLineMode(kernel, shell)
     state.add_magics(ProfileMagics(shell, kernel))
     state.on("pre_run_cell", mode.pre)
     state.on("post_run_cell", mode.post)

@@ -3,16 +3,24 @@
 It implements the functions gpunb calls, with pynvml's own names, constants and error
 classes, so the code under test is the same code that runs on a GPU. Values come from
 ``h200_trace.json`` (recorded on the project's H200 test machine, 2026-11-29: idle,
-model build, training ramp, a real OOM, recovery). Faults are configured per function.
+model build, training ramp, a real OOM, recovery). Faults are configured per function:
+NVML error codes (``FakeGpu.faults``, ``FakePynvml.transient``), calls that hang
+(``hangs``), garbage values (``garbage``), or a seeded random mix of all three
+(:class:`RandomFaults`, the fault-injection suite's source of trouble).
 
 Tests only: the product never uses it unless ``GPUNB_FAKE_NVML`` names a scenario.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import os
+import random
+import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -49,6 +57,8 @@ class FakeGpu:
     lost_after_s: float | None = None  # every call raises GPU_IS_LOST after this time
     extra_processes: list[dict] = field(default_factory=list)  # other users' processes
     mig_devices: list[dict] = field(default_factory=list)  # [{"uuid":..., "memory_total":...}]
+    hangs: dict[str, float] = field(default_factory=dict)  # function name -> seconds each call blocks
+    garbage: dict[str, Any] = field(default_factory=dict)  # function name -> value returned instead
     # The recorded PIDs as NVML would report them elsewhere: {412: os.getpid()} makes this
     # process the recorded training process, a PID no process here has plays a container's
     # host PID, None drops the process.
@@ -91,6 +101,69 @@ class FakeGpu:
         return current
 
 
+# Every NVML error code (nvml.h ``nvmlReturn_t``), for random faults.
+ERROR_CODES: tuple[int, ...] = tuple(sorted({
+    getattr(_real, name) for name in dir(_real)
+    if name.startswith("NVML_ERROR_") and isinstance(getattr(_real, name), int)
+}))
+
+
+def _nvml_function(method: Callable) -> Callable:
+    """Route a fake NVML function through the fault machinery: queued transient errors,
+    hangs and random faults before the call, garbage values after it."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def call(self: "FakePynvml", *args: Any) -> Any:
+        index = self._index_of(name, args)
+        garbage = self._before(name, index)
+        if garbage is not _NO_GARBAGE:
+            return garbage
+        value = method(self, *args)
+        return self._after(name, index, value)
+
+    return call
+
+
+_NO_GARBAGE = object()
+
+
+class RandomFaults:
+    """Seeded random trouble for every fake NVML call: an NVML error code, a hang, or a
+    garbage value (``None``, NaN, negative, huge, strings holding HTML, odd objects).
+    ``counts`` records what was injected, by kind, for the fault-injection report."""
+
+    GARBAGE: tuple[Any, ...] = (
+        None, math.nan, math.inf, -1, -(2**40), 2**70, 1e300, "<script>alert('nvml')</script>",
+        "<b>H200</b>\x00", "9" * 5000, b"\xff\xfe", object(), [], (1,), SimpleNamespace(),
+        SimpleNamespace(total=-5, used=math.nan, free="lots", gpu=1e9, memory=None, busId=None),
+    )
+
+    def __init__(self, seed: int, *, error_rate: float = 0.05, hang_rate: float = 0.01,
+                 garbage_rate: float = 0.05, hang_s: float = 0.4, spare: tuple[str, ...] = ()) -> None:
+        self.rng = random.Random(seed)
+        self.error_rate, self.hang_rate, self.garbage_rate = error_rate, hang_rate, garbage_rate
+        self.hang_s = hang_s
+        self.spare = frozenset(spare)  # functions left alone (e.g. nvmlInit, to get anywhere)
+        self.counts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def decide(self, name: str) -> tuple[str, Any]:
+        """("error", code) | ("hang", seconds) | ("garbage", value) | ("ok", None)."""
+        if name in self.spare:
+            return "ok", None
+        with self._lock:
+            r = self.rng.random()
+            if r < self.error_rate:
+                kind, payload = "error", self.rng.choice(ERROR_CODES)
+            elif r < self.error_rate + self.hang_rate:
+                kind, payload = "hang", self.hang_s * (0.5 + self.rng.random())
+            elif r < self.error_rate + self.hang_rate + self.garbage_rate:
+                kind, payload = "garbage", self.rng.choice(self.GARBAGE)
+            else:
+                return "ok", None
+            self.counts[kind] += 1
+        return kind, payload
 def _running(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -126,6 +199,13 @@ class FakePynvml:
         self.clock = clock or (lambda: time.monotonic() - start)
         self.calls: dict[str, int] = {}
         self.initialized = 0
+        # Fault machinery (library-level functions; per-GPU ones live on FakeGpu).
+        self.transient: dict[str, list[int]] = {}  # function -> error codes for its next calls
+        self.hangs: dict[str, float] = {}  # library function -> seconds each call blocks
+        self.random_faults: RandomFaults | None = None
+        self.hung_now = 0  # calls blocked in a hang at this moment
+        self._release = threading.Event()
+        self._fault_lock = threading.Lock()
 
     def __getattr__(self, name: str) -> Any:
         # Constants (NVML_CLOCK_SM, nvmlMemory_v2, ...) and NVMLError come from the real module.
@@ -134,6 +214,56 @@ class FakePynvml:
         raise AttributeError(name)
 
     NVMLError = _real.NVMLError
+
+    # -- fault machinery ----------------------------------------------------------
+    def release_hangs(self) -> None:
+        """End every hang now and from now on (test teardown: no thread stays blocked)."""
+        self._release.set()
+
+    def _index_of(self, name: str, args: tuple) -> int | None:
+        if name == "nvmlDeviceGetHandleByIndex":
+            return args[0] if args and isinstance(args[0], int) else None
+        if name.startswith("nvmlDevice") and args:
+            return getattr(args[0], "index", None)
+        return None
+
+    def _hang(self, seconds: float) -> None:
+        with self._fault_lock:
+            self.hung_now += 1
+        try:
+            self._release.wait(seconds)
+        finally:
+            with self._fault_lock:
+                self.hung_now -= 1
+
+    def _before(self, name: str, index: int | None) -> Any:
+        """Raise a queued or random error, block for a hang; a random garbage value is
+        returned (the call then returns it instead of a reading)."""
+        gpu = self.gpus[index] if index is not None and 0 <= index < len(self.gpus) else None
+        with self._fault_lock:
+            queued = self.transient.get(name)
+            code = queued.pop(0) if queued else None
+        if code is not None:
+            self._count(name)
+            raise _real.NVMLError(code)
+        hang = (gpu.hangs if gpu is not None else self.hangs).get(name)
+        if hang:
+            self._hang(hang)
+        if self.random_faults is not None:
+            kind, payload = self.random_faults.decide(name)
+            if kind == "error":
+                raise _real.NVMLError(payload)
+            if kind == "hang":
+                self._hang(payload)
+            elif kind == "garbage":
+                return payload
+        return _NO_GARBAGE
+
+    def _after(self, name: str, index: int | None, value: Any) -> Any:
+        gpu = self.gpus[index] if index is not None and 0 <= index < len(self.gpus) else None
+        if gpu is not None and name in gpu.garbage:
+            return gpu.garbage[name]
+        return value
 
     # -- helpers ----------------------------------------------------------------
     def _count(self, name: str) -> None:
@@ -155,21 +285,26 @@ class FakePynvml:
         return gpu.sample_at(self.clock())
 
     # -- library ----------------------------------------------------------------
+    @_nvml_function
     def nvmlInit(self) -> None:
         self._count("nvmlInit")
         if self.init_error is not None:
             raise _real.NVMLError(self.init_error)
         self.initialized += 1
 
+    @_nvml_function
     def nvmlShutdown(self) -> None:
         self.initialized = max(0, self.initialized - 1)
 
+    @_nvml_function
     def nvmlSystemGetDriverVersion(self) -> str:
         return self.driver_version
 
+    @_nvml_function
     def nvmlSystemGetCudaDriverVersion(self) -> int:
         return self.cuda_driver_version
 
+    @_nvml_function
     def nvmlSystemGetProcessName(self, pid: int) -> str:
         if pid in self.process_names:
             return self.process_names[pid]
@@ -179,10 +314,12 @@ class FakePynvml:
                     return row["name"]
         raise _real.NVMLError(_real.NVML_ERROR_NOT_FOUND)
 
+    @_nvml_function
     def nvmlDeviceGetCount(self) -> int:
         self._count("nvmlDeviceGetCount")
         return len(self.gpus)
 
+    @_nvml_function
     def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:
         if not 0 <= index < len(self.gpus):
             raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
@@ -191,40 +328,51 @@ class FakePynvml:
         return handle
 
     # -- static facts -------------------------------------------------------------
+    @_nvml_function
     def nvmlDeviceGetName(self, h: Any) -> str:
         return self._gpu(h, "nvmlDeviceGetName").facts["name"]
 
+    @_nvml_function
     def nvmlDeviceGetUUID(self, h: Any) -> str:
         gpu = self._gpu(h, "nvmlDeviceGetUUID")
         if h.mig is not None:
             return gpu.mig_devices[h.mig]["uuid"]
         return gpu.facts["uuid"]
 
+    @_nvml_function
     def nvmlDeviceGetPciInfo(self, h: Any) -> Any:
         return SimpleNamespace(busId=self._gpu(h, "nvmlDeviceGetPciInfo").facts["pci_bus_id"])
 
+    @_nvml_function
     def nvmlDeviceGetCudaComputeCapability(self, h: Any) -> tuple[int, int]:
         return tuple(self._gpu(h, "nvmlDeviceGetCudaComputeCapability").facts["cuda_compute_capability"])
 
+    @_nvml_function
     def nvmlDeviceGetEnforcedPowerLimit(self, h: Any) -> int:
         return self._gpu(h, "nvmlDeviceGetEnforcedPowerLimit").facts["power_limit_mw"]
 
+    @_nvml_function
     def nvmlDeviceGetMaxClockInfo(self, h: Any, kind: int) -> int:
         f = self._gpu(h, "nvmlDeviceGetMaxClockInfo").facts
         return f["max_sm_clock_mhz"] if kind == _real.NVML_CLOCK_SM else f["max_mem_clock_mhz"]
 
+    @_nvml_function
     def nvmlDeviceGetMaxPcieLinkGeneration(self, h: Any) -> int:
         return self._gpu(h, "nvmlDeviceGetMaxPcieLinkGeneration").facts["pcie_gen_max"]
 
+    @_nvml_function
     def nvmlDeviceGetMaxPcieLinkWidth(self, h: Any) -> int:
         return self._gpu(h, "nvmlDeviceGetMaxPcieLinkWidth").facts["pcie_width_max"]
 
+    @_nvml_function
     def nvmlDeviceGetCurrPcieLinkGeneration(self, h: Any) -> int:
         return self._gpu(h, "nvmlDeviceGetCurrPcieLinkGeneration").facts["pcie_gen_current"]
 
+    @_nvml_function
     def nvmlDeviceGetCurrPcieLinkWidth(self, h: Any) -> int:
         return self._gpu(h, "nvmlDeviceGetCurrPcieLinkWidth").facts["pcie_width_current"]
 
+    @_nvml_function
     def nvmlDeviceGetTemperatureThreshold(self, h: Any, kind: int) -> int:
         f = self._gpu(h, "nvmlDeviceGetTemperatureThreshold").facts
         if kind == _real.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN:
@@ -233,24 +381,31 @@ class FakePynvml:
             return f["temp_shutdown_c"]
         raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
 
+    @_nvml_function
     def nvmlDeviceGetPersistenceMode(self, h: Any) -> int:
         return self._gpu(h, "nvmlDeviceGetPersistenceMode").facts["persistence_mode"]
 
+    @_nvml_function
     def nvmlDeviceGetComputeMode(self, h: Any) -> int:
         return self._gpu(h, "nvmlDeviceGetComputeMode").facts["compute_mode"]
 
+    @_nvml_function
     def nvmlDeviceGetMigMode(self, h: Any) -> list[int]:
         return list(self._gpu(h, "nvmlDeviceGetMigMode").facts["mig_mode"])
 
+    @_nvml_function
     def nvmlDeviceGetEccMode(self, h: Any) -> list[int]:
         return list(self._gpu(h, "nvmlDeviceGetEccMode").facts["ecc_mode"])
 
+    @_nvml_function
     def nvmlDeviceGetTotalEccErrors(self, h: Any, error_type: int, counter: int) -> int:
         return self._gpu(h, "nvmlDeviceGetTotalEccErrors").facts["ecc_uncorrected_volatile"]
 
+    @_nvml_function
     def nvmlDeviceGetMaxMigDeviceCount(self, h: Any) -> int:
         return 7 if self._gpu(h, "nvmlDeviceGetMaxMigDeviceCount").mig_devices else 0
 
+    @_nvml_function
     def nvmlDeviceGetMigDeviceHandleByIndex(self, h: Any, slot: int) -> Any:
         gpu = self._gpu(h, "nvmlDeviceGetMigDeviceHandleByIndex")
         if slot >= len(gpu.mig_devices):
@@ -258,6 +413,7 @@ class FakePynvml:
         return SimpleNamespace(index=h.index, mig=slot)
 
     # -- moving values --------------------------------------------------------------
+    @_nvml_function
     def nvmlDeviceGetMemoryInfo(self, h: Any, version: Any = None) -> Any:
         gpu = self._gpu(h, "nvmlDeviceGetMemoryInfo")
         if h.mig is not None:
@@ -267,30 +423,38 @@ class FakePynvml:
         total = gpu.facts["memory_total"]
         reserved = gpu.facts["memory_reserved"]
         used = s["memory_used"] + sum(p["used_gpu_memory"] for p in gpu.listed_processes(h.index))
+        free = max(0, total - reserved - used)  # unsigned in NVML: a test's extra process may overfill it
         if version:  # v2 separates the driver's reservation from "used"
-            return SimpleNamespace(total=total, reserved=reserved, used=used, free=total - reserved - used)
-        return SimpleNamespace(total=total, used=used + reserved, free=total - reserved - used)
+            return SimpleNamespace(total=total, reserved=reserved, used=used, free=free)
+        return SimpleNamespace(total=total, used=used + reserved, free=free)
 
+    @_nvml_function
     def nvmlDeviceGetUtilizationRates(self, h: Any) -> Any:
         s = self._now(self._gpu(h, "nvmlDeviceGetUtilizationRates"))
         return SimpleNamespace(gpu=s["util_gpu"], memory=s["util_memory"])
 
+    @_nvml_function
     def nvmlDeviceGetPowerUsage(self, h: Any) -> int:
         return self._now(self._gpu(h, "nvmlDeviceGetPowerUsage"))["power_mw"]
 
+    @_nvml_function
     def nvmlDeviceGetTemperature(self, h: Any, sensor: int) -> int:
         return self._now(self._gpu(h, "nvmlDeviceGetTemperature"))["temp_c"]
 
+    @_nvml_function
     def nvmlDeviceGetClockInfo(self, h: Any, kind: int) -> int:
         s = self._now(self._gpu(h, "nvmlDeviceGetClockInfo"))
         return s["sm_clock_mhz"] if kind == _real.NVML_CLOCK_SM else s["mem_clock_mhz"]
 
+    @_nvml_function
     def nvmlDeviceGetCurrentClocksEventReasons(self, h: Any) -> int:
         return self._now(self._gpu(h, "nvmlDeviceGetCurrentClocksEventReasons"))["clocks_event_reasons"]
 
+    @_nvml_function
     def nvmlDeviceGetPerformanceState(self, h: Any) -> int:
         return self._now(self._gpu(h, "nvmlDeviceGetPerformanceState"))["pstate"]
 
+    @_nvml_function
     def nvmlDeviceGetComputeRunningProcesses(self, h: Any) -> list[Any]:
         gpu = self._gpu(h, "nvmlDeviceGetComputeRunningProcesses")
         recorded = [] if gpu.processes_file else [
@@ -310,21 +474,27 @@ class FakePynvml:
             raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
         return gpu.nvlinks[link]
 
+    @_nvml_function
     def nvmlDeviceGetNvLinkState(self, h: Any, link: int) -> int:
         return self._link(h, link, "nvmlDeviceGetNvLinkState")["state"]
 
+    @_nvml_function
     def nvmlDeviceGetNvLinkVersion(self, h: Any, link: int) -> int:
         return self._link(h, link, "nvmlDeviceGetNvLinkVersion")["version"]
 
+    @_nvml_function
     def nvmlDeviceGetNvLinkRemotePciInfo(self, h: Any, link: int) -> Any:
         return SimpleNamespace(busId=self._link(h, link, "nvmlDeviceGetNvLinkRemotePciInfo")["remote_bus_id"])
 
+    @_nvml_function
     def nvmlDeviceGetNvLinkRemoteDeviceType(self, h: Any, link: int) -> int:
         return self._link(h, link, "nvmlDeviceGetNvLinkRemoteDeviceType")["remote_device_type"]
 
+    @_nvml_function
     def nvmlDeviceGetNvLinkCapability(self, h: Any, link: int, capability: int) -> int:
         return self._link(h, link, "nvmlDeviceGetNvLinkCapability")["cap_p2p"]
 
+    @_nvml_function
     def nvmlDeviceGetFieldValues(self, h: Any, field_ids: list) -> list[Any]:
         """Like pynvml: one value per requested id (an int or a (field id, scope id) pair), each
         with its own ``nvmlReturn``; the recorded value of a field is given for every scope."""
@@ -349,13 +519,16 @@ class FakePynvml:
             raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
         return pair
 
+    @_nvml_function
     def nvmlDeviceGetP2PStatus(self, h1: Any, h2: Any, index: int) -> int:
         pair = self._pair(h1, h2, "nvmlDeviceGetP2PStatus")
         return pair["p2p"][P2P_INDEX_NAMES[index]]
 
+    @_nvml_function
     def nvmlDeviceGetTopologyCommonAncestor(self, h1: Any, h2: Any) -> int:
         return self._pair(h1, h2, "nvmlDeviceGetTopologyCommonAncestor")["topology_common_ancestor"]
 
+    @_nvml_function
     def nvmlDeviceGetSamples(self, h: Any, sampling_type: int, last_seen_us: int) -> tuple[int, list[Any]]:
         """Utilization samples newer than ``last_seen_us`` (CPU wall clock in µs, like NVML),
         replayed from the recorded trace rows of the last 20 s of the fake clock."""
@@ -385,6 +558,10 @@ def _h200(trace: dict, **overrides: Any) -> FakeGpu:
     return FakeGpu(facts=dict(trace["facts"]), samples=trace["samples"], **overrides)
 
 
+SCENARIOS = ("h200", "no-driver", "two-gpus", "power-not-supported", "gpu-lost", "second-gpu-lost", "mig", "busy",
+             "h200x2-nvlink", "pcie-pair")
+
+
 def scenario(name: str, clock: Callable[[], float] | None = None) -> FakePynvml:
     """Named fault scenarios, all from the recorded H200 readings.
 
@@ -404,6 +581,7 @@ def scenario(name: str, clock: Callable[[], float] | None = None) -> FakePynvml:
                          one NUMA node) and peer-to-peer is refused for that topology
                          (P2P status 3, IOH_TOPOLOGY_NOT_SUPPORTED). Built from the recording
                          with NVML's documented codes, not recorded on such a machine.
+    ``eight-gpus``       eight H200s, as in an HGX node (each its own UUID and bus id)
 
     ``GPUNB_FAKE_NVML_PROCESSES=<file.json>`` replaces the recorded process list with the
     rows of that file, re-read on every call (``[{"gpu": 0, "pid": 123,
@@ -430,6 +608,13 @@ def _scenario(name: str, clock: Callable[[], float] | None) -> FakePynvml:
         if name == "second-gpu-lost":
             second.lost_after_s = 0.0
         return FakePynvml([_h200(trace), second], clock=clock)
+    if name == "eight-gpus":
+        gpus = []
+        for i in range(8):
+            gpu = _h200(trace)
+            gpu.facts.update(uuid=f"GPU-6fa48cea-f20c-eafe-9125-0427b9f214a{i}", pci_bus_id=f"00000000:{0x18 + i:02x}:00.0")
+            gpus.append(gpu)
+        return FakePynvml(gpus, clock=clock)
     if name == "power-not-supported":
         gpu = _h200(trace, faults={"nvmlDeviceGetPowerUsage": _real.NVML_ERROR_NOT_SUPPORTED,
                                    "nvmlDeviceGetEnforcedPowerLimit": _real.NVML_ERROR_NOT_SUPPORTED})

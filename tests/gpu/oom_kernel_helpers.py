@@ -95,15 +95,17 @@ def accelerate_halving(step, starting_batch_size: int, steps: int = 2) -> dict:
             "seconds": time.perf_counter() - t0}
 
 
-def compare(step, fit) -> dict:
-    """Brute force and the two baselines after a %gpufit result ``fit``."""
-    truth = true_max(step, fit.max_batch)
+def compare(step, fit, steps: int = 2) -> dict:
+    """Brute force (runs of ``steps`` steps, as %gpufit's trials) and the two baselines after a
+    %gpufit result ``fit``; and whether its recommendation trains ``steps`` steps right after."""
+    truth = true_max(step, fit.recommended, steps)
     start = 2 ** math.ceil(math.log2(2 * truth["true_max"]))
     out = {
         "gpufit": fit.to_dict(),
+        "recommended_trains": runs(step, fit.recommended, steps),
         "brute_force": truth,
         "lightning_power": lightning_power(step),
         "accelerate_halving": accelerate_halving(step, start),
     }
-    out["gpufit_ratio"] = fit.max_batch / truth["true_max"]
+    out["gpufit_ratio"] = fit.recommended / truth["true_max"]
     return out

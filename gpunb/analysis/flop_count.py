@@ -1,0 +1,293 @@
+"""FLOPs and bytes of ONE real training step, counted on the operations that ran.
+
+How: from one optimizer-step hook to the next, a ``TorchDispatchMode`` sees every ATen
+operation the step runs (forward, backward, optimizer; CPU or CUDA) after autocast chose its
+dtype. Matmul, convolution and attention FLOPs come from torch's own formulas
+(``torch.utils.flop_counter``'s registry: 2·M·N·K per matmul, the backward's two matmuls,
+convolution and SDPA counts), so the total equals ``FlopCounterMode``'s for the same step.
+Not ``FlopCounterMode`` itself: its module tracking (global module hooks) and decomposition
+attempts cost ~30 µs per operation, this mode ~5 (CPU, torch 2.13), and the counted step
+is paid for in full by the user's loop.
+
+The mode never changes what runs: each operation is executed exactly as called and its
+result returned untouched; counting happens after, and a failure in it is noted, never
+raised. ``ignore_compile_internals`` keeps ``torch.compile``'d code compiled (the mode then
+sees the operations a compiled graph calls through ATen, such as its matmuls, not its fused
+Triton kernels); CUDA-graph replays are not seen at all.
+
+Each FLOP is filed under the precision it ran in: bf16/fp16/fp8 from the inputs' dtype,
+fp32 matmuls on CUDA as TF32 when torch allows TF32 for them
+(``torch.backends.cuda.matmul.allow_tf32``, set by ``set_float32_matmul_precision('high')``;
+convolutions: ``torch.backends.cudnn.allow_tf32``).
+
+Bytes moved (for the memory-bandwidth estimate): every operation's tensor inputs read and
+outputs written (in-place and ``out=`` arguments as written, views and fresh ``empty``
+buffers as nothing), as if no data stayed in a cache between operations. For eager code,
+whose every kernel streams its operands through memory, this is close; L2 hits make the real
+traffic lower, fused (compiled) kernels far lower.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Any
+
+from gpunb.analysis.throughput_records import FlopCount
+
+_MODE_CLASSES: dict[int, type] = {}  # id(torch) -> the mode class built on that torch
+_MATMUL_OPS = ("mm", "addmm", "bmm", "baddbmm")
+_CONV_OPS = ("convolution", "_convolution", "cudnn_convolution", "convolution_overrideable",
+             "_slow_conv2d_forward", "convolution_backward")
+
+
+def _precision_of(dtype_name: str, on_cuda: bool, kind: str, tf32: dict) -> str:
+    if dtype_name in ("bfloat16", "float16"):
+        return "bf16" if dtype_name == "bfloat16" else "fp16"
+    if dtype_name.startswith("float8"):
+        return "fp8"
+    if dtype_name == "float32":
+        return "tf32" if on_cuda and tf32.get(kind) else "fp32"
+    if dtype_name == "float64":
+        return "fp64"
+    return "other"
+
+
+class _OpInfo:
+    """What counting needs to know about one operator, worked out once from its schema."""
+
+    __slots__ = ("packet", "kind", "hop", "moves", "tensor_args", "fresh_out", "name")
+
+    def __init__(self, func: Any, hop_type: Any) -> None:
+        self.hop = isinstance(func, hop_type)
+        self.name = str(getattr(func, "_overloadpacket", func))
+        self.packet = getattr(func, "_overloadpacket", None)  # the FLOP formulas' key
+        base = self.name.rsplit(".", 1)[-1]
+        self.kind = "matmul" if base in _MATMUL_OPS else "conv" if base in _CONV_OPS else "other"
+        # (position, holds a list of tensors, bytes factor: 2 for an operand written in place)
+        self.tensor_args: tuple[tuple[int, bool, int], ...] = ()
+        self.fresh_out = True
+        self.moves = not self.hop and not base.startswith(("empty", "new_empty"))
+        schema = getattr(func, "_schema", None)
+        if schema is None or self.hop:
+            return
+        found = []
+        for i, arg in enumerate(schema.arguments):
+            if arg.kwarg_only:  # out= and friends arrive in kwargs
+                continue
+            kind = str(arg.type)
+            if "Tensor" in kind:
+                written = arg.alias_info is not None and arg.alias_info.is_write
+                found.append((i, "[]" in kind or "List" in kind, 2 if written else 1))
+        self.tensor_args = tuple(found)
+        # a return that aliases an argument (a view, an in-place or out= result) is not new data
+        self.fresh_out = all(r.alias_info is None for r in schema.returns)
+        if getattr(func, "is_view", False):
+            self.moves = False
+
+
+def _tensor_bytes(value: Any, tensor: type) -> int:
+    if isinstance(value, tensor):
+        return value.nbytes
+    if isinstance(value, (list, tuple)):
+        return sum(v.nbytes for v in value if isinstance(v, tensor))
+    return 0
+
+
+def _first_tensor(args: tuple, tensor: type) -> Any:
+    for a in args:
+        if isinstance(a, tensor):
+            return a
+        if isinstance(a, (list, tuple)) and a and isinstance(a[0], tensor):
+            return a[0]
+    return None
+
+
+def _mode_class(torch: Any) -> type:
+    """The dispatch mode, built on the user's torch (gpunb never imports torch itself)."""
+    known = _MODE_CLASSES.get(id(torch))
+    if known is not None:
+        return known
+    from torch.utils import flop_counter
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    registry = flop_counter.flop_registry  # the live table, not a copy
+    tensor = torch.Tensor
+    infos: dict[Any, _OpInfo] = {}  # per operator, for the life of the process: schemas do not change
+    hop_type = getattr(torch._ops, "HigherOrderOperator", ())
+
+    class StepCountingMode(TorchDispatchMode):
+        supports_higher_order_operators = True  # else a cond/checkpoint HOP would raise under the mode
+
+        @classmethod
+        def ignore_compile_internals(cls) -> bool:  # compiled code stays compiled (see module doc)
+            return True
+
+        def __init__(self, tf32: dict) -> None:
+            super().__init__()
+            self.tf32 = tf32
+            self.inert = False  # set when the mode could not be left: it then only passes calls on
+            self.flops = 0
+            self.gpu_flops = 0
+            self.by_precision: dict[str, int] = {}
+            self.by_op: dict[str, int] = {}
+            self.bytes = 0
+            self.ops = 0
+            self.hops = 0
+            self.failures = 0
+            self.first_failure = ""
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+            __tracebackhide__ = True  # noqa: F841 (IPython hides this frame in the user's tracebacks)
+            # The user's operation first, exactly as called: its errors are the user's.
+            out = func(*args, **kwargs) if kwargs else func(*args)
+            if self.inert:
+                return out
+            try:
+                self._count(func, args, kwargs or {}, out)
+            except Exception as exc:  # counting must never break a step
+                self.failures += 1
+                if not self.first_failure:
+                    self.first_failure = f"{func}: {type(exc).__name__}: {exc}"[:300]
+            return out
+
+        def _count(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+            info = infos.get(func)
+            if info is None:
+                info = infos[func] = _OpInfo(func, hop_type)
+            self.ops += 1
+            if info.hop:
+                self.hops += 1
+                return
+            formula = registry.get(info.packet)  # looked up each time: a formula registered later counts
+            if formula is not None:
+                n = int(formula(*args, **kwargs, out_val=out))
+                first = _first_tensor(args, tensor)
+                dtype = str(first.dtype).removeprefix("torch.") if first is not None else ""
+                on_gpu = first is not None and first.device.type != "cpu"
+                precision = _precision_of(dtype, on_gpu, info.kind, self.tf32)
+                self.flops += n
+                self.gpu_flops += n if on_gpu else 0
+                self.by_precision[precision] = self.by_precision.get(precision, 0) + n
+                self.by_op[info.name] = self.by_op.get(info.name, 0) + n
+            if info.moves:
+                moved = 0
+                n_args = len(args)
+                for i, is_list, factor in info.tensor_args:  # an in-place operand is read and written
+                    if i >= n_args:
+                        break
+                    a = args[i]  # the schema says Tensor; a wrapped Python number may come instead
+                    if is_list:
+                        moved += factor * sum(t.nbytes for t in a if isinstance(t, tensor))
+                    elif isinstance(a, tensor):
+                        moved += factor * a.nbytes
+                if kwargs:
+                    for a in kwargs.values():
+                        moved += _tensor_bytes(a, tensor)  # read, or for out=: written
+                if info.fresh_out:
+                    moved += _tensor_bytes(out, tensor)
+                self.bytes += moved
+
+    _MODE_CLASSES[id(torch)] = StepCountingMode
+    return StepCountingMode
+
+
+def _compiled_code_would_change(torch: Any) -> bool:
+    """True on a torch whose dispatch modes cannot declare ``ignore_compile_internals`` (so
+    Dynamo would run compiled code uncompiled under the counter) once compiled code ran here."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    if hasattr(TorchDispatchMode, "ignore_compile_internals"):
+        return False
+    utils = sys.modules.get("torch._dynamo.utils")
+    stats = getattr(utils, "counters", {}).get("stats", {}) if utils is not None else {}
+    return bool(stats.get("unique_graphs"))
+
+
+def _tf32_flags(torch: Any) -> dict:
+    flags = {"matmul": False, "conv": False}
+    try:
+        flags["matmul"] = bool(torch.backends.cuda.matmul.allow_tf32)
+        flags["conv"] = bool(torch.backends.cudnn.allow_tf32)
+    except Exception:  # another torch layout: fp32 stays fp32
+        pass
+    return flags
+
+
+class StepFlopCounter:
+    """Counts one step: :meth:`begin` at a step's end (the hook), :meth:`end` at the next one."""
+
+    def __init__(self, torch: Any) -> None:
+        self.torch = torch
+        self.mode: Any = None
+        self.step: int | None = None
+        self.result: FlopCount | None = None
+        self.why_not = ""
+        self._thread: int | None = None
+        self._t0 = 0.0
+
+    def begin(self, step: int) -> bool:
+        """Start counting the step that begins now (``step``: its 0-based index)."""
+        torch = self.torch
+        try:
+            if torch._C._len_torch_dispatch_stack():
+                # the user's own mode (a FlopCounterMode, a debug mode) is active: pushing ours on
+                # top would make their `with` block pop ours instead of theirs when it ends
+                self.why_not = "not counted: another dispatch mode (such as FlopCounterMode) was active at step 1's end"
+                return False
+            if _compiled_code_would_change(torch):
+                self.why_not = (f"not counted: torch {torch.__version__} would run this kernel's compiled code "
+                                "uncompiled under a counting mode (newer torch versions count compiled steps)")
+                return False
+            self.mode = _mode_class(torch)(_tf32_flags(torch))
+            self.mode.__enter__()
+        except Exception as exc:  # an unusual torch: the cell goes on without a count
+            self.mode = None
+            self.why_not = f"not counted: the counting mode could not start ({type(exc).__name__}: {exc})"
+            return False
+        self.step = step
+        self._thread = threading.get_ident()
+        self._t0 = time.perf_counter()
+        return True
+
+    def end(self, complete: bool = True) -> None:
+        """Stop counting (at the next step's end; ``complete=False``: the cell ended first)."""
+        mode = self.mode
+        if mode is None or self.result is not None:
+            return
+        if mode.inert:  # an earlier end could not take it off the stack: try again (the cell's end)
+            if self._leave(mode):
+                self.mode = None
+            return
+        host_ms = (time.perf_counter() - self._t0) * 1000.0
+        if not self._leave(mode):
+            mode.inert = True  # still on the stack of another thread or under a user's mode: only passes calls on
+            self.why_not = ("not counted: the step ended in another thread or inside another dispatch mode, "
+                            "so the counting mode was switched off instead of removed")
+            return
+        self.mode = None  # off the stack
+        if not complete:
+            self.why_not = (f"not counted: the cell ended before step {self.step + 1} finished "
+                            "(FLOPs are counted on the second optimizer step)")
+            return
+        notes = []
+        if mode.hops:
+            notes.append(f"{mode.hops} higher-order operations (compiled regions, cond) ran uncounted")
+        if mode.failures:
+            notes.append(f"{mode.failures} operations could not be counted ({mode.first_failure})")
+        self.result = FlopCount(self.step, mode.flops, dict(mode.by_precision), dict(mode.by_op), mode.bytes,
+                                mode.ops, host_ms, "; ".join(notes), mode.gpu_flops)
+
+    def _leave(self, mode: Any) -> bool:
+        if threading.get_ident() != self._thread:
+            return False
+        try:
+            from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+            if _get_current_dispatch_mode() is not mode:
+                return False
+            mode.__exit__(None, None, None)
+            return True
+        except Exception:
+            return False

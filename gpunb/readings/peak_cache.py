@@ -1,0 +1,121 @@
+"""Matmul throughput that ``%gpucheck`` measured on each GPU, kept for ``%%gpuprofile``'s MFU.
+
+The check's CUDA probe (a subprocess) times 8192² matmuls in bf16, TF32 and strict fp32. Its
+figures are what this GPU really reaches (the H200 here: bf16 790 TFLOP/s, 80 % of the
+datasheet's 989), so a profiled cell can say how close it came to them as well as to the
+datasheet. They are kept in this process and in a small JSON file, keyed by the GPU's UUID,
+so a check run earlier (in another kernel, or ``gpunb check`` in a terminal) still counts;
+each entry says when, and by which process, it was measured.
+
+File: ``$GPUNB_CACHE_DIR/matmul_peaks.json``, else ``$XDG_CACHE_HOME/gpunb/...``, else
+``~/.cache/gpunb/...``. A file that cannot be read or written is no error: the figures of
+this process are still used, and a profile without them names only the datasheet peak.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+FILE_NAME = "matmul_peaks.json"
+PRECISIONS = ("bf16", "tf32", "fp32")  # what the probe measures (cuda_probe_script.matmul)
+
+_this_process: dict[str, "MeasuredPeaks"] = {}  # uuid -> peaks measured by this process's checks
+
+
+@dataclass(frozen=True)
+class MeasuredPeaks:
+    uuid: str  # "GPU-..." (or "MIG-...") as NVML and the probe spell it
+    name: str
+    tflops: dict  # precision ("bf16", "tf32", "fp32") -> TFLOP/s measured
+    measured_at: str  # local time, "YYYY-MM-DD HH:MM"
+    pid: int  # the process whose check measured it
+    torch_version: str = ""
+
+    @property
+    def this_process(self) -> bool:
+        return self.pid == os.getpid()
+
+    def source(self) -> str:
+        """Where the figure comes from, in words for a report."""
+        if self.this_process:
+            return f"%gpucheck in this kernel, {self.measured_at}"
+        return f"%gpucheck on {self.measured_at} (cached)"
+
+
+def _norm(uuid: str) -> str:
+    return uuid.strip().lower().removeprefix("gpu-")
+
+
+def cache_file(environ: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if environ is None else environ
+    if env.get("GPUNB_CACHE_DIR"):
+        return Path(env["GPUNB_CACHE_DIR"]) / FILE_NAME
+    base = Path(env["XDG_CACHE_HOME"]) if env.get("XDG_CACHE_HOME") else Path.home() / ".cache"
+    return base / "gpunb" / FILE_NAME
+
+
+def _read_file(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _entry(uuid: str, raw: object) -> MeasuredPeaks | None:
+    if not isinstance(raw, dict):
+        return None
+    tflops = {p: float(v) for p, v in (raw.get("tflops") or {}).items()
+              if p in PRECISIONS and isinstance(v, (int, float)) and v > 0}
+    if not tflops:
+        return None
+    return MeasuredPeaks(uuid, str(raw.get("name", "")), tflops, str(raw.get("measured_at", "")),
+                         int(raw.get("pid", -1)), str(raw.get("torch_version", "")))
+
+
+def remember(uuid: str, name: str, result: Mapping[str, object], *, torch_version: str = "",
+             environ: Mapping[str, str] | None = None) -> MeasuredPeaks | None:
+    """Keep one GPU's probe result (``{"bf16_tflops": ..., "tf32_tflops": ..., ...}``) in this
+    process and in the cache file (written atomically; a failure to write is ignored)."""
+    tflops = {p: float(result[f"{p}_tflops"]) for p in PRECISIONS
+              if isinstance(result.get(f"{p}_tflops"), (int, float)) and result[f"{p}_tflops"] > 0}
+    if not uuid or not tflops:
+        return None
+    peaks = MeasuredPeaks(uuid, name, tflops, time.strftime("%Y-%m-%d %H:%M"), os.getpid(), torch_version)
+    _this_process[_norm(uuid)] = peaks
+    path = cache_file(environ)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = _read_file(path)
+        data[uuid] = {"name": name, "tflops": tflops, "measured_at": peaks.measured_at, "pid": peaks.pid,
+                      "torch_version": torch_version}
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".matmul_peaks-", delete=False) as tmp:
+            json.dump(data, tmp, indent=1, sort_keys=True)
+        os.replace(tmp.name, path)
+    except OSError:
+        pass
+    return peaks
+
+
+def lookup(uuid: str | None, environ: Mapping[str, str] | None = None) -> MeasuredPeaks | None:
+    """The latest measured peaks of this GPU: this process's own check first, then the file."""
+    if not uuid:
+        return None
+    own = _this_process.get(_norm(uuid))
+    if own is not None:
+        return own
+    for key, raw in _read_file(cache_file(environ)).items():
+        if isinstance(key, str) and _norm(key) == _norm(uuid):
+            return _entry(key, raw)
+    return None
+
+
+def forget_this_process() -> None:
+    """Drop what this process remembered (tests)."""
+    _this_process.clear()
