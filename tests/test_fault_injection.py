@@ -451,3 +451,43 @@ def test_garbage_in_every_field_of_every_reading():
         assert len({len(v) for v in sampler.samples().values()}) == 1
         TRIED["garbage values, one function at a time"] += 1
     nvml_module.set_default_session(None)
+
+
+LINK_FUNCTIONS = ("nvmlDeviceGetFieldValues", "nvmlDeviceGetNvLinkState", "nvmlDeviceGetNvLinkVersion",
+                  "nvmlDeviceGetNvLinkRemoteDeviceType", "nvmlDeviceGetNvLinkRemotePciInfo",
+                  "nvmlDeviceGetP2PStatus", "nvmlDeviceGetTopologyCommonAncestor")
+
+
+@pytest.mark.parametrize("name", LINK_FUNCTIONS)
+def test_garbage_in_the_links_between_gpus(name):
+    """The multi-GPU readings (readings/links.py) go through the same shapes: garbage in any of
+    them is a gap in gpu_links, never a crash; the checklist's HTML and JSON stay valid."""
+    from gpunb.analysis.checks import check
+    from gpunb.readings.nvml_values import SHAPES
+    from gpunb.views.check_view import render_html
+
+    assert name in SHAPES  # a new NVML function needs its shape (or its value goes unchecked)
+    for value in RandomFaults.GARBAGE:
+        fake = scenario("h200x2-nvlink")
+        fake.gpus[0].garbage[name] = value
+        report = check(quick=True, nvml=NvmlSession(fake), environ={})
+        links = report["gpu_links"]
+        assert "error" not in links.measured and "gpunb bug" not in links.cause, links.to_dict()
+        valid_html(render_html(report))
+        valid_json(report.to_json())
+        TRIED["garbage values in the links between GPUs"] += 1
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_random_faults_in_the_links_between_gpus(seed):
+    from gpunb.analysis.checks import check
+    from gpunb.views.check_view import render_html
+
+    fake = scenario("h200x2-nvlink")
+    fake.random_faults = RandomFaults(seed, error_rate=0.2, garbage_rate=0.2, hang_rate=0.0, spare=("nvmlInit",))
+    report = check(quick=True, nvml=NvmlSession(fake), environ={})
+    links = report["gpu_links"]
+    assert "error" not in links.measured and "gpunb bug" not in links.cause, links.to_dict()
+    valid_html(render_html(report))
+    valid_json(report.to_json())
+    TRIED["random NVML errors and garbage in the links between GPUs"] += sum(fake.random_faults.counts.values())

@@ -27,6 +27,9 @@ FI_NVLINK_GET_SPEED = 164  # MB/s of one link, one direction (scope: the link)
 FI_NVLINK_GET_STATE = 165
 FI_NVLINK_GET_VERSION = 166
 MAX_LINKS = 36  # NVML_NVLINK_MAX_LINKS in nvidia-ml-py 13
+# NVML time budgets (readings/nvml.py): the whole link map of a check, one GPU's NVLink counters
+LINKS_BUDGET_S = 2.0
+COUNTERS_BUDGET_S = 0.5
 
 # nvmlDeviceGetP2PStatus's p2pIndex values, nvml.h nvmlGpuP2PCapsIndex_t (pynvml's READ constant
 # is the tuple (0,), a trailing-comma slip, so the numbers are written here).
@@ -147,6 +150,8 @@ def field_values(nvml: NvmlSession, index: int, ids: Sequence[Any]) -> list[Any]
     """``nvmlDeviceGetFieldValues`` in one driver call: each id (an int, or a (field, scope)
     pair) gives its value or an :class:`Unavailable` with NVML's reason for that field."""
     got = nvml.device_query(index, "nvmlDeviceGetFieldValues", list(ids))
+    if is_available(got) and len(got) != len(ids):  # the shape is checked in nvml_values; the count here
+        got = Unavailable(f"NVML returned {len(got)} field values for {len(ids)} fields asked")
     if not is_available(got):
         return [got] * len(ids)
     out = []
@@ -230,18 +235,21 @@ def _pair(nvml: NvmlSession, a: GpuLinks, b: GpuLinks) -> PairLink:
     return PairLink(a.index, b.index, links, via_switch, gbps, topology, p2p)
 
 
-def read_link_map(nvml: NvmlSession, gpus: Sequence[Any]) -> LinkMap:
+def read_link_map(nvml: NvmlSession, gpus: Sequence[Any], budget_s: float = LINKS_BUDGET_S) -> LinkMap:
     """Links of ``gpus`` (records with ``index`` and ``pci_bus_id``, as ``GpuInfo``) and of every
-    pair of them. Lost GPUs are left out."""
-    found = tuple(read_gpu_links(nvml, g.index, g.pci_bus_id) for g in gpus if not getattr(g, "lost", False))
-    pairs = tuple(_pair(nvml, x, y) for i, x in enumerate(found) for y in found[i + 1:])
+    pair of them. Lost GPUs are left out. All reads share ``budget_s`` (a slow or hung NVML
+    leaves the rest ``Unavailable``, see readings/nvml.py)."""
+    with nvml.budget(budget_s, "the links between GPUs"):
+        found = tuple(read_gpu_links(nvml, g.index, g.pci_bus_id) for g in gpus if not getattr(g, "lost", False))
+        pairs = tuple(_pair(nvml, x, y) for i, x in enumerate(found) for y in found[i + 1:])
     return LinkMap(found, pairs)
 
 
 def read_nvlink_traffic(nvml: NvmlSession, index: int) -> tuple[int, int] | None:
     """NVLink payload bytes sent and received by GPU ``index`` so far (NVML's running KiB
     counters); None where NVML does not count them (no NVLink, older drivers)."""
-    tx, rx = field_values(nvml, index, [FI_NVLINK_THROUGHPUT_DATA_TX, FI_NVLINK_THROUGHPUT_DATA_RX])
+    with nvml.budget(COUNTERS_BUDGET_S, "the NVLink counters"):
+        tx, rx = field_values(nvml, index, [FI_NVLINK_THROUGHPUT_DATA_TX, FI_NVLINK_THROUGHPUT_DATA_RX])
     if not is_available(tx) or not is_available(rx):
         return None
     return int(tx) * 1024, int(rx) * 1024

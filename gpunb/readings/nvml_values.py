@@ -137,6 +137,35 @@ def _samples(value: Any) -> str:
     return sequence(sample, 100_000)(value[1])
 
 
+# nvmlValueType_t -> the nvmlValue_t member that holds a value of that type
+_VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+
+
+def _field_values(value: Any) -> str:
+    """``nvmlDeviceGetFieldValues``: pynvml gives a ctypes array of ``nvmlFieldValue_t``; each
+    entry has its own ``nvmlReturn``, and an entry that succeeded holds a number of its type."""
+    if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__len__") or not hasattr(value, "__getitem__"):
+        return "not a list of field values"
+    if len(value) > 4096:
+        return "more than 4096 entries"
+    for i in range(len(value)):
+        entry = value[i]
+        why = struct(nvmlReturn=number(0, 2**32))(entry)
+        if why:
+            return f"entry {why}"
+        if entry.nvmlReturn != 0:
+            continue
+        why = struct(valueType=number(0, 6))(entry)
+        if why:
+            return f"entry {why}"
+        member = _VALUE_MEMBERS[int(entry.valueType)]
+        low, high = (-(2**63), 2**64) if member in ("sllVal", "siVal") else (0, U64)
+        why = struct(value=struct(**{member: number(low, high, whole=member != "dVal")}))(entry)
+        if why:
+            return f"entry {why}"
+    return ""
+
+
 _BYTES = number(0, 64 * TiB)
 _MHZ = number(0, 100_000)
 _CELSIUS = number(0, 300)
@@ -178,6 +207,15 @@ SHAPES: dict[str, Check] = {
     "nvmlDeviceGetComputeRunningProcesses": sequence(
         struct(("usedGpuMemory",), pid=number(0, 2**32), usedGpuMemory=nullable(_BYTES)), 65_536),
     "nvmlDeviceGetSamples": _samples,
+    # between GPUs (readings/links.py): static facts read by %gpucheck, NVLink counters by %%gpuprofile
+    "nvmlDeviceGetFieldValues": _field_values,
+    "nvmlDeviceGetNvLinkState": _BIT,
+    "nvmlDeviceGetNvLinkVersion": number(0, 64),
+    "nvmlDeviceGetNvLinkCapability": number(0, 2**32 - 1),
+    "nvmlDeviceGetNvLinkRemoteDeviceType": number(0, 255),  # nvmlIntNvLinkDeviceType_t; 0xFF: unknown
+    "nvmlDeviceGetNvLinkRemotePciInfo": struct(busId=text(32)),
+    "nvmlDeviceGetP2PStatus": number(0, 255),  # nvmlGpuP2PStatus_t
+    "nvmlDeviceGetTopologyCommonAncestor": number(0, 100),  # nvmlGpuTopologyLevel_t: 0, 10, ..., 50
 }
 
 
