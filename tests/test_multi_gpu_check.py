@@ -196,10 +196,24 @@ def test_the_ranks_are_cancelled_when_the_check_fails_midway(cuda_torch, monkeyp
     def broken(*a, **k):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(checks_module, "read_link_map", broken)
+    monkeypatch.setattr(checks_module, "kernel_pids", broken)
     with pytest.raises(RuntimeError):
         run("h200x2-nvlink", deep=True)
     assert ReplayedLaunch.made[0].cancelled
+
+
+def test_a_link_reader_crash_leaves_the_rest_of_the_checklist(cuda_torch, monkeypatch):
+    """A bug in the link reader is gpu_links' skip naming it; the all-reduce and the rest still run."""
+    cuda_torch(replay_allreduce())
+
+    def broken(*a, **k):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(checks_module, "read_link_map", broken)
+    report = run("h200x2-nvlink", deep=True)
+    c = report["gpu_links"]
+    assert c.status == "skip" and "RuntimeError: boom" in c.summary and "gpunb bug" in c.cause
+    assert report["nccl_allreduce"].status != "skip" and not hasattr(ReplayedLaunch.made[0], "cancelled")
 
 
 # -- the all-reduce, run for real (gloo between CPU processes) -------------------------------------

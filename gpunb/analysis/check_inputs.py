@@ -32,6 +32,7 @@ class CheckInputs:
     quick: bool = False
     deep: bool = False  # the slow multi-GPU measurements (the NCCL all-reduce)
     links: LinkMap | None = None  # NVLink and PCIe between the GPUs (NVML)
+    links_error: str = ""  # why reading them failed (a gpunb bug; the other checks still ran)
     allreduce: AllReduceRun | None = None  # None unless deep, with two or more GPUs and a CUDA torch
 
     @property

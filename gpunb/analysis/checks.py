@@ -212,7 +212,10 @@ def check(
         inputs.ownership = tuple(attribute_processes(g.index, procs, me, torch_reserved_on(torch, devices, g.index))
                                  for g, procs in zip(snapshot.gpus, snapshot.processes))
         if len(snapshot.gpus) > 1:
-            inputs.links = read_link_map(nvml, snapshot.gpus)
+            try:
+                inputs.links = read_link_map(nvml, snapshot.gpus)
+            except Exception as exc:  # a reader bug must not take the rest of the checklist with it
+                inputs.links_error = _describe(exc)
 
         # The fast checks do not depend on the probe: computed once, shown in every partial report.
         fast = {fn: _one(fn, inputs) for fn, needs_probe in CHECKS if not needs_probe}

@@ -126,6 +126,10 @@ def check_gpu_links(inputs: CheckInputs) -> CheckResult:
     links = inputs.links
     selected = {g.index for g in inputs.gpus}
     pairs = [p for p in (links.pairs if links else ()) if p.a in selected and p.b in selected]
+    if not pairs and inputs.links_error:
+        return CheckResult("gpu_links", title, "skip", f"gpunb could not read the GPUs' links ({inputs.links_error})",
+                           {"error": inputs.links_error}, "This is a gpunb bug, not a finding about the GPUs.",
+                           "Please report it with this output; the other checks still ran.")
     if not pairs:
         return CheckResult("gpu_links", title, "skip", "NVML could not read the GPUs' links")
     statuses, parts, causes, fixes = [], [], [], []
