@@ -81,7 +81,23 @@ def test_session_starts_nvml_once():
     assert fake.calls["nvmlInit"] == 1
 
 
-@pytest.mark.parametrize("name", ["h200", "two-gpus", "busy", "mig", "gpu-lost", "power-not-supported"])
+@pytest.mark.parametrize("name", ["h200", "two-gpus", "busy", "mig", "gpu-lost", "power-not-supported", "eight-gpus",
+                                  "h200x2-nvlink", "pcie-pair"])
 def test_every_scenario_reads_without_raising(name):
     snap = snapshot(name)
     assert len(snap.samples) == len(snap.gpus) == len(snap.processes)
+
+
+def test_every_documented_scenario_is_accepted_by_gpunb_fake_nvml():
+    """GPUNB_FAKE_NVML takes the names in SCENARIOS only: each scenario scenario() documents
+    (the screenshots use eight-gpus, tutorial 05 h200x2-nvlink) must be among them."""
+    import re
+
+    from gpunb.readings.nvml import _fake_session
+    from gpunb.testing.fake_nvml import SCENARIOS
+
+    documented = re.findall(r"^    ``([a-z0-9-]+)``", scenario.__doc__, re.M)
+    assert len(documented) >= 10 and set(documented) == set(SCENARIOS)
+    for name in documented:  # a known name is the fake, not the "names no recorded scenario" refusal
+        assert _fake_session(name).fake and "GPUNB_FAKE_NVML" not in _fake_session(name).start().cause, name
+    assert not _fake_session("bogus").start().ok

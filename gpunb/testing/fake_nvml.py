@@ -559,7 +559,7 @@ def _h200(trace: dict, **overrides: Any) -> FakeGpu:
 
 
 SCENARIOS = ("h200", "no-driver", "two-gpus", "power-not-supported", "gpu-lost", "second-gpu-lost", "mig", "busy",
-             "h200x2-nvlink", "pcie-pair")
+             "eight-gpus", "h200x2-nvlink", "pcie-pair")
 
 
 def scenario(name: str, clock: Callable[[], float] | None = None) -> FakePynvml:
