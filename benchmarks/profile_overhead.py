@@ -5,9 +5,11 @@ one-line mode runs in pre/post_run_cell) vs ``torch.profiler.profile()`` with de
 Two loops, each in its own fresh process (torch.profiler leaves CUPTI attached, and one
 loop's allocator state must not leak into the other):
 
-- launch-bound: an 8-layer 1024-wide MLP, batch 64, AdamW (the monitor benchmark's small
-  loop, ~2.3-2.6 ms/step on the H200 VM: host-bound, so every host cost shows in full);
+- launch-bound: an 8-layer 1024-wide MLP, batch 64, AdamW (~2.3-2.6 ms/step on the H200 VM:
+  host-bound, so every host cost shows in full);
 - compute-bound: four bf16 8192x8192 layers (GPU-bound: host costs hide behind the GPU).
+
+Both are built by ``training_loops.py``, which the monitor benchmark uses too.
 
 Every variant does identical work: the same model, optimizer and input tensors (made once,
 on the device, before any timing), one synchronize at the end of a cell's work, then the
@@ -60,52 +62,20 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-LOOPS = ("launch-bound", "compute-bound")
+from training_loops import LOOPS, build_loop, synchronize as sync  # noqa: E402  (benchmarks/, beside this file)
+
 GPUNB_MODES = ("none", "gpuprofile", "one-line")
 MODES = GPUNB_MODES + ("torch.profiler",)
 TARGETS = {"gpuprofile": 1.0, "one-line": 0.2}  # % of the cell, from issue 4
 # --short: budgets for a ~3 minute run on an H200 (explicit options still win)
 SHORT = {"block_budget_s": 30.0, "toggle_budget_s": 20.0, "rounds": 4, "profiler_rounds": 1}
 FLOPS = True  # %%gpuprofile's FLOP count of step 2; --no-flops turns it off for every gpunb.profile() here
-
-
-# -- the loops ---------------------------------------------------------------------------
-def make_loop(kind: str, device: str):
-    import torch
-
-    torch.manual_seed(0)
-    cuda = device == "cuda"
-    if kind == "launch-bound":
-        width, depth, batch, dtype = (1024, 8, 64, torch.float32) if cuda else (32, 8, 16, torch.float32)
-    else:
-        width, depth, batch, dtype = (8192, 4, 8192, torch.bfloat16) if cuda else (256, 4, 256, torch.float32)
-    layers = []
-    for _ in range(depth):
-        layers += [torch.nn.Linear(width, width, bias=kind == "launch-bound"), torch.nn.ReLU()]
-    model = torch.nn.Sequential(*layers).to(device, dtype)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    x = torch.randn(batch, width, device=device, dtype=dtype)  # made once: no data work in the loop
-
-    def run(steps: int) -> None:
-        for _ in range(steps):
-            loss = model(x).float().pow(2).mean()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-
-    return run, opt
-
-
-def sync(device: str) -> None:
-    if device == "cuda":
-        import torch
-
-        torch.cuda.synchronize()
 
 
 @contextlib.contextmanager
@@ -433,7 +403,8 @@ def exit_breakdown(mode: str, run, steps: int, device: str) -> list[list]:
 
 def measure(kind: str, device: str, cell_s: float, rounds: int, profiler_rounds: int,
             block_s: float, block_budget_s: float, toggle_steps: int, toggle_budget_s: float) -> dict:
-    run, opt = make_loop(kind, device)
+    loop = build_loop(kind, device)
+    run, opt = loop.run, loop.optimizer
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < min(1.0, cell_s):  # cuBLAS heuristics, allocator, clocks up
         run(5)
@@ -460,7 +431,7 @@ def measure(kind: str, device: str, cell_s: float, rounds: int, profiler_rounds:
     none_ms = statistics.median(r["none"]["total_s"] for r in cells) / steps * 1e3
     cell_len = none_ms * steps / 1e3
     s, s_lo, s_hi = median_ci(pairs) if pairs else (None, None, None)
-    res = {"loop": kind, "host_bound": host_bound, "steps_per_cell": steps, "rounds": rounds,
+    res = {"loop": kind, "shape": asdict(loop.shape), "host_bound": host_bound, "steps_per_cell": steps, "rounds": rounds,
            "profiler_rounds": profiler_rounds, "steps_per_block": block_steps, "block_rounds": len(blocks),
            "toggle_steps": toggle_steps, "toggle_pairs": len(pairs), "cell_s": cell_len, "step_ms": none_ms,
            "steady_us": s, "steady_us_ci": [s_lo, s_hi], "in_situ_us_per_step": in_situ,
