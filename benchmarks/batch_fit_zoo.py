@@ -271,7 +271,7 @@ def table(report: dict) -> str:
         truth = (f"{mx}" + (f" (±{100 * t['precision']:.1f} %)" if t.get("precision") and t["precision"] > 0.005
                             else "") if mx else f"? ({m.get('error', 'not found')})")
         cells = [cell(m["summary"][f]) if "summary" in m else "n/a" for f in finders]
-        lines.append("| " + " | ".join([m["model"], gib(m.get("cap_bytes")), truth] + cells) + " |")
+        lines.append("| " + " | ".join([m["model"], gib(m.get("cap_bytes")), truth, *cells]) + " |")
     lines.append("")
     lines.append("Each cell: answer (% of the sustained maximum), trials, seconds, and ✓ when the answer trained "
                  f"{report['steps']} steps in the finder's process and in a fresh one.")
@@ -281,8 +281,9 @@ def table(report: dict) -> str:
         crashes = sum(1 for r in rows if r["trains_same_process"] is False or r["trains_fresh_process"] is False)
         secs = sum(r["seconds"] or 0 for r in rows)
         if pcts:
-            lines.append(f"- {TITLES[f]}: median {statistics.median(pcts):.0f} % of the maximum (min {min(pcts):.0f} %), "
-                         f"{crashes} of {len(rows)} answers crashed a sustained run, {secs:.0f} s in all")
+            lines.append(f"- {TITLES[f]}: median {statistics.median(pcts):.0f} % of the maximum "
+                         f"(min {min(pcts):.0f} %), {crashes} of {len(rows)} answers crashed a sustained run, "
+                         f"{secs:.0f} s in all")
     return "\n".join(lines)
 
 
@@ -296,8 +297,8 @@ def environment(smoke: bool) -> dict:
         except metadata.PackageNotFoundError:
             env[pkg] = None
     if not smoke and shutil.which("nvidia-smi"):
-        q = subprocess.run(["nvidia-smi", "--query-gpu=index,name,driver_version,memory.total", "--format=csv,noheader"],
-                           capture_output=True, text=True)
+        q = subprocess.run(["nvidia-smi", "--query-gpu=index,name,driver_version,memory.total",
+                            "--format=csv,noheader"], capture_output=True, text=True)
         env["gpus"] = q.stdout.strip().splitlines()
     env["PYTORCH_CUDA_ALLOC_CONF"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
     return env

@@ -72,7 +72,8 @@ def main() -> None:
     base = table["import_torch"]["median_s"]
     print(f"{'what':16} {'median s':>9} {'min s':>7} {'max s':>7} {'/ import torch':>15}")
     for name, row in table.items():
-        print(f"{name:16} {row['median_s']:9.3f} {row['min_s']:7.3f} {row['max_s']:7.3f} {row['median_s'] / base:15.2f}")
+        print(f"{name:16} {row['median_s']:9.3f} {row['min_s']:7.3f} {row['max_s']:7.3f} "
+              f"{row['median_s'] / base:15.2f}")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "check_timing.json").write_text(json.dumps(table, indent=2))
 

@@ -10,12 +10,12 @@ benchmark run side by side in separate processes.
 | name | what sets its memory |
 |---|---|
 | ``mlp`` | wide fp32 activations of a 3-layer MLP; AdamW state of 25 M parameters |
-| ``conv_bn`` | a conv net with BatchNorm on 128x128 images, ``cudnn.benchmark`` on: cuDNN picks algorithms and workspaces per shape |
+| ``conv_bn`` | a conv net with BatchNorm, 128x128 images, ``cudnn.benchmark``: cuDNN picks algorithms per shape |
 | ``transformer`` | 4 encoder blocks with ``scaled_dot_product_attention``, fp32, sequence 512 |
-| ``varlen`` | the same blocks with the sequence length cycling through 10 values: the longest (512) once every 10 steps |
+| ``varlen`` | the same blocks, the sequence length cycling through 10 values: the longest (512) once every 10 steps |
 | ``bf16_lm`` | a causal language model under bf16 autocast (flash attention), logits of an 8192-token vocabulary |
 | ``checkpointed`` | transformer blocks under activation checkpointing (``torch.utils.checkpoint``, non-reentrant) |
-| ``accumulate`` | an MLP with gradient accumulation over 2 micro-batches, gradients kept between steps (``zero_grad(set_to_none=False)``) |
+| ``accumulate`` | an MLP, gradients accumulated over 2 micro-batches and kept between steps (``set_to_none=False``) |
 
 ``--smoke`` twins (``build(name, smoke=True)``) train a tiny real model on the CPU and charge a
 pretend GPU memory (``gpunb.testing.fake_device_memory.BudgetMemory``) the bytes their GPU twin's
@@ -29,9 +29,11 @@ Run directly, this file lists the zoo (``python benchmarks/memory_zoo.py``).
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 GiB = 2**30
 MiB = 2**20
@@ -53,7 +55,7 @@ class Spec:
     name: str
     about: str
     cap_gib: float
-    build: Callable[[Any, Any], "ZooModel"]  # (torch, device) -> model
+    build: Callable[[Any, Any], ZooModel]  # (torch, device) -> model
     smoke: Smoke
 
 
@@ -87,7 +89,7 @@ class ZooModel:
 
 def _mlp(torch: Any, widths: tuple[int, ...]) -> Any:
     layers: list[Any] = []
-    for a, b in zip(widths, widths[1:]):
+    for a, b in itertools.pairwise(widths):
         layers += [torch.nn.Linear(a, b), torch.nn.GELU()]
     return torch.nn.Sequential(*layers[:-1])
 
@@ -113,7 +115,7 @@ class ConvBn(ZooModel):
         torch.backends.cudnn.benchmark = True  # per shape, cuDNN times its algorithms (and workspaces)
         chans = (3, 32, 64, 128, 256)
         layers: list[Any] = []
-        for i, (a, b) in enumerate(zip(chans, chans[1:])):
+        for i, (a, b) in enumerate(itertools.pairwise(chans)):
             layers += [nn.Conv2d(a, b, 3, stride=1 if i == 0 else 2, padding=1, bias=False), nn.BatchNorm2d(b),
                        nn.ReLU()]
         super().__init__(torch, device, nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(),

@@ -32,10 +32,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from training_loops import LOOPS, SHAPES, TrainingLoop, build_loop  # noqa: E402  (benchmarks/, beside this file)
 
 from gpunb.analysis.sampler import Sampler  # noqa: E402
 from gpunb.shells.monitor import MIN_DRAW_INTERVAL_S, Monitor  # noqa: E402  (no IPython needed)
-from training_loops import LOOPS, SHAPES, TrainingLoop, build_loop  # noqa: E402  (benchmarks/, beside this file)
 
 WINDOW_S = 120.0
 VARIANTS = ("off", "2 Hz", "10 Hz")
@@ -133,7 +133,8 @@ def main() -> None:
 
     info = {
         "date": time.strftime("%Y-%m-%d"),
-        "device": torch.cuda.get_device_name(0) if device == "cuda" else f"CPU ({platform.processor() or platform.machine()})",
+        "device": (torch.cuda.get_device_name(0) if device == "cuda"
+                   else f"CPU ({platform.processor() or platform.machine()})"),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "nvml_ok": sampler.status.ok,
@@ -150,7 +151,8 @@ def main() -> None:
 
     print(f"monitor overhead on {info['device']} (torch {info['torch']}, {args.rounds} interleaved rounds, "
           f"{info['gpus_sampled']} GPU(s) sampled, panel {info['panel_html_bytes']} bytes per draw)")
-    print(f"{'loop':13} {'monitor':8} {'step ms (median)':>17} {'min':>8} {'max':>8} {'slowdown':>9} {'sampler CPU/s':>14}")
+    print(f"{'loop':13} {'monitor':8} {'step ms (median)':>17} {'min':>8} {'max':>8} {'slowdown':>9} "
+          f"{'sampler CPU/s':>14}")
     for kind, res in results.items():
         for v, row in res["variants"].items():
             print(f"{kind:13} {v:8} {row['step_ms_median']:17.3f} {row['step_ms_min']:8.3f} {row['step_ms_max']:8.3f} "

@@ -4,10 +4,11 @@
 ``%gpumonitor`` costs) both put gpunb beside these loops; the two sets of figures can be read
 side by side only when both time the same steps, so both build them here.
 
-| name | on CUDA | what it stresses |
-|---|---|---|
-| ``launch-bound`` | 8 x ``Linear(1024, 1024)`` + ReLU, bias, fp32, batch 64, AdamW (~2.3-2.6 ms/step on the H200) | the host: each kernel takes less time than its launch, so every host cost gpunb adds shows in full |
-| ``compute-bound`` | 4 x ``Linear(8192, 8192)`` + ReLU, no bias, bf16 weights and input, batch 8192, AdamW (~20 ms/step) | the GPU: matmuls keep it busy and host costs hide behind its queue |
+- ``launch-bound``: 8 x ``Linear(1024, 1024)`` + ReLU, bias, fp32, batch 64, AdamW (~2.3-2.6 ms/step
+  on the H200). It stresses the host: each kernel takes less time than its launch, so every host
+  cost gpunb adds shows in full.
+- ``compute-bound``: 4 x ``Linear(8192, 8192)`` + ReLU, no bias, bf16 weights and input, batch 8192,
+  AdamW (~20 ms/step). It stresses the GPU: matmuls keep it busy and host costs hide behind its queue.
 
 On the CPU (smoke runs, where no GPU is present or ``--device cpu`` is asked) the same
 structure is built at tiny sizes in fp32: it exercises the benchmark's code and measures

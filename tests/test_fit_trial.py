@@ -62,7 +62,7 @@ def test_a_trial_runs_every_step_reads_peaks_and_relocates_the_optimizer_state()
     state = [v for s in step.opt.state.values() for v in s.values() if torch.is_tensor(v)]
     grads = [p.grad for p in step.model.parameters()]
     assert state and t.relocated_bytes == sum(v.nbytes for v in state + grads)
-    assert "fits" == t.verdict
+    assert t.verdict == "fits"
 
 
 def test_relocation_keeps_values_and_tensor_objects():

@@ -36,7 +36,8 @@ def _missing() -> str:
         import playwright.sync_api  # noqa: F401
     except ImportError:
         return "Python Playwright is not installed (pip install playwright; no browser download needed)"
-    if shutil.which("jupyter-lab", path=os.path.dirname(sys.executable)) is None and shutil.which("jupyter-lab") is None:
+    beside_python = shutil.which("jupyter-lab", path=os.path.dirname(sys.executable))
+    if beside_python is None and shutil.which("jupyter-lab") is None:
         return "JupyterLab is not installed (pip install jupyterlab)"
     return ""
 
@@ -83,7 +84,7 @@ def lab(tmp_path):
     root = tmp_path / "root"
     root.mkdir()
     _notebook(root / "monitor.ipynb")
-    log = open(tmp_path / "lab.log", "w")
+    log = open(tmp_path / "lab.log", "w")  # noqa: SIM115 (the server writes to it until teardown)
     proc = subprocess.Popen(
         [
             sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",

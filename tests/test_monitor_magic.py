@@ -114,7 +114,7 @@ def test_unload_and_reload_stop_the_thread(ip, fake_nvml):
 
 
 def test_hundred_load_unload_cycles_leave_no_thread(ip, fake_nvml):
-    for i in range(100):
+    for _i in range(100):
         ip.run_line_magic("unload_ext", "gpunb")
         ip.run_line_magic("load_ext", "gpunb")
         with capture_output():

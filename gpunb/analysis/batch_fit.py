@@ -37,7 +37,8 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from gpunb.analysis.batch_fit_records import BatchFit, Line, Trial
 from gpunb.analysis.fit_trial import CudaMemory, DeviceMemory, run_trial
@@ -155,7 +156,8 @@ def reserved_target(clean: list[Trial], opt: Line | None, capacity: int) -> floa
 def _reserved_bound_batch(t: Trial, capacity: int) -> float | None:
     """:func:`_bound_batch` for the peak *reserved* bytes: the batch that fits if reserved memory
     grows by at most (peak reserved - base) / batch per sample (the allocator's overhead included)."""
-    if t.base_allocated_bytes is None or t.peak_reserved_bytes is None or t.peak_reserved_bytes <= t.base_allocated_bytes:
+    base, peak = t.base_allocated_bytes, t.peak_reserved_bytes
+    if base is None or peak is None or peak <= base:
         return None
     return (capacity - t.base_allocated_bytes) * t.batch / (t.peak_reserved_bytes - t.base_allocated_bytes)
 
@@ -302,7 +304,8 @@ def search(run: Callable[[int, str, int], Trial], *, capacity: int, start: int, 
         if opt is None:
             return None, None
         po, pr = opt.largest_batch(capacity), reserved_target(_clean_trials(trials), opt, capacity)
-        return (None if math.isinf(po) else max(0, math.floor(po))), (None if math.isinf(pr) else max(0, math.floor(pr)))
+        return ((None if math.isinf(po) else max(0, math.floor(po))),
+                (None if math.isinf(pr) else max(0, math.floor(pr))))
 
     while True:
         step = next_trial(trials, capacity=capacity, start=start, max_batch=max_batch,

@@ -98,7 +98,7 @@ class BatchFit(DisplayMixin):
     problem: str = ""
     recommended: int | None = None  # the largest batch whose sustained run was clean (fits with room)
     max_batch: int | None = None  # the largest batch that completed every step (possibly at the edge)
-    predicted: int | None = None  # the allocated-bytes line's batch at the capacity, when the first candidate was chosen
+    predicted: int | None = None  # the allocated-bytes line's batch at the capacity, when the first was chosen
     predicted_reserved: int | None = None  # the reserved-bytes line's, which the candidate aimed under
     capacity_bytes: int | None = None  # what the step may use (the cap, or free + torch's cache), less the margin
     margin: float = 0.0  # fraction of the memory kept free on request (--margin)

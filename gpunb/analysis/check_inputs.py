@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from gpunb.readings.cuda_probe import ProbeResult
 from gpunb.readings.devices import DeviceMap, GpuOwnership

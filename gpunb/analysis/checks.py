@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from gpunb.analysis import checks_gpu, checks_host, checks_torch
 from gpunb.analysis.check_inputs import CheckInputs

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from gpunb.analysis.check_inputs import CheckInputs
 from gpunb.analysis.check_report import CheckResult, Status, worst
 from gpunb.readings.gpu import SLOWDOWN_BITS, clock_event_explanations, clock_event_names
@@ -43,7 +45,8 @@ def check_driver(inputs: CheckInputs) -> CheckResult:
         f"{g.pci_bus_id if not g.lost else ''}".strip()
         for g in inputs.snapshot.gpus
     )
-    summary = f"driver {driver.driver_version} (CUDA {driver.cuda_driver_version}) · {driver.gpu_count} GPU(s): {listing}"
+    summary = (f"driver {driver.driver_version} (CUDA {driver.cuda_driver_version}) · "
+               f"{driver.gpu_count} GPU(s): {listing}")
     if lost:
         ids = ", ".join(f"GPU{g.index}" for g in lost)
         return CheckResult("driver", title, "fail", summary, measured,
@@ -126,7 +129,8 @@ def check_temperature(inputs: CheckInputs) -> CheckResult:
     bad = status in ("warn", "fail")
     return CheckResult("temperature", title, status, "; ".join(parts), measured,
                        "The GPU is at or near its slowdown temperature: clocks drop and training slows." if bad else "",
-                       "Check cooling (fans, airflow, data-centre inlet temperature); tell the administrator." if bad else "",
+                       "Check cooling (fans, airflow, data-centre inlet temperature); tell the administrator."
+                       if bad else "",
                        NVML_DOC)
 
 
@@ -214,8 +218,10 @@ def check_persistence(inputs: CheckInputs) -> CheckResult:
     if skipped:
         return skipped
     off = [g for g in inputs.gpus if g.persistence_mode is False]
-    parts = [f"GPU{g.index}: {'on' if g.persistence_mode is True else 'off' if g.persistence_mode is False else g.persistence_mode}"
-             for g in inputs.gpus]
+    def mode(value: Any) -> Any:
+        return "on" if value is True else "off" if value is False else value
+
+    parts = [f"GPU{g.index}: {mode(g.persistence_mode)}" for g in inputs.gpus]
     read = [g for g in inputs.gpus if is_available(g.persistence_mode)]
     return CheckResult("persistence_mode", title, "warn" if off else "ok" if read else "skip", "; ".join(parts),
                        {f"gpu{g.index}": g.persistence_mode for g in inputs.gpus},
@@ -296,7 +302,8 @@ def check_visible_devices(inputs: CheckInputs) -> CheckResult:
                            " ".join(vis.notes), "See the driver check: a lost GPU needs a reset; until then "
                            "CUDA_VISIBLE_DEVICES=<the others> keeps programs off it.", link)
     if vis.raw is None:
-        summary = f"unset: CUDA sees all {len(vis.visible)} GPU(s)" + (f" ({pairs})" if len(devices.devices) > 1 else "")
+        summary = f"unset: CUDA sees all {len(vis.visible)} GPU(s)" + (
+            f" ({pairs})" if len(devices.devices) > 1 else "")
     else:
         summary = f"CUDA_VISIBLE_DEVICES={raw}: CUDA sees {pairs}"
     if devices.confirmed_by_torch:

@@ -93,7 +93,7 @@ def probe_frameworks(quick: bool, timeout_s: float = 90.0) -> dict:
                 lines = done.stdout.strip().splitlines()
                 entry["devices"] = lines[-1] if done.returncode == 0 and lines else None
                 if done.returncode != 0:
-                    entry["error"] = (done.stderr.strip().splitlines() or ["exit code %d" % done.returncode])[-1]
+                    entry["error"] = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
             except subprocess.TimeoutExpired:
                 entry["error"] = f"no answer within {timeout_s:.0f} s"
         found[name] = entry
@@ -128,7 +128,8 @@ def check_nvml_package(inputs: CheckInputs) -> CheckResult:
         deprecated = True
     except importlib.metadata.PackageNotFoundError:
         deprecated = False
-    summary = f"nvidia-ml-py {version or 'missing'}" + (" · deprecated `pynvml` package also installed" if deprecated else "")
+    summary = f"nvidia-ml-py {version or 'missing'}" + (
+        " · deprecated `pynvml` package also installed" if deprecated else "")
     status = "warn" if deprecated or version is None else "ok"
     return CheckResult("nvml_package", title, status, summary, {"nvidia_ml_py": version, "pynvml_dist": deprecated},
                        "The deprecated `pynvml` distribution prints FutureWarnings at `import torch` and can shadow "

@@ -86,7 +86,8 @@ def check_torch_build(inputs: CheckInputs) -> CheckResult:
                            "Update the driver or install a torch built for an older CUDA (" + INSTALL_DOC + ").",
                            COMPAT_DOC)
     if not is_available(driver_cuda):
-        return CheckResult("torch_cuda", title, "ok" if inputs.probe and facts and facts.get("cuda_available") else "skip",
+        ran = inputs.probe and facts and facts.get("cuda_available")
+        return CheckResult("torch_cuda", title, "ok" if ran else "skip",
                            f"torch {t.version} built for CUDA {t.cuda}; driver CUDA version unknown", measured)
     need, have = _version_tuple(t.cuda), _version_tuple(driver_cuda)
     if have[:1] < need[:1]:
@@ -183,9 +184,11 @@ def check_cudnn_nccl(inputs: CheckInputs) -> CheckResult:
                        {"cudnn_version": cudnn, "nccl_version": nccl},
                        (f"{' and '.join(missing)} not available in this torch: "
                         + ("convolutions fall back to slow kernels. " if "cuDNN" in missing else "")
-                        + ("multi-GPU DistributedDataParallel with the nccl backend is impossible." if "NCCL" in missing else ""))
+                        + ("multi-GPU DistributedDataParallel with the nccl backend is impossible."
+                           if "NCCL" in missing else ""))
                        if missing else "",
-                       "Install the official CUDA build of torch, which bundles both: " + INSTALL_DOC if missing else "",
+                       ("Install the official CUDA build of torch, which bundles both: " + INSTALL_DOC)
+                       if missing else "",
                        "https://pytorch.org/docs/stable/distributed.html#backends")
 
 
@@ -289,7 +292,8 @@ def _judge_copy(g, r, inputs):
     if link_max and pinned and pinned < 0.5 * link_max:
         cause = (f"Host-to-device copies reach {pinned / link_max:.0%} of the link's theoretical bandwidth: the "
                  "link trained below its maximum, or the GPU sits behind a slow switch/NUMA node.")
-        return "warn", part, cause, "Compare `nvidia-smi -q -d PCI` with the slot's rating; tell the administrator.", tip
+        fix = "Compare `nvidia-smi -q -d PCI` with the slot's rating; tell the administrator."
+        return "warn", part, cause, fix, tip
     return "ok", part, "", "", tip
 
 
@@ -317,10 +321,12 @@ def check_kernel_cuda_state(inputs: CheckInputs) -> CheckResult:
         return CheckResult("kernel_cuda", title, "warn", "CUDA is already initialized in this kernel",
                            {"cuda_initialized": True},
                            "Fork-based multi-GPU launchers (accelerate.notebook_launcher, "
-                           "torch.multiprocessing with fork) fail with 'Cannot re-initialize CUDA in forked subprocess'.",
+                           "torch.multiprocessing with fork) fail with 'Cannot re-initialize CUDA in forked "
+                           "subprocess'.",
                            "Launch multi-GPU training from a fresh kernel before any cell touches CUDA; single-GPU "
                            "work is unaffected.", link)
-    return CheckResult("kernel_cuda", title, "ok", "torch imported, CUDA not initialized yet", {"cuda_initialized": False})
+    return CheckResult("kernel_cuda", title, "ok", "torch imported, CUDA not initialized yet",
+                       {"cuda_initialized": False})
 
 
 def check_precision(inputs: CheckInputs) -> CheckResult:
@@ -389,7 +395,8 @@ def check_alloc_conf(inputs: CheckInputs) -> CheckResult:
     tip = ("If OOM messages show much 'reserved but unallocated' memory, "
            "`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` (set before torch starts CUDA) reduces fragmentation.")
     if name is None:
-        return CheckResult("alloc_conf", title, "ok", "unset: torch's default caching allocator", {}, link=link, tip=tip)
+        return CheckResult("alloc_conf", title, "ok", "unset: torch's default caching allocator", {}, link=link,
+                           tip=tip)
     raw = inputs.environ[name]
     settings, problems = parse_alloc_conf(raw)
     # Shown cut short: the value (and so its keys and problems) may be huge.

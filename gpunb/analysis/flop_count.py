@@ -57,7 +57,7 @@ def _precision_of(dtype_name: str, on_cuda: bool, kind: str, tf32: dict) -> str:
 class _OpInfo:
     """What counting needs to know about one operator, worked out once from its schema."""
 
-    __slots__ = ("packet", "kind", "hop", "moves", "tensor_args", "fresh_out", "name")
+    __slots__ = ("fresh_out", "hop", "kind", "moves", "name", "packet", "tensor_args")
 
     def __init__(self, func: Any, hop_type: Any) -> None:
         self.hop = isinstance(func, hop_type)
@@ -139,7 +139,7 @@ def _mode_class(torch: Any) -> type:
             self.first_failure = ""
 
         def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-            __tracebackhide__ = True  # noqa: F841 (IPython hides this frame in the user's tracebacks)
+            __tracebackhide__ = True  # IPython hides this frame in the user's tracebacks
             # The user's operation first, exactly as called: its errors are the user's.
             out = func(*args, **kwargs) if kwargs else func(*args)
             if self.inert:

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from gpunb.readings.gpu import GpuInfo, clock_event_names, read_info, read_processes, read_sample
 from gpunb.readings.nvml import NvmlSession, Unavailable, is_available
@@ -66,7 +67,7 @@ class GpuHolder:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "GpuHolder":
+    def from_dict(cls, d: dict[str, Any]) -> GpuHolder:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
 

@@ -29,7 +29,8 @@ import importlib
 import sys
 import time
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from gpunb.analysis.step_events import StepEvents
 from gpunb.readings import torch_state
@@ -248,7 +249,7 @@ class Instruments:
         recorder = self
 
         def __next__(it: Any) -> Any:
-            __tracebackhide__ = True  # noqa: F841 (IPython hides this frame in tracebacks)
+            __tracebackhide__ = True  # IPython hides this frame in the user's tracebacks
             t0 = recorder.clock()
             batch = original(it)  # StopIteration passes through uncounted
             recorder.fetch_s += recorder.clock() - t0
@@ -334,7 +335,7 @@ class Instruments:
         reattribute = name in ("__float__", "__int__")
 
         def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-            __tracebackhide__ = True  # noqa: F841
+            __tracebackhide__ = True  # IPython hides this frame in the user's tracebacks
             if recorder._quiet:  # __format__ calling item(): one read, counted once
                 return original(self, *args, **kwargs)
             caller = sys._getframe(1).f_globals.get("__name__", "")
@@ -387,7 +388,7 @@ class Instruments:
         recorder = self
 
         def write(text: str) -> int:
-            __tracebackhide__ = True  # noqa: F841
+            __tracebackhide__ = True  # IPython hides this frame in the user's tracebacks
             t0 = recorder.clock()
             try:
                 return original(text)

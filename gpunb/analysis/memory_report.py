@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import gc
 import sys
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from gpunb.analysis.memory_records import FreedVariables, GpuMemoryRow, MemoryReport
 from gpunb.analysis.release import measure
 from gpunb.analysis.tensor_census import Census, take_census
-
 
 NVML_BUDGET_S = 1.0  # what %gpumem may spend on NVML: a hung driver costs the cell at most this (plus one call)
 

@@ -63,7 +63,7 @@ def _kind(text: str) -> str | None:
 
 
 def size_to_bytes(number: str, unit: str) -> int:
-    return int(round(float(number) * _UNITS[unit.lower()]))
+    return round(float(number) * _UNITS[unit.lower()])
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,8 @@ def parse_oom_message(text: str) -> OomMessage | None:
         for pid, num, unit in re.findall(
             r"Process" + _GAP + r"(\d{1,10})(?!\d)" + _GAP + "has" + _GAP + _SIZE + _GAP + "memory in use", text)
     )
-    return OomMessage(kind, text, device, requested, total, free, process, allocated, unalloc, reserved, allowed, others)
+    return OomMessage(kind, text, device, requested, total, free, process, allocated, unalloc, reserved, allowed,
+                      others)
 
 
 def _oom_types() -> tuple[type, ...]:

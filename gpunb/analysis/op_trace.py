@@ -197,7 +197,7 @@ class OpTrace:
                     key = "idle" if e.name.startswith("ProfilerStep") else op_category(e.name)
                     by_category[key] += e.self_cpu_time_total
             window_us = max(sum(by_category.values()), 1e-9)
-            shares = {c: by_category[c] / window_us for c in CATEGORIES + ("idle",) if by_category.get(c)}
+            shares = {c: by_category[c] / window_us for c in (*CATEGORIES, "idle") if by_category.get(c)}
             top_kernels = ()
             time_of = lambda a: a.self_cpu_time_total  # noqa: E731
         averages = [a for a in prof.key_averages()

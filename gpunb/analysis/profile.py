@@ -20,11 +20,13 @@ step times.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import statistics
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from gpunb.analysis.instruments import TIMELINE_EVERY_S, Instruments
 from gpunb.analysis.profile_records import CellProfile, GpuPart, StepStats, TimeShares
@@ -76,7 +78,7 @@ class ProfileSession:
         self.instruments: Instruments | None = None
         self.result: CellProfile | None = None
 
-    def start(self) -> "ProfileSession":
+    def start(self) -> ProfileSession:
         self.torch = torch = torch_state.imported_torch()
         self.cuda_at_start = cuda = torch_state.cuda_initialized(torch)
         self.started = time.strftime("%Y-%m-%d %H:%M:%S")
@@ -224,8 +226,8 @@ class ProfileSession:
 
     def _steps(self, ins: Instruments, excluded: set[int] = frozenset()) -> StepStats:
         n = len(ins.step_t)
-        marks = [self.t0] + ins.step_t
-        host = [(b - a) * 1000.0 for a, b in zip(marks, marks[1:])]
+        marks = [self.t0, *ins.step_t]
+        host = [(b - a) * 1000.0 for a, b in itertools.pairwise(marks)]
         spans = ins.step_spans
         if spans:
             times = per_step_ms(spans, host)

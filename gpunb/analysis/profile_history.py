@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 MAX_ENTRIES = 500  # a day of profiling; each entry is a few KB
 
@@ -67,10 +68,10 @@ def _memory(p: Any) -> tuple[float | None, str]:
 
 def compare(earlier: Any, later: Any) -> Comparison:
     (s0, b0), (s1, b1) = _speed(earlier), _speed(later)
-    e, l = earlier.steps, later.steps
-    if e.samples_per_s and l.samples_per_s and e.batch_size != l.batch_size:
+    st0, st1 = earlier.steps, later.steps
+    if st0.samples_per_s and st1.samples_per_s and st0.batch_size != st1.batch_size:
         # Throughput is the fair measure across batch sizes; as a time ratio: earlier/later.
-        s0, s1, b1 = 1 / e.samples_per_s, 1 / l.samples_per_s, "samples/s"
+        s0, s1, b1 = 1 / st0.samples_per_s, 1 / st1.samples_per_s, "samples/s"
     elif b0 != b1:  # one has steps, the other not: compare wall time
         s0, s1, b1 = earlier.wall_s, later.wall_s, "wall time"
     (m0, c0), (m1, c1) = _memory(earlier), _memory(later)

@@ -15,8 +15,9 @@ import gc
 import inspect
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from gpunb import units
 from gpunb.analysis.oom_message import exception_chain
@@ -218,7 +219,9 @@ def release_failure(
     held = held_bytes or {}
 
     def amount(key: str) -> str:
-        return f" ({units.gib(held[key], digits=2)} of tensors)" if held.get(key) else " (no tensors)" if key in held else ""
+        if key not in held:
+            return ""
+        return f" ({units.gib(held[key], digits=2)} of tensors)" if held.get(key) else " (no tensors)"
 
     torch = torch if torch is not None else sys.modules.get("torch")
     before = measure(torch, device, nvml_process_bytes)

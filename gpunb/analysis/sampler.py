@@ -18,8 +18,9 @@ import threading
 import time
 from array import array
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from gpunb.readings.devices import kernel_pids, read_ownership
 from gpunb.readings.gpu import GpuInfo, read_info, read_sample, unread_sample
@@ -136,7 +137,7 @@ class RingColumns:
             return gap
         if isinstance(gap, float):
             return number if number <= _FLOAT_MAX else gap
-        whole = int(round(number))
+        whole = round(number)
         return whole if whole < gap else gap
 
     def append(self, row: dict[str, Any]) -> None:
@@ -353,12 +354,12 @@ class Sampler:
         self._max_hz = max(self._max_hz, self.hz)
         return message
 
-    def add_listener(self, fn: Callable[["Sampler"], None]) -> None:
+    def add_listener(self, fn: Callable[[Sampler], None]) -> None:
         with self._thread_lock:
             if fn not in self._listeners:
                 self._listeners.append(fn)
 
-    def remove_listener(self, fn: Callable[["Sampler"], None]) -> None:
+    def remove_listener(self, fn: Callable[[Sampler], None]) -> None:
         with self._thread_lock:
             if fn in self._listeners:
                 self._listeners.remove(fn)
@@ -592,7 +593,7 @@ class Sampler:
             if seconds is None:
                 return self._store.tail()
             # Enough rows for the window even if the rate was higher earlier.
-            n = int(math.ceil(seconds * self._max_hz)) + 2
+            n = math.ceil(seconds * self._max_hz) + 2
             rows = self._store.tail(n)
         t = rows["t_s"]
         if t:

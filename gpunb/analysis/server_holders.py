@@ -8,7 +8,8 @@ an older server) it falls back to what NVML alone says: PIDs and process names.
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from gpunb.analysis.gpu_holders import GpuHolder, describe
 from gpunb.readings.server_sessions import ServerReading, default_sessions

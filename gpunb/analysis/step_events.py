@@ -22,7 +22,8 @@ gap is set for ~10x that: 0.14 %).
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 READ_BACK_EVERY = 64  # events between read-backs (a read-back costs ~1 µs per event)
 FIRST_READ_BACK = 8  # the first one comes early: it decides how often to record

@@ -23,8 +23,9 @@ import itertools
 import sys
 import types
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 ROLES = ("parameter", "gradient", "optimizer state", "other")
 GROUP_TITLES = {
@@ -135,9 +136,7 @@ def _top_name(path: str) -> str:
 
 
 def _skip_name(name: str) -> bool:
-    if name in _IPYTHON_NAMES or name.startswith("_"):
-        return True  # _, __, _5, _i3, _oh, _dh, __builtins__ ...
-    return False
+    return name in _IPYTHON_NAMES or name.startswith("_")  # _, __, _5, _i3, _oh, _dh, __builtins__ ...
 
 
 class _Walker:

@@ -14,9 +14,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping
 
 SCRIPT = Path(__file__).with_name("cuda_probe_script.py")
 

@@ -29,8 +29,9 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from gpunb.readings import torch_state
 from gpunb.readings.gpu import GpuProcess, MigDevice, read_mig_devices, read_processes
@@ -210,7 +211,7 @@ def torch_device_uuids(torch: Any) -> tuple[str | None, ...] | None:
 
 
 _cache_lock = threading.Lock()
-_confirmed: "weakref.WeakKeyDictionary[NvmlSession, tuple[int, DeviceMap]]" = weakref.WeakKeyDictionary()
+_confirmed: weakref.WeakKeyDictionary[NvmlSession, tuple[int, DeviceMap]] = weakref.WeakKeyDictionary()
 
 
 def read_device_map(nvml: NvmlSession, environ: Mapping[str, str] | None = None, torch: Any = None) -> DeviceMap:
@@ -366,10 +367,7 @@ def attribute_processes(nvml_index: int, procs: Sequence[GpuProcess] | Unavailab
     else:
         how = OWN_CHILD_PID if children else OWN_NOT_LISTED
     others += hidden
-    if how == OWN_UNKNOWN:
-        self_bytes = None
-    else:
-        self_bytes = _sum_known(own) if own else 0
+    self_bytes = None if how == OWN_UNKNOWN else (_sum_known(own) if own else 0)
     children_bytes = _sum_known(children)
     if (own or children) and (self_bytes is None or children_bytes is None) and not note:
         note = "NVML does not report per-process memory here (MIG or this driver)"

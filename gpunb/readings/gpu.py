@@ -7,8 +7,9 @@ the reason, so views can print ``n/a (not supported on this GPU/driver)``.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from gpunb.readings.nvml import HUNG_FIX, TIMEOUT, NvmlSession, NvmlStatus, Unavailable, is_available
 
@@ -192,7 +193,8 @@ def read_info(nvml: NvmlSession, index: int) -> GpuInfo:
         temp_slowdown_c=q("nvmlDeviceGetTemperatureThreshold", c("NVML_TEMPERATURE_THRESHOLD_SLOWDOWN", 1)),
         temp_shutdown_c=q("nvmlDeviceGetTemperatureThreshold", c("NVML_TEMPERATURE_THRESHOLD_SHUTDOWN", 0)),
         persistence_mode=(bool(persistence) if is_available(persistence) else persistence),
-        compute_mode=(_COMPUTE_MODES.get(compute_mode, str(compute_mode)) if is_available(compute_mode) else compute_mode),
+        compute_mode=(_COMPUTE_MODES.get(compute_mode, str(compute_mode)) if is_available(compute_mode)
+                      else compute_mode),
         mig_enabled=mig_enabled,
         ecc_enabled=(bool(_first(ecc_mode)) if is_available(ecc_mode) else ecc_mode),
         ecc_uncorrected_volatile=ecc_errors,
@@ -284,7 +286,8 @@ def read_snapshot(nvml: NvmlSession, budget_s: float = SNAPSHOT_BUDGET_S) -> Gpu
             return GpuSnapshot(driver, nvml_trouble=nvml.trouble())
         indices = range(driver.gpu_count)
         gpus = tuple(nvml.run(read_info, nvml, i, fallback=lambda why, i=i: unread_info(i, why)) for i in indices)
-        samples = tuple(nvml.run(read_sample, nvml, i, fallback=lambda why, i=i: unread_sample(i, time.monotonic(), why))
+        samples = tuple(nvml.run(read_sample, nvml, i,
+                                 fallback=lambda why, i=i: unread_sample(i, time.monotonic(), why))
                         for i in indices)
         processes = tuple(nvml.run(read_processes, nvml, i, fallback=lambda why: Unavailable(why, TIMEOUT))
                           for i in indices)

@@ -29,9 +29,10 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 from gpunb.readings.nvml_values import misfit
 
@@ -176,7 +177,7 @@ class _Call:
 
 
 class _Job:
-    __slots__ = ("fn", "args", "deadline", "what", "done", "result", "error", "cancelled", "refused")
+    __slots__ = ("args", "cancelled", "deadline", "done", "error", "fn", "refused", "result", "what")
 
     def __init__(self, fn: Callable[..., Any], args: tuple, deadline: float | None, what: str) -> None:
         self.fn, self.args, self.deadline, self.what = fn, args, deadline, what
@@ -194,7 +195,7 @@ class _Job:
 class _Worker(threading.Thread):
     """Runs NVML calls for a session, so a caller can stop waiting for a call that hangs."""
 
-    def __init__(self, session: "NvmlSession") -> None:
+    def __init__(self, session: NvmlSession) -> None:
         super().__init__(name=WORKER_THREAD_NAME, daemon=True)
         self.session = session
         self.jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
@@ -443,7 +444,8 @@ class NvmlSession:
             if len(self._stuck) >= MAX_STUCK_WORKERS:
                 calls = "; ".join(f"{_label(w.call.key)} for {now - w.call.t0:.0f} s"
                                   for w in self._stuck if w.call is not None)
-                why = f"NVML is not answering: {len(self._stuck)} calls hang ({calls}); readings resume when they return"
+                why = (f"NVML is not answering: {len(self._stuck)} calls hang ({calls}); "
+                       "readings resume when they return")
                 for job in waiting:
                     job.refuse(why)
                 return None, why
@@ -652,7 +654,7 @@ def _safe_str(exc: BaseException) -> str:
 HUNG_FIX = ("If `nvidia-smi` hangs too, the driver is stuck: look for Xid errors in `dmesg`; the GPU may "
              "need a reset or the machine a reboot (administrator). gpunb keeps trying in the background.")
 
-_SESSIONS: "weakref.WeakSet[NvmlSession]" = weakref.WeakSet()
+_SESSIONS: weakref.WeakSet[NvmlSession] = weakref.WeakSet()
 
 
 def _reset_sessions_after_fork() -> None:

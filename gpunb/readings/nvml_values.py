@@ -14,7 +14,8 @@ real reading from garbage. Buffer sizes are nvml.h's (``NVML_DEVICE_NAME_V2_BUFF
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 TiB = 2**40
 U64 = 2**64 - 1

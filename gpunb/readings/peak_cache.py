@@ -18,14 +18,14 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 FILE_NAME = "matmul_peaks.json"
 PRECISIONS = ("bf16", "tf32", "fp32")  # what the probe measures (cuda_probe_script.matmul)
 
-_this_process: dict[str, "MeasuredPeaks"] = {}  # uuid -> peaks measured by this process's checks
+_this_process: dict[str, MeasuredPeaks] = {}  # uuid -> peaks measured by this process's checks
 
 
 @dataclass(frozen=True)

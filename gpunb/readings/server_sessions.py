@@ -25,9 +25,10 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 API_PATH = "gpunb/api/gpus"
 FIND_TIMEOUT_S = 0.5  # per server asked "is this kernel yours?"
@@ -220,7 +221,8 @@ def get_json(link: ServerLink, path: str, timeout_s: float, opener: Any = None) 
         raise ServerError(f"the Jupyter server at {link.url} answered HTTP {exc.code}") from None
     except (urllib.error.URLError, OSError) as exc:  # refused, timed out, TLS
         reason = getattr(exc, "reason", exc)
-        raise ServerError(f"the Jupyter server at {link.url} did not answer within {timeout_s:g} s ({reason})") from None
+        raise ServerError(f"the Jupyter server at {link.url} did not answer within {timeout_s:g} s "
+                          f"({reason})") from None
     try:
         data = json.loads(body)
     except ValueError:

@@ -65,7 +65,7 @@ def read_torch_build() -> TorchBuild:
         spec = None
     if spec is None or not spec.submodule_search_locations:
         return TorchBuild(False)
-    root = Path(list(spec.submodule_search_locations)[0])
+    root = Path(next(iter(spec.submodule_search_locations)))
     values = _version_file_assignments(root / "version.py")
     return TorchBuild(True, values.get("__version__"), values.get("cuda"), values.get("hip"), str(root))
 

@@ -17,8 +17,9 @@ Pure: the environment and NVML's GPUs are parameters. The GPUs are any records w
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from gpunb.units import shown
 
@@ -50,7 +51,7 @@ def bus_order(environ: Mapping[str, str]) -> bool:
     return environ.get("CUDA_DEVICE_ORDER", "").strip().upper() == "PCI_BUS_ID"
 
 
-def _match_uuid(token: str, gpus: Sequence[Any]) -> tuple[str, int, str] | None | str:
+def _match_uuid(token: str, gpus: Sequence[Any]) -> tuple[str, int, str] | str | None:
     """The (uuid, nvml index, how) a UUID token names; a string explains an ambiguity."""
     hits = []
     for g in gpus:
@@ -81,9 +82,9 @@ def resolve(environ: Mapping[str, str], gpus: Sequence[Any]) -> VisibleDevices:
                          "CUDA_DEVICE_ORDER=PCI_BUS_ID or select GPUs by UUID.")
         unread = [g for g in gpus if not isinstance(g.uuid, str)]
         if unread:  # a lost GPU: CUDA cannot use it either
-            notes.append("CUDA cannot use " + ", ".join(
-                f"GPU{g.index} ({'lost' if getattr(g, 'lost', False) else 'its UUID could not be read: ' + str(g.uuid)})"
-                for g in unread) + ".")
+            why = {g.index: "lost" if getattr(g, "lost", False) else f"its UUID could not be read: {g.uuid}"
+                   for g in unread}
+            notes.append("CUDA cannot use " + ", ".join(f"GPU{g.index} ({why[g.index]})" for g in unread) + ".")
         return VisibleDevices(None, uuids, indices, notes=tuple(notes), entries=(None,) * len(uuids),
                               how=(BY_ORDER,) * len(uuids))
     tokens = [t.strip() for t in raw.split(",")]
@@ -98,7 +99,7 @@ def resolve(environ: Mapping[str, str], gpus: Sequence[Any]) -> VisibleDevices:
     notes: list[str] = []
     by_index = {g.index: g for g in gpus}
     for pos, token in enumerate(tokens):
-        hit: tuple[str, int, str] | None | str
+        hit: tuple[str, int, str] | str | None
         if token.lstrip("-").isdigit():
             # Compared as text first: int() refuses more than 4,300 digits, and no GPU index is that long.
             number = int(token) if len(token) <= 9 else None

@@ -11,7 +11,8 @@ and displays where the magic would. Heavy modules are imported on first call, so
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from gpunb.display import DisplayMixin, Render
 from gpunb.shells.session import ProgressLine, current_shell, display_or_print

@@ -72,8 +72,8 @@ class MemMagics(Magics):
             report = release_failure(self.shell, last, torch=torch,
                                      device=torch.cuda.current_device() if cuda else None,
                                      devices={"cuda"} if cuda else None)
-            print("\n".join(["gpunb: released " + ("the last error" if last is not None else "(no error pinned)")]
-                            + release_lines(report)))
+            what = "the last error" if last is not None else "(no error pinned)"
+            print("\n".join([f"gpunb: released {what}", *release_lines(report)]))
         from gpunb.analysis.memory_report import memory
 
         report = memory(free=args.free or (), top=args.top, all_devices=args.all_devices,

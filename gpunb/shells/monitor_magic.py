@@ -11,7 +11,13 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from gpunb.analysis.sampler import HZ_DEFAULT, HZ_MAX, HZ_MIN, WINDOW_MAX_S, WINDOW_MIN_S
 from gpunb.shells.arguments import (
-    decimal, given, option_words, output_option, parse_args, usage_error, whole_number,
+    decimal,
+    given,
+    option_words,
+    output_option,
+    parse_args,
+    usage_error,
+    whole_number,
 )
 from gpunb.shells.kernel_state import KernelState
 

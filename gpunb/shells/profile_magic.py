@@ -16,12 +16,18 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from gpunb.analysis.cell_meter import CellMeter
 from gpunb.analysis.profile import ProfileSession
+from gpunb.analysis.profile_records import HistoryReport
 from gpunb.shells.arguments import (
-    free_text, given, option_words, output_option, parse_args, usage_error, whole_number,
+    free_text,
+    given,
+    option_words,
+    output_option,
+    parse_args,
+    usage_error,
+    whole_number,
 )
 from gpunb.shells.cell_numbers import running_cell_number
 from gpunb.shells.kernel_state import KernelState
-from gpunb.analysis.profile_records import HistoryReport
 from gpunb.views.profile_view import one_line_text
 
 # Options of the cell form that the line form's actions do not take, and those they do.

@@ -21,10 +21,11 @@ import random
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 import pynvml as _real  # constants and error classes only; no NVML call is made
 
@@ -97,7 +98,7 @@ def _nvml_function(method: Callable) -> Callable:
     name = method.__name__
 
     @functools.wraps(method)
-    def call(self: "FakePynvml", *args: Any) -> Any:
+    def call(self: FakePynvml, *args: Any) -> Any:
         index = self._index_of(name, args)
         garbage = self._before(name, index)
         if garbage is not _NO_GARBAGE:

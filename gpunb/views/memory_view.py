@@ -273,7 +273,8 @@ def fit_text(f: Any) -> str:
     for t in f.trials:
         lines.append("    " + _trial_line(t))
     if f.line_allocated is not None:
-        lines.append(f"  memory per sample ≈ {size(f.line_allocated.slope)}; fixed ≈ {size(f.line_allocated.intercept)}")
+        line = f.line_allocated
+        lines.append(f"  memory per sample ≈ {size(line.slope)}; fixed ≈ {size(line.intercept)}")
     for n in f.notes:
         lines.append(f"  note: {n}")
     return "\n".join(lines)
@@ -317,7 +318,8 @@ def fit_figure(f: Any) -> Any:
             ax.scatter([t.batch for t in edge], [f.capacity_bytes / GiB] * len(edge), marker="o", facecolors="none",
                        edgecolors="#c0392b", zorder=4, label="at the edge (cache released)")
     xmax = max([t.batch for t in f.trials] + [f.recommended or 0]) * 1.1
-    for line, style, label in ((f.line_reserved, "--", "fit (reserved)"), (f.line_allocated, ":", "fit (allocated, used to predict)")):
+    for line, style, label in ((f.line_reserved, "--", "fit (reserved)"),
+                               (f.line_allocated, ":", "fit (allocated, used to predict)")):
         if line is not None:
             ax.plot([0, xmax], [line.at(0) / GiB, line.at(xmax) / GiB], style, lw=1, label=label)
     if f.recommended:

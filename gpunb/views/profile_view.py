@@ -4,7 +4,8 @@ the history table. Pure functions of the records: every dynamic string is escape
 from __future__ import annotations
 
 import html
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from gpunb.analysis.profile_history import compare
 from gpunb.analysis.step_plan import COUNTED_STEP
@@ -60,7 +61,8 @@ def _rows(p: CellProfile) -> list[tuple[str, str]]:
             m += f" · NVML this process {fmt_bytes(g.nvml_process_bytes)} at cell end"
             rest = g.nvml_process_bytes - g.end_reserved_bytes
             if rest > 0:
-                m += f" (+{fmt_bytes(rest)} outside torch's cache: CUDA context, cuBLAS/cuDNN/NCCL workspaces, other libraries)"
+                m += (f" (+{fmt_bytes(rest)} outside torch's cache: CUDA context, cuBLAS/cuDNN/NCCL workspaces, "
+                      "other libraries)")
             if g.process_match == OWN_BY_RESERVE:
                 m += " (NVML lists it under a container's host PID: matched by torch's reserve)"
         else:
@@ -166,7 +168,8 @@ def throughput_rows(p: CellProfile) -> list[tuple[str, str]]:
     if t.memory_bound and t.bandwidth_gbps is not None:
         rows.append(("bandwidth", f"memory-bound at the datasheet peaks: ~{c.bytes_moved / 1e9:.2f} GB moved per step "
                                   "(estimated: every operation's inputs read and outputs written once) · "
-                                  f"{byte_rate(t.bandwidth_gbps * 1e9)} = {100 * t.bandwidth_gbps / t.peak_bandwidth_gbps:.0f}% "
+                                  f"{byte_rate(t.bandwidth_gbps * 1e9)} = "
+                                  f"{100 * t.bandwidth_gbps / t.peak_bandwidth_gbps:.0f}% "
                                   f"of the {t.gpu_model}'s {byte_rate(t.peak_bandwidth_gbps * 1e9)}"))
     return rows
 
@@ -310,7 +313,7 @@ HISTORY_HEADER = ["#", "cell", "label", "wall", "median step", "steps", "peak me
 def history_text(entries: Sequence[CellProfile]) -> str:
     if not entries:
         return "gpuprofile history: no profiled cells yet (run a cell with %%gpuprofile)"
-    rows = [HISTORY_HEADER] + history_rows(entries)
+    rows = [HISTORY_HEADER, *history_rows(entries)]
     widths = [max(len(r[c]) for r in rows) for c in range(len(HISTORY_HEADER))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows)
 

@@ -12,7 +12,8 @@ import html
 import math
 import time
 from collections import deque
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from gpunb.analysis.sampler import GpuSeries, Window
 from gpunb.readings.gpu import CLOCK_EVENT_REASONS, SLOWDOWN_BITS
@@ -87,7 +88,7 @@ class _Track:
     formats the newest bucket and joins strings (the sampler thread holds the GIL while
     drawing, so the cost must not grow with the window)."""
 
-    def __init__(self, panel: "SparkPanel", key: str, y_max: float | None) -> None:
+    def __init__(self, panel: SparkPanel, key: str, y_max: float | None) -> None:
         self.panel = panel
         self.key = key
         self.fixed = bool(y_max)
@@ -99,7 +100,7 @@ class _Track:
     def _text(self, t: float, v: float, new_run: bool) -> str:
         p = self.panel
         v = self.top if v > self.top else (v if v > 0 else 0.0)
-        return "%s%.1f,%.1f" % ("M" if new_run else "L", t * p.xs, p.base - v * p.ys / self.top)
+        return f"{'M' if new_run else 'L'}{t * p.xs:.1f},{p.base - v * p.ys / self.top:.1f}"
 
     def add(self, t: float, values: list, new_run: bool) -> None:
         if not values:
@@ -212,7 +213,8 @@ class SparkPanel:
         self._trim()
 
     def _new_run(self) -> bool:
-        return self._prev_t is not None and self._pending_t is not None and self._pending_t - self._prev_t > self.break_s
+        prev, pending = self._prev_t, self._pending_t
+        return prev is not None and pending is not None and pending - prev > self.break_s
 
     def _finish_bucket(self) -> None:
         t = self._pending_t
@@ -251,7 +253,8 @@ class SparkPanel:
         t_last = self.t_last or 0.0
         return "%.1f" % (1 - (t_last - self.window_s) * self.xs)
 
-    def _line(self, key: str, *, label: str, unit: str, color: str, digits: int = 0, scale: float = 1.0, extra: str = "") -> str:
+    def _line(self, key: str, *, label: str, unit: str, color: str, digits: int = 0, scale: float = 1.0,
+              extra: str = "") -> str:
         track = self.tracks[key]
         pending = self._pending.get(key, [])
         d = _path_d((it[3] for it in track.items), track.pending_text(self._pending_t, pending, self._new_run()))
@@ -288,10 +291,10 @@ class SparkPanel:
             y_used = self.base - min(u, total) / total * self.ys
             if split and o is not None:
                 y_own = self.base - min(o, u) / total * self.ys
-                bars_own.append("M%.1f,%.1fV%.1f" % (x, self.base, y_own))
-                bars_other.append("M%.1f,%.1fV%.1f" % (x, y_own, y_used))
+                bars_own.append(f"M{x:.1f},{self.base:.1f}V{y_own:.1f}")
+                bars_other.append(f"M{x:.1f},{y_own:.1f}V{y_used:.1f}")
             else:
-                bars_other.append("M%.1f,%.1fV%.1f" % (x, self.base, y_used))
+                bars_other.append(f"M{x:.1f},{self.base:.1f}V{y_used:.1f}")
         body = "".join(
             f'<path d="{" ".join(bars)}" stroke="{color}" stroke-opacity="0.7" stroke-width="{self.bar_w:.1f}"/>'
             for bars, color in ((bars_own, _COLORS["own"]), (bars_other, _COLORS["other"]))
