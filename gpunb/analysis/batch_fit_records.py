@@ -61,7 +61,7 @@ class Trial:
             why.append("peak reserved reached the capacity")
         return "at the edge: " + ", ".join(why)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in (
             "index", "batch", "ok", "purpose", "peak_allocated_bytes", "peak_reserved_bytes", "non_torch_bytes",
             "seconds", "error", "peak_before_step_bytes", "base_allocated_bytes", "steps", "steps_done",
@@ -86,7 +86,7 @@ class Line:
             return math.inf
         return (capacity - self.intercept) / self.slope
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"intercept_bytes": self.intercept, "slope_bytes_per_sample": self.slope}
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpunb.readings.cuda_probe import ProbeResult
 from gpunb.readings.devices import DeviceMap, GpuOwnership
@@ -26,7 +27,7 @@ class CheckInputs:
     ownership: tuple[GpuOwnership, ...] = ()  # per NVML GPU: this kernel's processes and everyone else's
     probe: ProbeResult | None = None  # None with --quick
     probe_devices: tuple[int, ...] = ()  # CUDA ordinals measured by the probe, matching ``selected``
-    frameworks: dict = field(default_factory=dict)  # "jax"/"tensorflow" -> report
+    frameworks: dict[str, Any] = field(default_factory=dict)  # "jax"/"tensorflow" -> report
     quick: bool = False
 
     @property

@@ -72,7 +72,7 @@ class CheckReport(DisplayMixin):
         counts = self.counts
         return " · ".join(f"{counts[s]} {s}" for s in STATUSES if counts[s])
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         # the documented JSON of `%gpucheck --json` / `gpunb check --json`: counts first
         return {
             "summary": self.counts,

@@ -11,6 +11,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from gpunb.analysis import checks_gpu, checks_host, checks_torch
 from gpunb.analysis.check_inputs import CheckInputs
@@ -166,7 +167,7 @@ def check(
             progress(CheckReport(tuple(fast.values()), time.monotonic() - t0, quick, device, message))
 
     # JAX/TF answer from their own subprocesses while the CUDA probe runs (seconds each).
-    frameworks: dict = {}
+    frameworks: dict[str, Any] = {}
     asker = None
     if checks_host.frameworks_installed():
         asker = threading.Thread(target=lambda: frameworks.update(checks_host.probe_frameworks(quick)),

@@ -6,6 +6,7 @@ import importlib.metadata
 import importlib.util
 import subprocess
 import sys
+from typing import Any
 
 from gpunb.analysis.check_inputs import CheckInputs
 from gpunb.analysis.check_report import CheckResult
@@ -77,7 +78,7 @@ def frameworks_installed() -> list[str]:
     return [name for name in _FRAMEWORK_PROBES if importlib.util.find_spec(name) is not None]
 
 
-def probe_frameworks(quick: bool, timeout_s: float = 90.0) -> dict:
+def probe_frameworks(quick: bool, timeout_s: float = 90.0) -> dict[str, Any]:
     """JAX/TensorFlow: installed version, and (unless quick) the devices each sees, in a subprocess."""
     found = {}
     for name in frameworks_installed():

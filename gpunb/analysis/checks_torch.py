@@ -4,6 +4,7 @@ measurements, this kernel's CUDA state, precision settings and allocator configu
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from gpunb.analysis.check_inputs import CheckInputs
 from gpunb.analysis.check_report import CheckResult, Status, worst
@@ -22,7 +23,7 @@ def _version_tuple(text: str | None) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", text or "")[:2])
 
 
-def _facts(inputs: CheckInputs) -> dict | None:
+def _facts(inputs: CheckInputs) -> dict[str, Any] | None:
     return inputs.probe.facts if inputs.probe is not None else None
 
 

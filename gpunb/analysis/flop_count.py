@@ -42,7 +42,7 @@ _CONV_OPS = ("convolution", "_convolution", "cudnn_convolution", "convolution_ov
              "_slow_conv2d_forward", "convolution_backward")
 
 
-def _precision_of(dtype_name: str, on_cuda: bool, kind: str, tf32: dict) -> str:
+def _precision_of(dtype_name: str, on_cuda: bool, kind: str, tf32: dict[str, bool]) -> str:
     if dtype_name in ("bfloat16", "float16"):
         return "bf16" if dtype_name == "bfloat16" else "fp16"
     if dtype_name.startswith("float8"):
@@ -95,7 +95,7 @@ def _tensor_bytes(value: Any, tensor: type) -> int:
     return 0
 
 
-def _first_tensor(args: tuple, tensor: type) -> Any:
+def _first_tensor(args: tuple[Any, ...], tensor: type) -> Any:
     for a in args:
         if isinstance(a, tensor):
             return a
@@ -124,7 +124,7 @@ def _mode_class(torch: Any) -> type:
         def ignore_compile_internals(cls) -> bool:  # compiled code stays compiled (see module doc)
             return True
 
-        def __init__(self, tf32: dict) -> None:
+        def __init__(self, tf32: dict[str, bool]) -> None:
             super().__init__()
             self.tf32 = tf32
             self.inert = False  # set when the mode could not be left: it then only passes calls on
@@ -138,7 +138,8 @@ def _mode_class(torch: Any) -> type:
             self.failures = 0
             self.first_failure = ""
 
-        def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                               kwargs: dict[str, Any] | None = None) -> Any:
             __tracebackhide__ = True  # IPython hides this frame in the user's tracebacks
             # The user's operation first, exactly as called: its errors are the user's.
             out = func(*args, **kwargs) if kwargs else func(*args)
@@ -152,7 +153,7 @@ def _mode_class(torch: Any) -> type:
                     self.first_failure = f"{func}: {type(exc).__name__}: {exc}"[:300]
             return out
 
-        def _count(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        def _count(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
             info = infos.get(func)
             if info is None:
                 info = infos[func] = _OpInfo(func, hop_type)
@@ -205,7 +206,7 @@ def _compiled_code_would_change(torch: Any) -> bool:
     return bool(stats.get("unique_graphs"))
 
 
-def _tf32_flags(torch: Any) -> dict:
+def _tf32_flags(torch: Any) -> dict[str, bool]:
     flags = {"matmul": False, "conv": False}
     try:
         flags["matmul"] = bool(torch.backends.cuda.matmul.allow_tf32)

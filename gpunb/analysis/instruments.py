@@ -59,7 +59,8 @@ def batch_length(batch: Any) -> int | None:
     return None
 
 
-def _call_warning_at_caller(original: Callable, tensor: Any, args: tuple, kwargs: dict) -> Any:
+def _call_warning_at_caller(original: Callable[..., Any], tensor: Any, args: tuple[Any, ...],
+                            kwargs: dict[str, Any]) -> Any:
     """Call ``original`` and re-issue its warnings at the user's line, not this module's
     (torch attributes C++ warnings to the innermost Python frame, which is our wrapper)."""
     with warnings.catch_warnings(record=True) as caught:
@@ -73,7 +74,7 @@ def _call_warning_at_caller(original: Callable, tensor: Any, args: tuple, kwargs
     return result
 
 
-def _restore_write(stream: Any, timed: Callable, previous: Callable | None) -> None:
+def _restore_write(stream: Any, timed: Callable[..., Any], previous: Callable[..., Any] | None) -> None:
     if stream.__dict__.get("write") is not timed:
         return  # someone replaced it after us: leave theirs
     if previous is None:
@@ -271,7 +272,7 @@ class Instruments:
     def _wrap_tensor_syncs(self, torch: Any) -> None:
         tensor = torch.Tensor
         self._tensor = tensor
-        self._wrapped: dict[str, Callable] = {}
+        self._wrapped: dict[str, Callable[..., Any]] = {}
         self._own: dict[str, Any] = {}
         # Every assignment to a Tensor attribute invalidates the attribute cache of Tensor and
         # its subclasses; from CPython 3.13 a class gets at most 1000 new cache versions, after
@@ -290,7 +291,7 @@ class Instruments:
         if originals["item"] is not None:
             self._bypass_optimizer_item(torch, originals["item"])
 
-    def _bypass_optimizer_item(self, torch: Any, item: Callable) -> None:
+    def _bypass_optimizer_item(self, torch: Any, item: Callable[..., Any]) -> None:
         """Adam, AdamW, NAdam, RAdam, Adamax, Adagrad and ASGD read each parameter's step
         counter with ``torch.optim.optimizer._get_value`` (``.item()`` on a CPU tensor): twice
         per parameter per step in the foreach versions. Through the wrapper each read costs
@@ -329,7 +330,7 @@ class Instruments:
             elif name in tensor.__dict__:
                 delattr(tensor, name)
 
-    def _sync_wrapper(self, name: str, original: Callable) -> Callable:
+    def _sync_wrapper(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         recorder = self
         # float(t)/int(t) warn about requires_grad from C++, at the calling Python frame
         reattribute = name in ("__float__", "__int__")

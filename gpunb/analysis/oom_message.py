@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import dataclass, field
+from typing import Any
 
 _UNITS = {"bytes": 1, "byte": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
           "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
@@ -95,7 +96,7 @@ class OomMessage:
             return None
         return max(0, self.process_bytes - reserved)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in (
             "kind", "device", "requested_bytes", "total_bytes", "free_bytes", "process_bytes",
             "allocated_bytes", "reserved_unallocated_bytes", "reserved_bytes", "allowed_bytes")}

@@ -226,7 +226,8 @@ class OpTrace:
         return "", None, f"no trace file: {problem}"
 
 
-def device_summary(events: list, steps: list, cpu_type: Any) -> tuple[float, dict, dict]:
+def device_summary(events: list[Any], steps: list[Any],
+                   cpu_type: Any) -> tuple[float, dict[str, float], dict[str, Any]]:
     """GPU side of a trace: (window µs, category shares with "idle", kernel name -> [calls, µs]).
 
     Only the recorded steps' kernels count. A GPU-bound loop's host runs ahead of the GPU, so
@@ -248,7 +249,7 @@ def device_summary(events: list, steps: list, cpu_type: Any) -> tuple[float, dic
         start = first if earlier else min([first] + [e.time_range.start for e in steps])
     end = max([k.time_range.end for k in kernels] + [e.time_range.end for e in steps])
     window_us = max(end - start, 1e-9)
-    by_name: dict[str, list] = defaultdict(lambda: [0, 0.0])
+    by_name: dict[str, list[Any]] = defaultdict(lambda: [0, 0.0])
     by_category: dict[str, float] = defaultdict(float)
     for k in kernels:
         us = k.time_range.elapsed_us()

@@ -55,7 +55,7 @@ class ProfileSession:
 
     def __init__(self, *, label: str = "", cell: int | None = None, warmup_steps: int = 1,
                  reset_peak: bool = True, timeline: bool = True, nvml: NvmlSession | None = None,
-                 flops: bool = True, ops: bool = False, trace_dir: str | os.PathLike | None = None,
+                 flops: bool = True, ops: bool = False, trace_dir: str | os.PathLike[str] | None = None,
                  environ: Mapping[str, str] | None = None) -> None:
         if not isinstance(warmup_steps, int) or isinstance(warmup_steps, bool) or warmup_steps < 0:
             raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")

@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from gpunb.analysis.profile_records import CellProfile
+
 MAX_ENTRIES = 500  # a day of profiling; each entry is a few KB
 
 
@@ -97,10 +99,10 @@ class ProfileHistory:
     """The profiled cells of one kernel, oldest first (``KernelState.profile_history``)."""
 
     def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
-        self._entries: deque = deque(maxlen=max_entries)
+        self._entries: deque[CellProfile] = deque(maxlen=max_entries)
         self._lock = threading.Lock()
 
-    def add(self, profile: Any) -> None:
+    def add(self, profile: CellProfile) -> None:
         with self._lock:
             self._entries.append(profile)
 
@@ -108,13 +110,13 @@ class ProfileHistory:
         with self._lock:
             self._entries.clear()
 
-    def entries(self) -> list:
+    def entries(self) -> list[CellProfile]:
         with self._lock:
             return list(self._entries)
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def __iter__(self) -> Iterator:
+    def __iter__(self) -> Iterator[CellProfile]:
         return iter(self.entries())
 

@@ -38,7 +38,7 @@ class MemoryPoint:
     torch_reserved_bytes: int | None
     nvml_process_bytes: int | None  # this process on the GPU, all libraries
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "torch_allocated_bytes": self.torch_allocated_bytes,
             "torch_reserved_bytes": self.torch_reserved_bytes,
@@ -79,7 +79,7 @@ class ReleaseReport:
             return None
         return max(0.0, freed / self.pinned_bytes)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "before": self.before.to_dict(),
             "after": self.after.to_dict(),

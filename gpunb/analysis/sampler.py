@@ -163,7 +163,7 @@ class RingColumns:
             self._arrays[name] = array(code, [gap]) * len(next(iter(self._arrays.values()), ()))
         self.spec = tuple((name, arr.typecode) for name, arr in self._arrays.items())
 
-    def _ordered(self, arr: array, n: int) -> array:
+    def _ordered(self, arr: array[Any], n: int) -> array[Any]:
         if self.appended <= self.capacity:
             return arr[len(arr) - n :]
         head = self._head
@@ -171,7 +171,7 @@ class RingColumns:
             return arr[head - n : head]
         return arr[self.capacity - (n - head) :] + arr[:head]
 
-    def tail(self, n: int | None = None, names: Iterable[str] | None = None) -> dict[str, list]:
+    def tail(self, n: int | None = None, names: Iterable[str] | None = None) -> dict[str, list[Any]]:
         """The last ``n`` rows (all when None), oldest first; gaps are ``None``."""
         size = len(self)
         n = size if n is None else max(0, min(n, size))
@@ -204,7 +204,7 @@ class GpuSeries:
     memory_total_mib: float | None
     power_limit_w: float | None
     lost: bool
-    columns: dict[str, list]
+    columns: dict[str, list[Any]]
     max_sm_clock_mhz: float | None = None
 
 
@@ -216,7 +216,7 @@ class Window:
     seconds: float
     hz: float
     gpus: tuple[GpuSeries, ...]
-    host: dict[str, list]
+    host: dict[str, list[Any]]
     ram_total_mib: float | None
     cpu_count: int | None
     nvml: NvmlStatus
@@ -291,7 +291,7 @@ class Sampler:
         self._own_mib: dict[int, float | None] = {}  # from the last process list
         self._other_mib: dict[int, float] = {}  # other processes at that moment
         self._used_at_list: dict[int, float] = {}  # used memory at that moment
-        self.processes: dict[int, tuple] = {}  # GPU index -> the last process list (GpuProcess)
+        self.processes: dict[int, tuple[Any, ...]] = {}  # GPU index -> the last process list (GpuProcess)
         self.kernel_processes: dict[int, frozenset[int]] = {}  # GPU index -> PIDs of this kernel's processes there
         self._last_process_t: float | None = None
         self._host_thread: int | None = None
@@ -588,7 +588,7 @@ class Sampler:
     def capacity(self) -> int:
         return self._store.capacity
 
-    def _rows(self, seconds: float | None) -> dict[str, list]:
+    def _rows(self, seconds: float | None) -> dict[str, list[Any]]:
         with self._data_lock:
             if seconds is None:
                 return self._store.tail()
@@ -601,7 +601,7 @@ class Sampler:
             rows = {k: v[first:] for k, v in rows.items()}
         return rows
 
-    def samples(self, seconds: float | None = None) -> dict[str, list]:
+    def samples(self, seconds: float | None = None) -> dict[str, list[Any]]:
         """All buffered readings (or the last ``seconds``) as flat columns: ``t_s``
         (seconds since the first tick), ``gpu<i>_<name>`` per GPU including
         ``gpu<i>_mem_other_mib``, and the host columns. Gaps are ``None``."""
@@ -612,7 +612,7 @@ class Sampler:
             rows[gpu_column(info.index, "mem_other_mib")] = _other(used, own)
         return rows
 
-    def _gpu_series(self, rows: dict[str, list], devices: Iterable[int] | None) -> tuple[GpuSeries, ...]:
+    def _gpu_series(self, rows: dict[str, list[Any]], devices: Iterable[int] | None) -> tuple[GpuSeries, ...]:
         wanted = None if devices is None else set(devices)
         gpus = []
         for info in self.gpus:
@@ -630,7 +630,7 @@ class Sampler:
             ))
         return tuple(gpus)
 
-    def rows_since(self, index: int) -> tuple[int, dict[str, list]]:
+    def rows_since(self, index: int) -> tuple[int, dict[str, list[Any]]]:
         """Rows from global row number ``index`` on (as many as are still buffered), for
         views that draw incrementally: returns the number of the first row given and the
         columns (as ``samples()``, without derived columns)."""
@@ -676,5 +676,5 @@ def _wait_for_stopped_threads(timeout: float = 1.0) -> None:
         thread.join(max(0.0, end - time.monotonic()))
 
 
-def _other(used: list, own: list) -> list:
+def _other(used: list[Any], own: list[Any]) -> list[Any]:
     return [None if u is None or o is None else max(0.0, u - o) for u, o in zip(used, own)]

@@ -61,7 +61,7 @@ class StepEvents:
         self._gap = 0.0  # every step until a read-back sees the GPU keeping up
         self._last_t = float("-inf")
         self._free: list[Any] = []
-        self._pending: deque = deque()  # (step index, event) recorded, not yet read back
+        self._pending: deque[tuple[int, Any]] = deque()  # (step index, event) recorded, not yet read back
         self.spans: list[tuple[int, int, float]] = []
         self.recorded = 0
         self._read_back_at = FIRST_READ_BACK

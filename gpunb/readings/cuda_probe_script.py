@@ -18,18 +18,20 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 _START = time.perf_counter()
 
 
-def emit(**obj) -> None:
+def emit(**obj: Any) -> None:
     obj["elapsed_s"] = round(time.perf_counter() - _START, 3)
     sys.stdout.write(json.dumps(obj) + "\n")
     sys.stdout.flush()
 
 
-def torch_facts(torch) -> dict:
-    facts = {
+def torch_facts(torch: Any) -> dict[str, Any]:
+    facts: dict[str, Any] = {
         "torch_version": torch.__version__,
         "cuda_runtime": torch.version.cuda,
         "hip": getattr(torch.version, "hip", None),
@@ -73,7 +75,7 @@ def torch_facts(torch) -> dict:
     return facts
 
 
-def timed(torch, fn, iters: int, warmup: int = 2) -> list[float]:
+def timed(torch: Any, fn: Callable[[], Any], iters: int, warmup: int = 2) -> list[float]:
     """Per-iteration milliseconds from CUDA events, one sync at the end."""
     for _ in range(warmup):
         fn()
@@ -87,7 +89,7 @@ def timed(torch, fn, iters: int, warmup: int = 2) -> list[float]:
     return [s.elapsed_time(e) for s, e in events]
 
 
-def smoke(torch, dev) -> dict:
+def smoke(torch: Any, dev: Any) -> dict[str, Any]:
     """One small success: a model and a batch on the GPU, forward, backward, optimizer step."""
     torch.manual_seed(0)
     t0 = time.perf_counter()
@@ -102,7 +104,7 @@ def smoke(torch, dev) -> dict:
     x = torch.randn(256, 1024, device=dev)
     y = torch.randn(256, 1024, device=dev)
 
-    def step():
+    def step() -> Any:
         opt.zero_grad(set_to_none=True)
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
@@ -124,9 +126,9 @@ def smoke(torch, dev) -> dict:
     }
 
 
-def matmul(torch, dev, n: int = 8192) -> dict:
+def matmul(torch: Any, dev: Any, n: int = 8192) -> dict[str, Any]:
     """Dense matmul throughput in TFLOP/s: bf16, fp32 with TF32 tensor cores, strict fp32."""
-    out = {"n": n}
+    out: dict[str, Any] = {"n": n}
     flop = 2 * n**3
     old_tf32 = torch.backends.cuda.matmul.allow_tf32
     try:
@@ -147,9 +149,9 @@ def matmul(torch, dev, n: int = 8192) -> dict:
     return out
 
 
-def copy_bandwidth(torch, dev, mib: int = 256) -> dict:
+def copy_bandwidth(torch: Any, dev: Any, mib: int = 256) -> dict[str, Any]:
     """Host-to-device copy GB/s from pinned and from pageable host memory."""
-    out = {"bytes": mib * 2**20}
+    out: dict[str, Any] = {"bytes": mib * 2**20}
     dst = torch.empty(mib * 2**20, dtype=torch.uint8, device=dev)
     for label, pinned in (("pinned", True), ("pageable", False)):
         src = torch.empty(mib * 2**20, dtype=torch.uint8, pin_memory=pinned)

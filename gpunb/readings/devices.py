@@ -187,9 +187,9 @@ def map_devices(gpus: Sequence[Any], environ: Mapping[str, str],
     if torch_uuids is None:
         return DeviceMap(tuple(guessed), vis, len(gpus), "; ".join(reasons))
     confirmed = []
-    for i, uuid in enumerate(torch_uuids):
+    for i, torch_uuid in enumerate(torch_uuids):
         entry = guessed[i].visible_entry if i < len(guessed) else None
-        hit = _by_uuid(gpus, uuid) if uuid else None
+        hit = _by_uuid(gpus, torch_uuid) if torch_uuid else None
         if hit is not None:
             confirmed.append(CudaDevice(i, hit[0], hit[1], hit[2], entry, MATCH_TORCH_UUID, True))
         elif i < len(guessed):  # NVML does not know torch's UUID (a lost GPU): keep the guess, unsure
@@ -299,7 +299,7 @@ class GpuOwnership:
         used = [p.used_bytes for p in self.others]
         return sum(used) if all(isinstance(b, int) for b in used) else None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"nvml_index": self.nvml_index, "how": self.how, "self_bytes": self.self_bytes,
                 "children_bytes": self.children_bytes, "own_bytes": self.own_bytes,
                 "others_bytes": self.others_bytes, "note": self.note,
@@ -326,7 +326,7 @@ def attribute_processes(nvml_index: int, procs: Sequence[GpuProcess] | Unavailab
 
     ``self_pids``: this process's PIDs (all namespaces). ``torch_reserved``: what torch's
     allocator holds on this GPU in this process, None when torch has no CUDA memory here."""
-    if not is_available(procs):
+    if isinstance(procs, Unavailable):
         return GpuOwnership(nvml_index, OWN_UNKNOWN, None, None,
                             note=f"NVML cannot list the GPU's processes: {procs.reason}")
     table = table if table is not None else ProcessTable()
@@ -388,7 +388,8 @@ def torch_reserved_on(torch: Any, device_map: DeviceMap, nvml_index: int) -> int
     if not devices:
         return None
     held = [torch_state.reserved_bytes(torch, d) for d in devices]
-    return sum(held) if all(b is not None for b in held) else None
+    known = [b for b in held if b is not None]
+    return sum(known) if len(known) == len(held) else None
 
 
 def read_ownership(nvml: NvmlSession, nvml_index: int, *, torch: Any = None, device_map: DeviceMap | None = None,

@@ -62,7 +62,7 @@ class NoServer:
 class ServerReading:
     """What the server said (``data``: the ``/gpunb/api/gpus`` JSON), or why nothing."""
 
-    data: dict | None
+    data: dict[str, Any] | None
     kernel_id: str = ""
     url: str = ""
     reason: str = ""
@@ -99,7 +99,7 @@ def kernel_connection_file() -> str | None:
     return None
 
 
-def _server_files(dirs: list[Path]) -> list[dict]:
+def _server_files(dirs: list[Path]) -> list[dict[str, Any]]:
     seen, out = set(), []
     for d in dirs:
         try:
@@ -148,7 +148,7 @@ def _runtime_dirs(connection_file: str | None, runtime_dir: str | None) -> list[
     return dirs
 
 
-def _token(info: dict) -> str:
+def _token(info: dict[str, Any]) -> str:
     # A JupyterHub single-user server writes no token; its kernels inherit the server's
     # API token, which the server accepts for its own user.
     return str(info.get("token") or os.environ.get("JUPYTERHUB_API_TOKEN") or "")
@@ -203,7 +203,7 @@ def _with(link: ServerLink, how: str) -> ServerLink:
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def get_json(link: ServerLink, path: str, timeout_s: float, opener: Any = None) -> dict:
+def get_json(link: ServerLink, path: str, timeout_s: float, opener: Any = None) -> Any:
     """GET ``<server>/<path>`` with the server's token; the JSON body, or :class:`ServerError`."""
     request = urllib.request.Request(link.url + path, headers={"Accept": "application/json"})
     if link.token:
@@ -241,7 +241,7 @@ class ServerSessions:
     def __init__(
         self,
         find: Callable[[], ServerLink | NoServer] = find_server,
-        fetch: Callable[[ServerLink, str, float], dict] = get_json,
+        fetch: Callable[[ServerLink, str, float], Any] = get_json,
         clock: Callable[[], float] = time.monotonic,
         request_timeout_s: float = 1.5,
     ) -> None:
@@ -269,7 +269,7 @@ class ServerSessions:
         """Ask the server now (blocking up to the request timeout)."""
         link = self._current_link()
         now = self._clock()
-        if not link:
+        if isinstance(link, NoServer):
             reading = ServerReading(None, reason=link.reason, fetched_at=now)
         else:
             try:

@@ -55,11 +55,11 @@ class AllocatorStats:
     def reserved_unallocated_bytes(self) -> int:
         return max(0, self.reserved_bytes - self.allocated_bytes)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def allocator_from_stats(device: int, stats: dict, free_bytes: int | None = None,
+def allocator_from_stats(device: int, stats: dict[str, Any], free_bytes: int | None = None,
                          total_bytes: int | None = None) -> AllocatorStats:
     """The record from a flat ``torch.cuda.memory_stats()`` dict (live or recorded)."""
     def g(key: str) -> int:
