@@ -8,8 +8,9 @@ from typing import Any
 
 from gpunb.readings.cuda_probe import ProbeResult
 from gpunb.readings.devices import DeviceMap, GpuOwnership
-from gpunb.readings.gpu import GpuInfo, GpuSnapshot
+from gpunb.readings.gpu import GpuInfo, GpuProcess, GpuSample, GpuSnapshot
 from gpunb.readings.host import HostFacts
+from gpunb.readings.nvml import Unavailable
 from gpunb.readings.torch_build import KernelTorchState, TorchBuild
 from gpunb.readings.visible_devices import VisibleDevices
 
@@ -42,8 +43,8 @@ class CheckInputs:
     def has_gpu(self) -> bool:
         return bool(self.snapshot.gpus)
 
-    def sample(self, index: int):
+    def sample(self, index: int) -> GpuSample:
         return self.snapshot.samples[index]
 
-    def processes(self, index: int):
+    def processes(self, index: int) -> tuple[GpuProcess, ...] | Unavailable:
         return self.snapshot.processes[index]

@@ -89,7 +89,9 @@ def _keep_matmul_peaks(inputs: CheckInputs, env: Mapping[str, str]) -> None:
     """The probe's matmul TFLOP/s per GPU, kept for %%gpuprofile's MFU (readings/peak_cache.py)."""
     probe = inputs.probe
     facts = probe.facts if probe is not None else None
-    for dev in (facts or {}).get("devices", []):
+    if probe is None or facts is None:
+        return
+    for dev in facts.get("devices", []):
         result = probe.result("matmul", dev.get("index"))
         if result and dev.get("uuid"):
             remember_matmul_peaks(dev["uuid"], str(dev.get("name", "")), result,
@@ -143,7 +145,7 @@ def check(
                 + "".join(f"; GPU{g.index} is {'lost (NVML: GPU is lost)' if g.lost else 'unreadable: ' + str(g.uuid)}"
                           ", so CUDA cannot use it until it is reset (see `gpunb check` without --device)"
                           for g in unusable))
-        selected = (chosen,)
+        selected: tuple[int, ...] = (chosen,)
     else:
         selected = tuple(g.index for g in snapshot.gpus)
     inputs = CheckInputs(

@@ -110,7 +110,9 @@ def check_temperature(inputs: CheckInputs) -> CheckResult:
     skipped = _no_nvml("temperature", title, inputs)
     if skipped:
         return skipped
-    statuses, parts, measured = [], [], {}
+    statuses: list[Status] = []
+    parts: list[str] = []
+    measured: dict[str, Any] = {}
     for g in inputs.gpus:
         temp, limit = inputs.sample(g.index).temp_c, g.temp_slowdown_c
         measured[f"gpu{g.index}"] = {"temp_c": temp, "slowdown_c": limit, "shutdown_c": g.temp_shutdown_c}
@@ -139,7 +141,10 @@ def check_power(inputs: CheckInputs) -> CheckResult:
     skipped = _no_nvml("power", title, inputs)
     if skipped:
         return skipped
-    parts, measured, statuses, at_limit = [], {}, [], False
+    parts: list[str] = []
+    measured: dict[str, Any] = {}
+    statuses: list[Status] = []
+    at_limit = False
     for g in inputs.gpus:
         draw = inputs.sample(g.index).power_w
         at_limit |= is_available(draw) and is_available(g.power_limit_w) and draw >= 0.95 * g.power_limit_w
@@ -157,7 +162,10 @@ def check_clock_events(inputs: CheckInputs) -> CheckResult:
     skipped = _no_nvml("clock_events", title, inputs)
     if skipped:
         return skipped
-    parts, measured, statuses, causes = [], {}, [], []
+    parts: list[str] = []
+    measured: dict[str, Any] = {}
+    statuses: list[Status] = []
+    causes: list[str] = []
     for g in inputs.gpus:
         mask = inputs.sample(g.index).clock_event_reasons
         if not is_available(mask):
@@ -185,7 +193,9 @@ def check_ecc(inputs: CheckInputs) -> CheckResult:
     skipped = _no_nvml("ecc", title, inputs)
     if skipped:
         return skipped
-    parts, measured, statuses = [], {}, []
+    parts: list[str] = []
+    measured: dict[str, Any] = {}
+    statuses: list[Status] = []
     for g in inputs.gpus:
         errors = g.ecc_uncorrected_volatile
         measured[f"gpu{g.index}"] = {"ecc_enabled": g.ecc_enabled, "uncorrected_volatile": errors}
@@ -258,13 +268,15 @@ def check_compute_mode(inputs: CheckInputs) -> CheckResult:
     skipped = _no_nvml("compute_mode", title, inputs)
     if skipped:
         return skipped
-    statuses, parts = [], []
+    statuses: list[Status] = []
+    parts: list[str] = []
     for g in inputs.gpus:
         parts.append(f"GPU{g.index}: {g.compute_mode}")
         if not is_available(g.compute_mode):
             statuses.append("skip")
             continue
-        statuses.append({"exclusive-process": "warn", "prohibited": "fail"}.get(g.compute_mode, "ok"))
+        by_mode: dict[str, Status] = {"exclusive-process": "warn", "prohibited": "fail"}
+        statuses.append(by_mode.get(g.compute_mode, "ok"))
     status = worst(statuses)
     cause = fix = ""
     if status == "warn":
@@ -281,7 +293,7 @@ def check_visible_devices(inputs: CheckInputs) -> CheckResult:
     title = "CUDA_VISIBLE_DEVICES matches the GPUs"
     vis: VisibleDevices = inputs.visible
     raw = None if vis.raw is None else shown(vis.raw, 80)  # the value may be huge: shown cut short
-    measured = {"value": vis.raw if vis.raw is None or len(vis.raw) <= 200 else raw,
+    measured: dict[str, Any] = {"value": vis.raw if vis.raw is None or len(vis.raw) <= 200 else raw,
                 "visible": list(vis.visible), "nvml_indices": list(vis.nvml_indices)}
     link = "https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#cuda-environment-variables"
     if not inputs.snapshot.driver.nvml.ok:

@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from gpunb.analysis.check_inputs import CheckInputs
-from gpunb.analysis.check_report import CheckResult
+from gpunb.analysis.check_report import CheckResult, Status
 from gpunb.units import gib
 
 DATALOADER_DOC = "https://pytorch.org/docs/stable/data.html#multi-process-data-loading"
@@ -87,7 +87,7 @@ def probe_frameworks(quick: bool, timeout_s: float = 90.0) -> dict[str, Any]:
             version = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             version = "?"
-        entry = {"version": version}
+        entry: dict[str, Any] = {"version": version}
         if not quick:
             try:
                 done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s)
@@ -131,7 +131,7 @@ def check_nvml_package(inputs: CheckInputs) -> CheckResult:
         deprecated = False
     summary = f"nvidia-ml-py {version or 'missing'}" + (
         " · deprecated `pynvml` package also installed" if deprecated else "")
-    status = "warn" if deprecated or version is None else "ok"
+    status: Status = "warn" if deprecated or version is None else "ok"
     return CheckResult("nvml_package", title, status, summary, {"nvidia_ml_py": version, "pynvml_dist": deprecated},
                        "The deprecated `pynvml` distribution prints FutureWarnings at `import torch` and can shadow "
                        "NVIDIA's module." if deprecated else ("nvidia-ml-py is missing." if version is None else ""),

@@ -4,6 +4,7 @@ measurements, this kernel's CUDA state, precision settings and allocator configu
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from gpunb.analysis.check_inputs import CheckInputs
@@ -53,7 +54,7 @@ def _cuda_ordinal(inputs: CheckInputs, gpu: GpuInfo) -> int | None:
     DESIGN asks), else by the device map (a MIG slice's UUID is not its parent's)."""
     for dev in (_facts(inputs) or {}).get("devices", []):
         if dev.get("uuid") and isinstance(gpu.uuid, str) and uuid_key(dev["uuid"]) == uuid_key(gpu.uuid):
-            return dev["index"]
+            return int(dev["index"])
     found = inputs.devices.cuda_indices(gpu.index)
     return found[0] if found else None
 
@@ -138,7 +139,8 @@ def check_torch_arch(inputs: CheckInputs) -> CheckResult:
     arch = _arch_list(inputs)
     if arch is None:
         return CheckResult("torch_arch", title, "skip", NEEDS_PROBE)
-    statuses, parts = [], []
+    statuses: list[Status] = []
+    parts: list[str] = []
     for g in inputs.gpus:
         cc = g.compute_capability
         if not is_available(cc):
@@ -147,7 +149,8 @@ def check_torch_arch(inputs: CheckInputs) -> CheckResult:
         support = _arch_support(arch, tuple(cc))
         parts.append(f"GPU{g.index} sm_{cc[0]}{cc[1]}: " + {"native": "native kernels", "ptx": "PTX only (JIT)",
                                                          "none": "NO kernels"}[support])
-        statuses.append({"native": "ok", "ptx": "warn", "none": "fail"}[support])
+        verdicts: dict[str, Status] = {"native": "ok", "ptx": "warn", "none": "fail"}
+        statuses.append(verdicts[support])
     status = worst(statuses)
     cause = fix = ""
     if status == "fail":
@@ -193,19 +196,30 @@ def check_cudnn_nccl(inputs: CheckInputs) -> CheckResult:
                        "https://pytorch.org/docs/stable/distributed.html#backends")
 
 
-def _per_device(check_id: str, title: str, inputs: CheckInputs, step: str, judge) -> CheckResult:
+# (status, measured part, cause, fix, tip) of one GPU's probe result
+Judgement = tuple[Status, str, str, str, str]
+
+
+def _per_device(check_id: str, title: str, inputs: CheckInputs, step: str,
+                judge: Callable[[GpuInfo, dict[str, Any], CheckInputs], Judgement]) -> CheckResult:
     missing = _probe_missing(check_id, title, inputs)
-    if missing:
-        return missing
-    statuses, parts, measured, causes, fixes, tips = [], [], {}, [], [], []
+    if missing or inputs.probe is None:  # (a missing probe is one of the reasons it gives)
+        return missing or CheckResult(check_id, title, "skip", NEEDS_PROBE)
+    probe = inputs.probe
+    statuses: list[Status] = []
+    parts: list[str] = []
+    measured: dict[str, Any] = {}
+    causes: list[str] = []
+    fixes: list[str] = []
+    tips: list[str] = []
     for g in inputs.gpus:
         ordinal = _cuda_ordinal(inputs, g)
         if ordinal is None:
             statuses.append("skip")
             parts.append(f"GPU{g.index}: not visible to CUDA")
             continue
-        error = inputs.probe.step_error(step, ordinal)
-        result = inputs.probe.result(step, ordinal)
+        error = probe.step_error(step, ordinal)
+        result = probe.result(step, ordinal)
         if error or result is None:
             statuses.append("fail")
             parts.append(f"GPU{g.index}: failed")
@@ -224,7 +238,7 @@ def _per_device(check_id: str, title: str, inputs: CheckInputs, step: str, judge
                        " ".join(dict.fromkeys(fixes)), tip=" ".join(dict.fromkeys(tips)))
 
 
-def _judge_smoke(g, r, inputs):
+def _judge_smoke(g: GpuInfo, r: dict[str, Any], inputs: CheckInputs) -> Judgement:
     context = f"CUDA context {num(r['context_ms'], 'ms')}, " if "context_ms" in r else ""
     part = (f"forward+backward+AdamW step ok: {context}first step {num(r['first_step_ms'], 'ms')} (kernel loading), "
             f"then {num(r['step_ms_median'], 'ms', 2)}/step")
@@ -241,11 +255,13 @@ def check_smoke(inputs: CheckInputs) -> CheckResult:
                        _judge_smoke)
 
 
-def _judge_matmul(g, r, inputs):
+def _judge_matmul(g: GpuInfo, r: dict[str, Any], inputs: CheckInputs) -> Judgement:
     peak = peak_for(g.name if isinstance(g.name, str) else "")
     labels = (("bf16", "bf16_tflops", "bf16_tflops"), ("TF32", "tf32_tflops", "tf32_tflops"),
               ("fp32", "fp32_tflops", "fp32_tflops"))
-    bits, status, cause = [], "ok", ""
+    bits: list[str] = []
+    status: Status = "ok"
+    cause = ""
     for label, key, peak_key in labels:
         value = r.get(key)
         if value is None:
@@ -277,7 +293,7 @@ def check_matmul(inputs: CheckInputs) -> CheckResult:
                        _judge_matmul)
 
 
-def _judge_copy(g, r, inputs):
+def _judge_copy(g: GpuInfo, r: dict[str, Any], inputs: CheckInputs) -> Judgement:
     pinned, pageable = r.get("pinned_gbps"), r.get("pageable_gbps")
     link_max = (pcie_gbps(g.pcie_gen_max, g.pcie_width_max)
                 if is_available(g.pcie_gen_max) and is_available(g.pcie_width_max) else None)

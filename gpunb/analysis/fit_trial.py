@@ -31,7 +31,7 @@ import gc
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
 
 from gpunb.analysis.batch_fit_records import Trial
 from gpunb.analysis.oom_message import find_oom
@@ -106,7 +106,7 @@ class _Peaks:
         self.reserved = max(self.reserved, peaks[1])
 
 
-def _movable(t: Any, device: Any, torch: Any, seen: set[int]) -> bool:
+def _movable(t: Any, device: Any, torch: Any, seen: set[int]) -> TypeGuard[Any]:
     if not isinstance(t, torch.Tensor) or id(t) in seen or t.device != device or t.is_sparse:
         return False
     seen.add(id(t))

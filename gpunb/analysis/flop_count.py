@@ -87,11 +87,11 @@ class _OpInfo:
             self.moves = False
 
 
-def _tensor_bytes(value: Any, tensor: type) -> int:
+def _tensor_bytes(value: Any, tensor: Any) -> int:
     if isinstance(value, tensor):
-        return value.nbytes
+        return int(value.nbytes)
     if isinstance(value, (list, tuple)):
-        return sum(v.nbytes for v in value if isinstance(v, tensor))
+        return sum(int(v.nbytes) for v in value if isinstance(v, tensor))
     return 0
 
 
@@ -125,7 +125,7 @@ def _mode_class(torch: Any) -> type:
             return True
 
         def __init__(self, tf32: dict[str, bool]) -> None:
-            super().__init__()
+            super().__init__()  # type: ignore[no-untyped-call]  # torch leaves TorchDispatchMode.__init__ unannotated
             self.tf32 = tf32
             self.inert = False  # set when the mode could not be left: it then only passes calls on
             self.flops = 0
@@ -254,8 +254,8 @@ class StepFlopCounter:
 
     def end(self, complete: bool = True) -> None:
         """Stop counting (at the next step's end; ``complete=False``: the cell ended first)."""
-        mode = self.mode
-        if mode is None or self.result is not None:
+        mode, step = self.mode, self.step
+        if mode is None or step is None or self.result is not None:  # (begin sets both)
             return
         if mode.inert:  # an earlier end could not take it off the stack: try again (the cell's end)
             if self._leave(mode):
@@ -269,7 +269,7 @@ class StepFlopCounter:
             return
         self.mode = None  # off the stack
         if not complete:
-            self.why_not = (f"not counted: the cell ended before step {self.step + 1} finished "
+            self.why_not = (f"not counted: the cell ended before step {step + 1} finished "
                             "(FLOPs are counted on the second optimizer step)")
             return
         notes = []
@@ -277,7 +277,7 @@ class StepFlopCounter:
             notes.append(f"{mode.hops} higher-order operations (compiled regions, cond) ran uncounted")
         if mode.failures:
             notes.append(f"{mode.failures} operations could not be counted ({mode.first_failure})")
-        self.result = FlopCount(self.step, mode.flops, dict(mode.by_precision), dict(mode.by_op), mode.bytes,
+        self.result = FlopCount(step, mode.flops, dict(mode.by_precision), dict(mode.by_op), mode.bytes,
                                 mode.ops, host_ms, "; ".join(notes), mode.gpu_flops)
 
     def _leave(self, mode: Any) -> bool:
@@ -286,9 +286,10 @@ class StepFlopCounter:
         try:
             from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-            if _get_current_dispatch_mode() is not mode:
+            current = _get_current_dispatch_mode()
+            if current is None or current is not mode:
                 return False
-            mode.__exit__(None, None, None)
+            current.__exit__(None, None, None)
             return True
         except Exception:
             return False

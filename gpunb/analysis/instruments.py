@@ -30,6 +30,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from gpunb.analysis.step_events import StepEvents
@@ -83,6 +84,11 @@ def _restore_write(stream: Any, timed: Callable[..., Any], previous: Callable[..
         stream.write = previous
 
 
+def _restore_stream(attr: str, stream: Any, proxy: Any) -> None:
+    if getattr(sys, attr) is proxy:  # unless someone replaced our proxy since
+        setattr(sys, attr, stream)
+
+
 class _TimedStream:
     """Stand-in for a stream whose ``write`` cannot be replaced (C-level ``TextIOWrapper``)."""
 
@@ -99,7 +105,7 @@ class Instruments:
 
     def __init__(self, torch: Any | None, *, memory_every_s: float | None = TIMELINE_EVERY_S,
                  clock: Callable[[], float] = time.perf_counter) -> None:
-        self.torch = torch
+        self.torch: Any = torch  # the module; None only without torch, where no CUDA path runs
         self.clock = clock
         # None (no timeline) as an interval never reached: the per-step test stays one comparison
         self._memory_every = float("inf") if memory_every_s is None else memory_every_s
@@ -265,7 +271,7 @@ class Instruments:
                 recorder.batch_size = recorder.batch_size or n
             return batch
 
-        _BaseDataLoaderIter.__next__ = __next__
+        _BaseDataLoaderIter.__next__ = __next__  # type: ignore[method-assign, assignment]  # wrapped for the cell
         self._undo.append(lambda: setattr(_BaseDataLoaderIter, "__next__", original))
 
     # -- host syncs -------------------------------------------------------------------------
@@ -309,7 +315,7 @@ class Instruments:
                 return x
             return item(x) if isinstance(x, tensor) else x
 
-        patched = [m for name, m in list(sys.modules.items())
+        patched: list[Any] = [m for name, m in list(sys.modules.items())
                    if name.startswith("torch.optim") and getattr(m, "_get_value", None) is original]
         for module in patched:
             module._get_value = _get_value
@@ -379,11 +385,9 @@ class Instruments:
             except (AttributeError, TypeError):
                 proxy = _TimedStream(stream, timed)
                 setattr(sys, attr, proxy)
-                self._undo.append(lambda attr=attr, stream=stream, proxy=proxy:
-                                  getattr(sys, attr) is proxy and setattr(sys, attr, stream))
+                self._undo.append(partial(_restore_stream, attr, stream, proxy))
             else:
-                self._undo.append(lambda stream=stream, timed=timed, previous=previous:
-                                  _restore_write(stream, timed, previous))
+                self._undo.append(partial(_restore_write, stream, timed, previous))
 
     def _timed_write(self, original: Callable[[str], int]) -> Callable[[str], int]:
         recorder = self

@@ -156,7 +156,8 @@ def diagnose(
         if requested is not None and free is not None:
             summary += f"; asked {gib(requested)} with {gib(free)} free"
         causes.append(Cause(WORKING_SET, summary, working))
-    sufficient = {code: None if g is None or requested is None else free + g >= requested for code, g in gives.items()}
+    sufficient = {code: None if g is None or requested is None or free is None else free + g >= requested
+                  for code, g in gives.items()}
     causes = _ranked_causes(causes, sufficient)
 
     fixes = _fixes(causes, needed=needed, requested=requested, free=free, unalloc=unalloc, params=params, grads=grads,

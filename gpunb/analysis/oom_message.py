@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -155,10 +156,10 @@ def _oom_types() -> tuple[type, ...]:
     return tuple(types)
 
 
-def exception_chain(exc: BaseException, limit: int = 32):
+def exception_chain(exc: BaseException, limit: int = 32) -> Iterator[BaseException]:
     """``exc``, then its causes/contexts, each once (cycles happen)."""
     seen: set[int] = set()
-    todo = [exc]
+    todo: list[BaseException | None] = [exc]
     while todo and len(seen) < limit:
         e = todo.pop(0)
         if e is None or id(e) in seen:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -111,11 +112,12 @@ class OpTrace:
         if self.done:
             return False
         try:
-            if self.prof is None:
+            started = self.started_at
+            if self.prof is None or started is None:  # (both are set together, by _start)
                 self._start(index)
                 return True
             self.prof.step()
-            k = index - self.started_at - WAIT - WARMUP  # 1.. for the recorded steps
+            k = index - started - WAIT - WARMUP  # 1.. for the recorded steps
             if 1 <= k <= ACTIVE:
                 self.traced.append(index)
             if k >= ACTIVE:
@@ -187,11 +189,12 @@ class OpTrace:
             top_kernels = tuple(OpRow(_short(name), kernel_category(name), round(calls / n), us / 1000 / n,
                                       us / window_us)
                                 for name, (calls, us) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:TOP])
-            time_of = lambda a: getattr(a, "self_device_time_total", None) or getattr(a, "self_cuda_time_total", 0)  # noqa: E731
+            time_of: Callable[[Any], Any] = lambda a: (  # noqa: E731
+                getattr(a, "self_device_time_total", None) or getattr(a, "self_cuda_time_total", 0))
         else:
             # Self times partition the recorded host time; the "ProfilerStep" ranges' own self time
             # is the host time outside any operator (Python, the data loader).
-            by_category = defaultdict(float)
+            by_category: defaultdict[str, float] = defaultdict(float)
             for e in events:
                 if e.device_type == cpu_type:
                     key = "idle" if e.name.startswith("ProfilerStep") else op_category(e.name)

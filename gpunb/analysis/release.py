@@ -16,6 +16,7 @@ import inspect
 import os
 import sys
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,7 +149,7 @@ def clear_frame(frame: Any) -> bool:
     return True
 
 
-def holds_tensor(value: Any, torch: Any, devices: set[str] | None, depth: int = 2) -> bool:
+def holds_tensor(value: Any, torch: Any, devices: AbstractSet[str] | None, depth: int = 2) -> bool:
     """Does an output-history value hold a tensor (on ``devices``), looking ``depth`` deep?
     A value that raises when looked at (an unbound proxy, say) counts as holding none."""
     if torch is None:
@@ -159,7 +160,7 @@ def holds_tensor(value: Any, torch: Any, devices: set[str] | None, depth: int = 
         return False
 
 
-def _holds_tensor(value: Any, torch: Any, devices: set[str] | None, depth: int) -> bool:
+def _holds_tensor(value: Any, torch: Any, devices: AbstractSet[str] | None, depth: int) -> bool:
     if isinstance(value, torch.Tensor):
         return devices is None or value.device.type in devices
     if depth <= 0:
@@ -171,7 +172,7 @@ def _holds_tensor(value: Any, torch: Any, devices: set[str] | None, depth: int) 
     return False
 
 
-def drop_output_history(shell: Any, torch: Any, devices: set[str] | None) -> list[str]:
+def drop_output_history(shell: Any, torch: Any, devices: AbstractSet[str] | None) -> list[str]:
     """Remove output-history entries that hold tensors; returns their names (``Out[3]``)."""
     if shell is None:
         return []
@@ -203,7 +204,7 @@ def release_failure(
     device: int | None = None,
     keep_traceback: bool = False,
     drop_outputs: bool = True,
-    devices: set[str] | None = frozenset({"cuda"}),
+    devices: AbstractSet[str] | None = frozenset({"cuda"}),
     nvml_process_bytes: Callable[[], int | None] | None = None,
     pinned_bytes: int | None = None,
     held_bytes: dict[str, int] | None = None,

@@ -115,8 +115,8 @@ class RingColumns:
             raise ValueError("capacity must be at least 1")
         self.capacity = capacity
         self.spec = tuple(spec)
-        self._arrays = {name: array(code) for name, code in self.spec}
-        self._gap = {name: (math.nan if code in "fd" else _GAP_INT[code]) for name, code in self.spec}
+        self._arrays: dict[str, array[Any]] = {name: array(code) for name, code in self.spec}
+        self._gap: dict[str, float] = {name: (math.nan if code in "fd" else _GAP_INT[code]) for name, code in self.spec}
         self._head = 0  # where the next row goes once full
         self.appended = 0  # rows ever appended
 
@@ -423,7 +423,9 @@ class Sampler:
         t = self._clock()
         s = self.nvml.run(read_sample, self.nvml, index, self._clock, grace_s=TICK_GRACE_S,
                           fallback=lambda why: unread_sample(index, t, why))
-        col = lambda name: gpu_column(index, name)  # noqa: E731
+        def col(name: str) -> str:
+            return gpu_column(index, name)
+
         used = _mib(s.memory_used_bytes)
         row[col("mem_used_mib")] = used
         row[col("mem_free_mib")] = _mib(s.memory_free_bytes)

@@ -54,7 +54,7 @@ class StepEvents:
     then ``spans``: (first step, last step, GPU ms) covering those steps."""
 
     def __init__(self, torch: Any, device: int, start_event: Any = None, min_gap_s: float | None = None) -> None:
-        self._new = lambda: torch.cuda.Event(enable_timing=True)
+        self._new: Callable[[], Any] = lambda: torch.cuda.Event(enable_timing=True)
         self._record = _recorder(torch, device)
         self._start = start_event  # recorded when the cell began: step 0's GPU time starts there
         self.min_gap_s = MIN_GAP_S if min_gap_s is None else min_gap_s

@@ -104,7 +104,7 @@ def judge(p: CellProfile) -> tuple[Verdict, list[Advice]]:
                                  severity=2))
     if gpu is not None and (at_ceiling or retries):
         why = (f"{retries} cudaMalloc retries (each flushes the allocator cache)" if retries
-               else f"peak reserved {peak_res / 2**30:.1f} GiB of {total / 2**30:.1f} GiB")
+               else f"peak reserved {(peak_res or 0) / 2**30:.1f} GiB of {(total or 0) / 2**30:.1f} GiB")
         advice.append(Advice("Use a smaller batch with gradient accumulation", why,
                              "loss = loss / k; loss.backward(); step every k batches"))
         advice.append(Advice("Checkpoint activations", why,
@@ -112,14 +112,17 @@ def judge(p: CellProfile) -> tuple[Verdict, list[Advice]]:
         if retries:
             advice.append(Advice("Let the allocator grow segments instead of fragmenting", why,
                                  "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (set before CUDA starts)"))
-    mix = dict(p.flops.count.precision_mix()) if p.flops is not None and p.flops.count is not None else None
+    flops = p.flops
+    count = flops.count if flops is not None else None
+    mix = dict(count.precision_mix()) if count is not None else None
     low_precision = mix is not None and mix.get("bf16", 0) + mix.get("fp16", 0) + mix.get("fp8", 0) >= 0.5
-    if gpu is not None and fp32 and ampere_plus and not low_precision:  # the FLOP count saw no autocast
+    # (ampere_plus implies a compute capability)
+    if gpu is not None and fp32 and ampere_plus and cc is not None and not low_precision:  # no autocast seen
         ratio = peak.bf16_tflops / peak.tf32_tflops if peak and peak.bf16_tflops and peak.tf32_tflops else None
-        if mix:
+        if mix and flops is not None and count is not None:
             fp32_share = mix.get("fp32", 0) + mix.get("tf32", 0)
-            mfu = f" at {100 * p.flops.mfu:.0f}% MFU" if p.flops.mfu is not None else ""
-            why = (f"{100 * fp32_share:.0f}% of step {p.flops.count.step + 1}'s FLOPs ran in fp32/TF32{mfu} "
+            mfu = f" at {100 * flops.mfu:.0f}% MFU" if flops.mfu is not None else ""
+            why = (f"{100 * fp32_share:.0f}% of step {count.step + 1}'s FLOPs ran in fp32/TF32{mfu} "
                    f"on {gpu.name}")
             title = "Train in bf16 with autocast"
         else:

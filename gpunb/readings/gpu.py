@@ -278,7 +278,7 @@ class GpuSnapshot:
     driver: DriverInfo
     gpus: tuple[GpuInfo, ...] = ()
     samples: tuple[GpuSample, ...] = ()
-    processes: tuple[Any, ...] = ()  # per GPU: tuple[GpuProcess] or Unavailable
+    processes: tuple[tuple[GpuProcess, ...] | Unavailable, ...] = ()  # per GPU
     nvml_trouble: tuple[str, ...] = ()  # NVML calls skipped because they hung or answered slowly
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 
 def imported_torch() -> Any | None:
@@ -21,8 +21,9 @@ def imported_torch() -> Any | None:
     return torch if torch is not None and hasattr(torch, "cuda") else None
 
 
-def cuda_initialized(torch: Any | None) -> bool:
-    """True when torch already has CUDA initialized in this process (nothing is started here).
+def cuda_initialized(torch: Any | None) -> TypeGuard[Any]:
+    """True when torch already has CUDA initialized in this process (nothing is started here);
+    where it is True, ``torch`` is the module (for the type checker: not None).
 
     ``is_initialized`` only: ``is_available()`` and ``device_count()`` may ask the CUDA
     runtime, which marks the process as unable to fork (torch/csrc/cuda/Module.cpp calls
