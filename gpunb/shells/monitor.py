@@ -383,8 +383,8 @@ class Monitor(DisplayMixin):
         if self.sampler.listener_count == 0:
             self.sampler.stop()
         else:  # the fastest rate still asked for (see ``monitor``)
-            rates = [m.requested_hz for m in self.kernel_state.monitors
-                     if getattr(m, "sampler", None) is self.sampler and getattr(m, "requested_hz", None)]
+            rates = [hz for m in self.kernel_state.monitors
+                     if getattr(m, "sampler", None) is self.sampler and (hz := m.requested_hz)]
             if rates and max(rates) != self.sampler.hz:
                 self.sampler.set_hz(max(rates))
         if self._handles:

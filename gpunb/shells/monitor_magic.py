@@ -4,7 +4,7 @@ registration (the sampler is stopped on ``%unload_ext`` / ``%reload_ext``)."""
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
@@ -21,9 +21,14 @@ from gpunb.shells.arguments import (
 )
 from gpunb.shells.kernel_state import KernelState
 
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
 
 @magics_class
 class MonitorMagics(Magics):
+    shell: InteractiveShell  # set by IPython when it registers these magics
+
     def __init__(self, shell: Any, kernel: KernelState) -> None:
         super().__init__(shell)
         self.kernel = kernel

@@ -136,6 +136,7 @@ class RandomFaults:
         """("error", code) | ("hang", seconds) | ("garbage", value) | ("ok", None)."""
         if name in self.spare:
             return "ok", None
+        payload: Any
         with self._lock:
             r = self.rng.random()
             if r < self.error_rate:

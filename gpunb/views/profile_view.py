@@ -106,7 +106,8 @@ def _rows(p: CellProfile) -> list[tuple[str, str]]:
 
 def _step_list(indices: Sequence[int]) -> str:
     """0-based step indices as the user counts them: "2", "3-7", "2, 4-6"."""
-    out, run = [], []
+    out: list[str] = []
+    run: list[int] = []
     for i in sorted(indices):
         if run and i == run[-1] + 1:
             run.append(i)
@@ -153,11 +154,11 @@ def throughput_rows(p: CellProfile) -> list[tuple[str, str]]:
     if c.uncounted:
         text += f" · {c.uncounted}"
     rows = [("FLOPs", text)]
-    if t.mfu is not None:
-        mix = c.precision_mix()
-        kind = mix[0][0] if len(mix) == 1 else "mixed-precision"
+    if t.mfu is not None and t.peak_tflops is not None:  # (an MFU comes with its peak)
+        shares = c.precision_mix()
+        kind = shares[0][0] if len(shares) == 1 else "mixed-precision"
         m = f"{100 * t.mfu:.0f}% of the {t.gpu_model}'s {flop_rate(t.peak_tflops * 1e12)} {kind} datasheet peak"
-        if t.mfu_measured is not None:
+        if t.mfu_measured is not None and t.measured_peak_tflops is not None:
             m += (f" · {100 * t.mfu_measured:.0f}% of the {flop_rate(t.measured_peak_tflops * 1e12)} "
                   f"measured by {t.measured_source}")
         elif t.measured_source:
@@ -165,7 +166,7 @@ def throughput_rows(p: CellProfile) -> list[tuple[str, str]]:
         rows.append(("MFU", m))
     elif p.gpu is not None and c.flops and t.achieved_tflops is not None and not t.gpu_model:
         rows.append(("MFU", f"no datasheet peak known for {p.gpu.name}"))
-    if t.memory_bound and t.bandwidth_gbps is not None:
+    if t.memory_bound and t.bandwidth_gbps is not None and t.peak_bandwidth_gbps:
         rows.append(("bandwidth", f"memory-bound at the datasheet peaks: ~{c.bytes_moved / 1e9:.2f} GB moved per step "
                                   "(estimated: every operation's inputs read and outputs written once) · "
                                   f"{byte_rate(t.bandwidth_gbps * 1e9)} = "

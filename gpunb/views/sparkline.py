@@ -261,7 +261,7 @@ class SparkPanel:
         latest = self.latest.get(key)
         value_text = "n/a" if latest is None else f"{latest * scale:,.{digits}f} {unit}".strip()
         lo, hi, gaps, n = track.stats(pending)
-        if hi is None:
+        if hi is None or lo is None:  # (both or neither)
             stats = "no reading in this window"
         else:
             stats = f"latest {value_text}; min {lo * scale:,.{digits}f}, max {hi * scale:,.{digits}f} {unit}"
@@ -504,7 +504,7 @@ def monitor_text(window: Window, holders: Mapping[int, Sequence[str]] | None = N
         c = g.columns
         util, used, own = _latest(c["util_pct"]), _latest(c["mem_used_mib"]), _latest(c["mem_own_mib"])
         power, temp, clock = _latest(c["power_w"]), _latest(c["temp_c"]), _latest(c["sm_clock_mhz"])
-        events = _latest(c["clock_events"]) or 0
+        events = int(_latest(c["clock_events"]) or 0)  # a bitmask (an unsigned column)
         mem = "n/a"
         if used is not None:
             total = f"/{g.memory_total_mib / 1024:.1f}" if g.memory_total_mib else " used of n/a"  # no made-up 0
