@@ -20,7 +20,13 @@ their memory). Everything stops at ``--budget-s``: a truth not narrowed to the p
 reported with the bracket it reached.
 
     python benchmarks/batch_fit_zoo.py --out DIR            # GPU: ~3-5 min on two H200s
+    python benchmarks/batch_fit_zoo.py --out DIR --finders gpufit \
+        --truth-from benchmarks/results/h200x2_batch_fit_zoo_run1.json   # only %gpufit again: ~2 min
     python benchmarks/batch_fit_zoo.py --smoke --out DIR    # the whole pipeline on the CPU (tiny twins)
+
+``--truth-from`` reuses an earlier report's ground truth (same models, caps and ``--steps``; it
+refuses otherwise): no quick search, no bisection. The finders not run again keep the earlier
+report's results, and the table labels each column with the run it came from.
 
 Writes ``DIR/batch_fit_zoo.json`` and ``DIR/batch_fit_zoo.md`` and prints the markdown table.
 """
@@ -58,8 +64,9 @@ def worker(task: dict) -> dict:
 
     name, smoke, steps = task["model"], task["smoke"], task["steps"]
     t0 = time.perf_counter()
-    cap = memory_zoo.SMOKE_BUDGET if smoke else memory_zoo.cap_memory(name)
+    cap = None if smoke else memory_zoo.cap_memory(name)
     model = memory_zoo.build(name, smoke=smoke)
+    cap = cap or model.memory.budget
     kind = task["kind"]
     if kind == "sustain":
         out = finders.sustained(model, task["batch"], steps)
@@ -203,13 +210,19 @@ def run_model(pool: Pool, name: str, args: argparse.Namespace, log: Any) -> dict
     base = {"model": name, "smoke": args.smoke, "steps": args.steps}
     rough_steps = 10 if name == "varlen" else 3
     t0 = time.monotonic()
-    rough = pool.run({**base, "kind": "rough", "rough_steps": rough_steps})
-    out: dict[str, Any] = {"model": name, "rough": rough, "cap_bytes": rough.get("cap_bytes")}
+    earlier = args.truth_models.get(name) if args.truth_models else None
+    if earlier is not None:  # the ground truth of an earlier run on the same machine, models and caps
+        rough = earlier["rough"]
+        out: dict[str, Any] = {"model": name, "rough": rough, "cap_bytes": earlier["cap_bytes"]}
+    else:
+        rough = pool.run({**base, "kind": "rough", "rough_steps": rough_steps})
+        out = {"model": name, "rough": rough, "cap_bytes": rough.get("cap_bytes")}
     if not rough.get("rough_max"):
         out["error"] = rough.get("error") or "the quick search found no batch that runs"
         return out
     r = rough["rough_max"]
-    log(f"  {name}: quick same-process search: {r} ({rough_steps}-step runs)")
+    if earlier is None:
+        log(f"  {name}: quick same-process search: {r} ({rough_steps}-step runs)")
 
     def finder_flow(finder: str) -> dict:
         from batch_size_finders import accelerate_start
@@ -222,13 +235,46 @@ def run_model(pool: Pool, name: str, args: argparse.Namespace, log: Any) -> dict
         return res
 
     jobs = [lambda f=f: finder_flow(f) for f in args.finders]
-    jobs.append(lambda: ground_truth(pool, base, r, probes=args.probes, precision=args.precision, log=log))
-    *found, truth = in_threads(jobs)
+    if earlier is None:
+        jobs.append(lambda: ground_truth(pool, base, r, probes=args.probes, precision=args.precision, log=log))
+        *found, truth = in_threads(jobs)
+        log(f"  {name}: sustained maximum in a fresh process: {truth['max']} (failed at {truth['failed_at']})")
+    else:
+        found, truth = in_threads(jobs), {**earlier["truth"], "from": args.truth_label}
     out["truth"] = truth
     out["finders"] = dict(zip(args.finders, found))
+    if earlier is not None:  # the finders not run again, as the earlier run found them
+        out["earlier_finders"] = {f: v for f, v in earlier.get("finders", {}).items() if f not in args.finders}
     out["seconds"] = time.monotonic() - t0
-    log(f"  {name}: sustained maximum in a fresh process: {truth['max']} (failed at {truth['failed_at']})")
     return out
+
+
+def load_truth(path: str, args: argparse.Namespace) -> tuple[dict, str, str]:
+    """The models of an earlier report whose ground truth can stand for this run's: same models,
+    caps, steps and kind of run (GPU or --smoke). Returns (models by name, label, problem)."""
+    import memory_zoo
+
+    try:
+        report = json.loads(Path(path).read_text())
+        models = {m["model"]: m for m in report["models"]}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return {}, "", f"--truth-from {path}: not a batch_fit_zoo.json report ({exc})"
+    problems = []
+    if bool(report.get("environment", {}).get("smoke")) != args.smoke:
+        problems.append("it was " + ("a --smoke run" if report.get("environment", {}).get("smoke") else "a GPU run"))
+    if report.get("steps") != args.steps:
+        problems.append(f"its sustained runs had {report.get('steps')} steps, not --steps {args.steps}")
+    for name in args.models:
+        m = models.get(name)
+        if m is None or not (m.get("truth") or {}).get("max"):
+            problems.append(f"it has no ground truth for {name}")
+        elif m.get("cap_bytes") != int(memory_zoo.ZOO[name].cap_gib * memory_zoo.GiB):
+            problems.append(f"{name} was capped at {m.get('cap_bytes')} bytes there, "
+                            f"{int(memory_zoo.ZOO[name].cap_gib * memory_zoo.GiB)} in this zoo")
+    if problems:
+        return {}, "", (f"--truth-from {path} cannot stand for this run: " + "; ".join(problems)
+                        + ". Run without --truth-from to measure the ground truth again.")
+    return models, f"run of {report.get('date', '?')}", ""
 
 
 # -- report -------------------------------------------------------------------------------------
@@ -261,28 +307,43 @@ def gib(n: int | None) -> str:
     return f"{n / 2**30:.0f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
+def columns(report: dict) -> list[tuple[str, str, str]]:
+    """(finder, where its results are: "summary" or "earlier_summary", heading) of each column."""
+    label = report.get("truth_from", {}).get("label")
+    now = f" ({'this run, ' + report['date']})" if label else ""
+    cols = [(f, "summary", TITLES[f] + now) for f in report["finders"]]
+    earlier = [f for f in FINDERS if f not in report["finders"]
+               and any(f in m.get("earlier_summary", {}) for m in report["models"])]
+    cols += [(f, "earlier_summary", f"{TITLES[f]} ({label})") for f in earlier]
+    return cols
+
+
 def table(report: dict) -> str:
-    finders = report["finders"]
-    head = ["model", "cap", "sustained max (fresh process)"] + [TITLES[f] for f in finders]
+    cols = columns(report)
+    label = report.get("truth_from", {}).get("label")
+    head = ["model", "cap", "sustained max (fresh process" + (f", {label})" if label else ")")] + [c[2] for c in cols]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for m in report["models"]:
         t = m.get("truth") or {}
         mx = t.get("max")
         truth = (f"{mx}" + (f" (±{100 * t['precision']:.1f} %)" if t.get("precision") and t["precision"] > 0.005
                             else "") if mx else f"? ({m.get('error', 'not found')})")
-        cells = [cell(m["summary"][f]) if "summary" in m else "n/a" for f in finders]
+        cells = [cell(m[where][f]) if f in m.get(where, {}) else "n/a" for f, where, _ in cols]
         lines.append("| " + " | ".join([m["model"], gib(m.get("cap_bytes")), truth, *cells]) + " |")
     lines.append("")
     lines.append("Each cell: answer (% of the sustained maximum), trials, seconds, and ✓ when the answer trained "
                  f"{report['steps']} steps in the finder's process and in a fresh one.")
-    for f in finders:
-        rows = [m["summary"][f] for m in report["models"] if "summary" in m]
+    if label:
+        lines.append(f"The sustained maxima and the columns marked ({label}) come from that run "
+                     f"({report['truth_from']['path']}); the others from this one.")
+    for f, where, heading in cols:
+        rows = [m[where][f] for m in report["models"] if f in m.get(where, {})]
         pcts = [r["pct_of_max"] for r in rows if r["pct_of_max"] is not None]
         crashes = sum(1 for r in rows if r["trains_same_process"] is False or r["trains_fresh_process"] is False)
         secs = sum(r["seconds"] or 0 for r in rows)
         if pcts:
-            lines.append(f"- {TITLES[f]}: median {statistics.median(pcts):.0f} % of the maximum "
-                         f"(min {min(pcts):.0f} %), {crashes} of {len(rows)} answers crashed a sustained run, "
+            lines.append(f"- {heading}: median {statistics.median(pcts):.0f} % of the maximum (min {min(pcts):.0f} %, "
+                         f"max {max(pcts):.0f} %), {crashes} of {len(rows)} answers crashed a sustained run, "
                          f"{secs:.0f} s in all")
     return "\n".join(lines)
 
@@ -325,7 +386,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=50, help="steps of a sustained run (50)")
     ap.add_argument("--probes", type=int, default=3, help="fresh processes per bisection round (3)")
     ap.add_argument("--precision", type=float, default=0.005, help="stop bisecting at this relative gap (0.005)")
-    ap.add_argument("--smoke", action="store_true", help="CPU twins with a pretend memory: checks the pipeline")
+    ap.add_argument("--truth-from", metavar="JSON", help="reuse the ground truth (and the other finders' results) of\n"
+                    "an earlier batch_fit_zoo.json with the same models, caps and --steps: no bisection")
+    ap.add_argument("--smoke", action="store_true", help="CPU twins with a simulated allocator: checks the pipeline")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     import memory_zoo
@@ -338,6 +401,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                  f"finders: {', '.join(FINDERS)})")
     if args.steps < 1 or args.probes < 1 or args.budget_s <= 0:
         ap.error("--steps and --probes must be at least 1, --budget-s positive")
+    args.truth_models, args.truth_label = {}, ""
+    if args.truth_from:
+        args.truth_models, args.truth_label, problem = load_truth(args.truth_from, args)
+        if problem:
+            ap.error(problem)
     return args
 
 
@@ -364,15 +432,20 @@ def main(argv: list[str] | None = None) -> int:
     jobs = args.jobs or (2 if args.smoke else 8 * len(gpus))
     pool = Pool(gpus, jobs, time.monotonic() + args.budget_s, log)
     log(f"{len(args.models)} models, finders {', '.join(args.finders)}, {jobs} processes at once on "
-        f"{'the CPU (smoke)' if args.smoke else 'GPUs ' + ','.join(gpus)}, budget {args.budget_s:.0f} s")
+        f"{'the CPU (smoke)' if args.smoke else 'GPUs ' + ','.join(gpus)}, budget {args.budget_s:.0f} s"
+        + (f"; ground truth of the {args.truth_label} ({args.truth_from})" if args.truth_from else ""))
     models = in_threads([lambda m=m: run_model(pool, m, args, log) for m in args.models])
     for m in models:
         truth = (m.get("truth") or {}).get("max")
         if "finders" in m:
             m["summary"] = {f: summarize(m["finders"][f], truth) for f in args.finders}
+        if m.get("earlier_finders"):
+            m["earlier_summary"] = {f: summarize(v, truth) for f, v in m["earlier_finders"].items()}
     report = {"date": time.strftime("%Y-%m-%d %H:%M"), "seconds": time.monotonic() - start, "steps": args.steps,
               "budget_s": args.budget_s, "jobs": jobs, "processes": pool.launched, "finders": args.finders,
               "environment": environment(args.smoke), "models": models}
+    if args.truth_from:
+        report["truth_from"] = {"path": args.truth_from, "label": args.truth_label}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     md = table(report)

@@ -106,7 +106,7 @@ def gpufit(model: Any, *, steps: int) -> dict:
 
         fit = gpunb.fit_batch_size(model.step, steps=steps, progress=False)
     return {"answer": fit.recommended, "trial_count": fit.trial_count, "seconds": time.perf_counter() - t0,
-            "trials": [(t.batch, t.clean) for t in fit.trials], "ok": fit.ok, "problem": fit.problem,
+            "trials": [(t.batch, t.fits) for t in fit.trials], "ok": fit.ok, "problem": fit.problem,
             "fit": fit.to_dict()}
 
 

@@ -17,11 +17,16 @@ benchmark run side by side in separate processes.
 | ``checkpointed`` | transformer blocks under activation checkpointing (``torch.utils.checkpoint``, non-reentrant) |
 | ``accumulate`` | an MLP, gradients accumulated over 2 micro-batches and kept between steps (``set_to_none=False``) |
 
-``--smoke`` twins (``build(name, smoke=True)``) train a tiny real model on the CPU and charge a
-pretend GPU memory (``gpunb.testing.fake_device_memory.BudgetMemory``) the bytes their GPU twin's
-memory behaviour would: a fixed part, bytes per sample, the allocator's overhead and, for
-``varlen``, a longer batch once every 10 steps. Above the budget they raise
-``torch.OutOfMemoryError`` as CUDA would, so every batch-size finder can run against them.
+``--smoke`` twins (``build(name, smoke=True)``) train a tiny real model on the CPU with a real
+AdamW, and charge a simulated CUDA caching allocator (``gpunb.testing.CachingMemory``, under the
+model's cap) the blocks their GPU model would take, in its order: weights, the batch, each layer's
+saved output, gradients in backward, AdamW's state at a parameter's first step, the update's
+temporaries (``gpunb.testing.fake_training``). Sizes are the GPU models' own, estimated from their
+shapes (fp32, bf16 where autocast makes it so); ``varlen`` scales its activations by the cycle of
+sequence lengths. When a block does not fit they raise ``torch.OutOfMemoryError`` as CUDA would,
+so every batch-size finder runs against them, and a fresh process fails where the layout says
+it does (the optimizer state carved out of freed activations). Their numbers are the
+simulation's, not the H200's.
 
 Run directly, this file lists the zoo (``python benchmarks/memory_zoo.py``).
 """
@@ -29,25 +34,22 @@ Run directly, this file lists the zoo (``python benchmarks/memory_zoo.py``).
 from __future__ import annotations
 
 import argparse
-import itertools
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+if str(Path(__file__).resolve().parents[1]) not in sys.path:  # run as a script: gpunb from this checkout
+    sys.path.append(str(Path(__file__).resolve().parents[1]))
+
+import itertools
+
+from gpunb.testing.fake_training import GpuTwin, SimulatedTraining
 
 GiB = 2**30
 MiB = 2**20
 VARLEN_CYCLE = (192, 256, 320, 224, 384, 288, 512, 256, 352, 448)  # the longest once every 10 steps
-
-
-@dataclass(frozen=True)
-class Smoke:
-    """The CPU twin's charges to the pretend memory (bytes)."""
-
-    fixed: int
-    per_sample: int
-    overhead: float = 0.0  # reserved above allocated
-    long_factor: float = 1.0  # a longer batch once every 10 steps (varlen)
 
 
 @dataclass(frozen=True)
@@ -56,10 +58,7 @@ class Spec:
     about: str
     cap_gib: float
     build: Callable[[Any, Any], ZooModel]  # (torch, device) -> model
-    smoke: Smoke
-
-
-SMOKE_BUDGET = 256 * MiB
+    smoke: GpuTwin  # what the --smoke twin charges the simulated allocator
 
 
 class ZooModel:
@@ -223,57 +222,98 @@ class Accumulate(ZooModel):
             (self.module(x).square().mean() / self.micro_batches).backward()
 
 
+KiB = 2**10
+SEQ = 512
+
+
+def _linear(a: int, b: int, bias: bool = True) -> tuple[int, ...]:
+    return (4 * a * b,) + ((4 * b,) if bias else ())
+
+
+def _blocks_twin(width: int, depth: int, *, elem: int = 4, checkpointed: bool = False) -> tuple[tuple, tuple]:
+    """Parameters and per-sample saved outputs of ``depth`` encoder blocks (sequence 512)."""
+    params: list[int] = []
+    layers: list[tuple[int, tuple[int, ...]]] = []
+    act = SEQ * width * elem  # one (sequence, width) activation of one sample
+    for _ in range(depth):
+        first = len(params)
+        params += [4 * width, 4 * width, *_linear(width, 3 * width), *_linear(width, width), 4 * width, 4 * width,
+                   *_linear(width, 4 * width), *_linear(4 * width, width)]
+        owned = tuple(range(first, len(params)))
+        if checkpointed:  # only the block's input is kept; the rest is recomputed in backward
+            layers.append((act, owned))
+        else:
+            layers += [(act, owned[:2]), (3 * act, owned[2:4]), (act, ()), (act, owned[4:6]), (act, owned[6:8]),
+                       (4 * act, owned[8:10]), (4 * act, ()), (act, owned[10:])]
+    return tuple(params), tuple(layers)
+
+
+_T_PARAMS, _T_LAYERS = _blocks_twin(512, 4)
+_C_PARAMS, _C_LAYERS = _blocks_twin(384, 4, checkpointed=True)
+_B_PARAMS, _B_LAYERS = _blocks_twin(512, 4, elem=2)
+_CONV = ((3, 32, 128), (32, 64, 64), (64, 128, 32), (128, 256, 16))  # in, out channels, output side
+
+
+def _conv_twin() -> tuple[tuple, tuple]:
+    params: list[int] = []
+    layers: list[tuple[int, tuple[int, ...]]] = []
+    for cin, cout, side in _CONV:
+        first = len(params)
+        params += [4 * cin * cout * 9, 4 * cout, 4 * cout]  # conv weight, BatchNorm weight and bias
+        act = 4 * cout * side * side
+        layers += [(act, (first,)), (act, (first + 1, first + 2)), (act, ())]  # conv, BatchNorm, ReLU
+    params += list(_linear(256, 10))
+    layers.append((4 * 10, (len(params) - 2, len(params) - 1)))
+    return tuple(params), tuple(layers)
+
+
+_V_PARAMS, _V_LAYERS = _conv_twin()
+
 ZOO: dict[str, Spec] = {s.name: s for s in (
     Spec("mlp", "3-layer MLP 1024-4096-4096-1024, GELU, fp32, AdamW", 4, Mlp,
-         Smoke(fixed=24 * MiB, per_sample=640 * 1024, overhead=0.03)),
+         GpuTwin(_linear(1024, 4096) + _linear(4096, 4096) + _linear(4096, 1024), inputs=(4 * KiB, 4 * KiB),
+                 layers=((16 * KiB, (0, 1)), (16 * KiB, ()), (16 * KiB, (2, 3)), (16 * KiB, ()), (4 * KiB, (4, 5))))),
     Spec("conv_bn", "4 conv+BatchNorm layers on 128x128 images, cudnn.benchmark, AdamW", 6, ConvBn,
-         Smoke(fixed=8 * MiB, per_sample=1536 * 1024, overhead=0.10)),
+         GpuTwin(_V_PARAMS, inputs=(4 * 3 * 128 * 128,), layers=_V_LAYERS, workspace=512 * KiB)),
     Spec("transformer", "4 encoder blocks, width 512, SDPA, sequence 512, fp32", 6, Transformer,
-         Smoke(fixed=40 * MiB, per_sample=1024 * 1024, overhead=0.05)),
+         GpuTwin(_T_PARAMS, inputs=(4 * SEQ * 512,), layers=_T_LAYERS)),
     Spec("varlen", "the transformer with sequence lengths 192-512, the longest once every 10 steps", 6, VarLen,
-         Smoke(fixed=40 * MiB, per_sample=640 * 1024, overhead=0.05, long_factor=1.6)),
+         GpuTwin(_T_PARAMS, inputs=(4 * SEQ * 512,), layers=_T_LAYERS,
+                 lengths=tuple(n / SEQ for n in VARLEN_CYCLE))),
     Spec("bf16_lm", "causal LM, 4 blocks, width 512, vocabulary 8192, bf16 autocast, sequence 512", 6, Bf16Lm,
-         Smoke(fixed=48 * MiB, per_sample=896 * 1024, overhead=0.04)),
+         GpuTwin((4 * 8192 * 512, *_B_PARAMS, 4 * 8192 * 512), inputs=(8 * (SEQ + 1),),
+                 layers=((2 * SEQ * 512, (0,)), *_B_LAYERS, (2 * SEQ * 8192, (len(_B_PARAMS) + 1,)),
+                         (4 * SEQ * 8192, ())))),
     Spec("checkpointed", "4 blocks of width 384 under activation checkpointing, sequence 512", 4, Checkpointed,
-         Smoke(fixed=20 * MiB, per_sample=384 * 1024, overhead=0.06)),
+         GpuTwin(_C_PARAMS, inputs=(4 * SEQ * 384,), layers=_C_LAYERS, workspace=18 * SEQ * 384 * 4)),
     Spec("accumulate", "MLP 1024-8192-1024, 2 micro-batches per step, gradients kept between steps", 3, Accumulate,
-         Smoke(fixed=64 * MiB, per_sample=512 * 1024, overhead=0.02)),
+         GpuTwin(_linear(1024, 8192) + _linear(8192, 1024), inputs=(4 * KiB,),
+                 layers=((32 * KiB, (0, 1)), (32 * KiB, ()), (4 * KiB, (2, 3))), keep_grads=True, micro_batches=2)),
 )}
 
 
 # -- the CPU twins (--smoke) ----------------------------------------------------------------------
 
-class SmokeTwin(ZooModel):
-    """A tiny real model trained on the CPU; it charges the pretend memory its GPU twin's bytes."""
+class SmokeTwin(SimulatedTraining):
+    """A zoo model's CPU twin: a tiny real model charging the simulated allocator its GPU model's blocks."""
 
     def __init__(self, torch: Any, spec: Spec, memory: Any) -> None:
-        super().__init__(torch, torch.device("cpu"), _mlp(torch, (16, 32, 4)), lr=1e-3)
+        super().__init__(spec.smoke, memory, torch=torch)
         self.name = spec.name
-        self.spec = spec.smoke
-        self.memory = memory
-        self.set_to_none = spec.name != "accumulate"
-        memory.keep(self.spec.fixed)
-
-    def forward_backward(self, batch_size: int) -> None:
-        long = self.spec.long_factor if VARLEN_CYCLE[self.calls % len(VARLEN_CYCLE)] == max(VARLEN_CYCLE) else 1.0
-        self.calls += 1
-        x = self.torch.randn(min(batch_size, 256), 16)
-        self.module(x).square().mean().backward()
-        self.memory.use(int(self.spec.per_sample * batch_size * long))  # raises the pretend OOM above the budget
+        self.device = torch.device("cpu")
 
 
 def build(name: str, *, smoke: bool = False, device: Any = None) -> ZooModel:
-    """The zoo's model ``name`` (``smoke``: its CPU twin, with its pretend memory as ``.memory``).
+    """The zoo's model ``name`` (``smoke``: its CPU twin, with its simulated allocator as ``.memory``).
     On a GPU the caller sets the process's memory cap first (:func:`cap_memory`)."""
     import torch
 
     spec = ZOO[name]
     torch.manual_seed(0)
     if smoke:
-        from gpunb.testing.fake_device_memory import BudgetMemory
+        from gpunb.testing.fake_caching_allocator import CachingMemory
 
-        memory = BudgetMemory(SMOKE_BUDGET, fragmentation=spec.smoke.overhead, torch=torch)
-        return SmokeTwin(torch, spec, memory)
+        return SmokeTwin(torch, spec, CachingMemory(int(spec.cap_gib * GiB), torch=torch))
     torch.backends.cuda.matmul.allow_tf32 = True  # as most training code does: faster, same memory
     torch.backends.cudnn.allow_tf32 = True
     return spec.build(torch, torch.device(device or "cuda"))

@@ -1,9 +1,12 @@
 """%gpufit's search on synthetic trial readings (the policy is pure), and its CPU behaviour.
 
-A simulated trial reads like a sustained run of the real runner (gpunb.analysis.fit_trial):
-peak allocated over its steps, peak reserved with the allocator's overhead on the batch's
-blocks, and a trial that only completed because the allocator gave its cache back is not
-clean. The "true maximum" of a simulation is the largest clean batch, found by brute force.
+A simulated trial reads like a sustained run of the real runner (gpunb.analysis.fit_trial),
+which starts every trial as a fresh process would: peak allocated over its steps, and a need
+for reserved memory that is the allocator's overhead above the tensors (split blocks,
+segment rounding, the layout of a fresh process). A batch trains when that need fits the
+capacity; its true maximum is found by brute force. Some steps reserve more than they need
+(cuDNN workspaces, variable lengths): the allocator gives that cache back when asked, so it
+shows in the peak reserved without deciding anything.
 """
 
 from __future__ import annotations
@@ -13,38 +16,40 @@ import random
 
 import pytest
 
-from gpunb.analysis.batch_fit import BatchFit, Line, Trial, fit_line, lines_from, next_trial, search
+from gpunb.analysis.batch_fit import SAFETY, BatchFit, Line, Trial, fit_line, lines_from, next_trial, search
 
 GiB = 2**30
 MiB = 2**20
 
 
-def simulated_gpu(fixed, per_sample, capacity, overhead, *, intercept=0, bend=None):
+def simulated_gpu(fixed, per_sample, capacity, overhead, *, intercept=0, bend=None, greedy=0.0):
     """A step whose activations grow on top of what it started with (``fixed``: weights and
-    optimizer state, reported as the step's base as the runner does); the allocator reserves
-    ``overhead`` more than it allocates for them. ``bend=(c0, s)``: a convex peak, max(c0 + s*b,
-    per_sample*b), as when gradients set the peak at small batches."""
+    optimizer state, reported as the step's base as the runner does); a fresh process needs
+    ``overhead`` more than the tensors for them. ``bend=(c0, s)``: a convex peak, max(c0 + s*b,
+    per_sample*b), as when gradients set the peak at small batches. ``greedy``: the step keeps
+    that much more cached than it needs, up to the capacity, and gives it back when asked."""
 
-    def run(batch, purpose, n):
+    def need(batch):
         act = intercept + per_sample * batch
         if bend:
             act = max(act, bend[0] + bend[1] * batch)
-        allocated = fixed + act
-        if allocated > capacity:
-            return Trial(n, batch, False, purpose, error="CUDA out of memory", steps=50, steps_done=7,
+        return fixed + act, fixed + math.ceil(act * (1 + overhead) / (2 * MiB)) * 2 * MiB + 20 * MiB
+
+    def run(batch, purpose, n):
+        allocated, needed = need(batch)
+        if needed > capacity:
+            return Trial(n, batch, False, purpose, error="CUDA out of memory", steps=50, steps_done=1,
                          capacity_bytes=capacity)
-        reserved = fixed + math.ceil(act * (1 + overhead) / (2 * MiB)) * 2 * MiB + 20 * MiB
-        released = 0
-        if reserved > capacity:  # the allocator gave its cache back to keep going: at the edge
-            reserved, released = capacity, 1
-        return Trial(n, batch, True, purpose, int(allocated), int(reserved), 512 * MiB,
+        held = fixed + (needed - fixed) * (1 + greedy)
+        released = int(held > capacity)
+        return Trial(n, batch, True, purpose, int(allocated), int(min(held, capacity)), 512 * MiB,
                      base_allocated_bytes=int(fixed), steps=50, steps_done=50, cache_releases=released,
                      capacity_bytes=capacity)
 
     lo, hi = 0, 10**9
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if run(mid, "", 0).clean else (lo, mid)
+        lo, hi = (mid, hi) if need(mid)[1] <= capacity else (lo, mid)
     return run, lo
 
 
@@ -56,32 +61,32 @@ def test_line_fit_recovers_slope_and_intercept():
     assert Line(5.0, 0.0).largest_batch(10) == math.inf
 
 
-def test_a_trial_is_clean_only_with_room_and_no_cache_given_back():
-    kw = dict(steps=50, steps_done=50, capacity_bytes=10 * GiB)
-    assert Trial(1, 8, True, "probe", GiB, 2 * GiB, **kw).clean
-    assert not Trial(1, 8, True, "probe", GiB, 2 * GiB, cache_releases=1, **kw).clean
-    assert not Trial(1, 8, True, "probe", GiB, 2 * GiB, caught_ooms=2, **kw).clean
-    assert not Trial(1, 8, True, "probe", GiB, 10 * GiB - MiB, **kw).clean  # touched the capacity
-    assert not Trial(1, 8, False, "probe", **kw).clean
-    assert "released its cache 3×" in Trial(1, 8, True, "x", GiB, GiB, cache_releases=3, **kw).verdict
+def test_a_trial_fits_when_it_trains_every_step():
+    kw = dict(steps=50, capacity_bytes=10 * GiB)
+    assert Trial(1, 8, True, "probe", GiB, 2 * GiB, steps_done=50, **kw).fits
+    edge = Trial(1, 8, True, "probe", GiB, 10 * GiB, steps_done=50, cache_releases=3, caught_ooms=2, **kw)
+    assert edge.fits and edge.at_edge  # a fresh process gives its cache back too: recorded, not held against it
+    assert "gave its cache back 3×" in edge.verdict and "cuDNN caught 2" in edge.verdict
+    assert not Trial(1, 8, False, "probe", steps_done=7, **kw).fits
     assert Trial(1, 8, False, "x", steps=50, steps_done=7).verdict == "out of memory at step 8"
-    assert Trial(1, 8, True, "probe", GiB, 2 * GiB, **kw).to_dict()["clean"] is True
+    assert Trial(1, 8, True, "probe", GiB, 2 * GiB, steps_done=50, **kw).to_dict()["fits"] is True
 
 
-def test_first_moves_are_two_probes_a_scout_then_a_candidate_under_the_reserved_line():
+def test_first_moves_are_two_probes_a_scout_then_candidates_that_bracket_the_limit():
     run, true_max = simulated_gpu(20 * GiB, 40 * MiB, 120 * GiB, 0.06)
     fit = search(run, capacity=120 * GiB, start=2, max_batch=None)
-    moves = [(t.batch, t.purpose) for t in fit.trials]
-    assert moves[:2] == [(2, "probe"), (16, "probe")]
-    assert fit.trials[2].purpose == "scout" and fit.trials[2].clean
+    moves = [(t.batch, t.purpose, t.fits) for t in fit.trials]
+    assert moves[:2] == [(2, "probe", True), (16, "probe", True)]
+    assert fit.trials[2].purpose == "scout" and fit.trials[2].fits
     # the scout fills about a third: there the overhead of large blocks shows in peak reserved
     assert 0.2 * true_max < fit.trials[2].batch < 0.5 * true_max, moves
     assert fit.trials[3].purpose == "candidate"
-    assert 0.95 * true_max <= fit.recommended <= true_max, moves
+    assert fit.verified <= true_max and fit.recommended == math.floor(fit.verified * (1 - SAFETY))
+    assert 0.93 * true_max <= fit.recommended, moves
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_the_recommendation_never_exceeds_the_largest_clean_batch_and_is_within_10_percent(seed):
+def test_the_recommendation_never_exceeds_the_largest_batch_that_trains_and_is_within_10_percent(seed):
     rng = random.Random(seed)
     ratios, counts = [], []
     for _ in range(80):
@@ -89,72 +94,83 @@ def test_the_recommendation_never_exceeds_the_largest_clean_batch_and_is_within_
         per_sample = rng.uniform(0.2, 400) * MiB
         capacity = int(rng.uniform(fixed + 5 * GiB, 140 * GiB))
         intercept = rng.uniform(0, 0.1) * (capacity - fixed) if rng.random() < 0.3 else 0
-        run, true_max = simulated_gpu(fixed, per_sample, capacity, rng.uniform(0, 0.15), intercept=intercept)
+        greedy = rng.choice([0.0, 0.0, 0.3, 0.8])
+        run, true_max = simulated_gpu(fixed, per_sample, capacity, rng.uniform(0, 0.15), intercept=intercept,
+                                      greedy=greedy)
         fit = search(run, capacity=capacity, start=2, max_batch=None)
-        assert fit.ok and fit.recommended <= true_max  # it only recommends what ran clean
-        assert all(t.clean for t in fit.trials if t.batch == fit.recommended)
+        moves = [(t.batch, t.purpose, t.fits) for t in fit.trials]
+        assert fit.ok and fit.recommended <= true_max, moves  # below what trained, with the safety
+        assert any(t.fits for t in fit.trials if t.batch == fit.verified)
         ratios.append(fit.recommended / true_max)
         counts.append(fit.trial_count)
     assert min(ratios) >= 0.9, min(ratios)
-    assert sum(r >= 0.95 for r in ratios) >= 0.8 * len(ratios)
-    assert max(counts) <= 6 and sum(c <= 4 for c in counts) >= 0.7 * len(counts), counts
+    assert sum(r >= 0.93 for r in ratios) >= 0.8 * len(ratios)
+    assert max(counts) <= 6, counts
 
 
-def test_a_candidate_at_the_edge_is_backed_off_not_recommended():
-    # overhead 12 %: a candidate aimed with the scout's smaller overhead completes only because
-    # the allocator gave its cache back; that is an upper bound, and the back-off is the answer
+@pytest.mark.parametrize("greedy", [0.5, 1.5])
+def test_a_step_that_reserves_more_than_it_needs_is_not_fit_by_its_reserve(greedy):
+    # cuDNN's workspaces and variable lengths fill the cache (on the H200: 5.45 GiB reserved for
+    # 3.31 GiB allocated); what decides is whether it trains, and the fit goes to the limit
+    run, true_max = simulated_gpu(0.2 * GiB, 75 * MiB, 6 * GiB, 0.08, greedy=greedy)
+    fit = search(run, capacity=6 * GiB, start=2, max_batch=None)
+    moves = [(t.batch, t.purpose, t.fits) for t in fit.trials]
+    assert 0.9 * true_max <= fit.recommended <= true_max, (true_max, moves)
+    assert fit.trial_count <= 6
+
+
+def test_a_first_candidate_that_does_not_train_is_backed_off_then_bisected():
+    # the fresh layout needs 25 % more than the tensors near the limit, but only 2 % at the scout
     def run(batch, purpose, n):
         act = 30 * MiB * batch
-        overhead = 0.02 if batch < 1500 else 0.12
-        reserved = 4 * GiB + int(act * (1 + overhead))
-        released = int(reserved > 100 * GiB)
-        return Trial(n, batch, True, purpose, 4 * GiB + act, min(reserved, 100 * GiB), base_allocated_bytes=4 * GiB,
-                     steps=50, steps_done=50, cache_releases=released, capacity_bytes=100 * GiB)
+        overhead = 0.02 if batch < 1500 else 0.25
+        need = 4 * GiB + act * (1 + overhead)
+        if need > 100 * GiB:
+            return Trial(n, batch, False, purpose, steps=50, steps_done=1, capacity_bytes=100 * GiB)
+        return Trial(n, batch, True, purpose, 4 * GiB + act, int(need), base_allocated_bytes=4 * GiB,
+                     steps=50, steps_done=50, capacity_bytes=100 * GiB)
 
+    true_max = math.floor(96 * GiB / 1.25 / (30 * MiB))
     fit = search(run, capacity=100 * GiB, start=2, max_batch=None)
-    edge = [t for t in fit.trials if t.ok and not t.clean]
-    assert edge and fit.recommended < min(t.batch for t in edge)
-    assert any(t.purpose == "back off" for t in fit.trials)
-    assert any("too close to the limit" in n for n in fit.notes)
-    assert fit.max_batch == max(t.batch for t in fit.trials if t.ok) > fit.recommended
+    moves = [(t.batch, t.purpose, t.fits) for t in fit.trials]
+    assert ("back off" in [m[1] for m in moves]) and not fit.trials[3].fits, moves
+    assert fit.recommended <= true_max and fit.verified < min(t.batch for t in fit.trials if not t.fits)
+    assert fit.recommended >= 0.85 * true_max, moves
+
+
+def test_the_safety_is_taken_only_at_the_limit():
+    run, _true_max = simulated_gpu(1 * GiB, 1 * MiB, 100 * GiB, 0.0)
+    fit = search(run, capacity=100 * GiB, start=2, max_batch=512)
+    assert fit.recommended == fit.verified == 512 and fit.safety == 0  # the cap, far below the limit
+    assert any("max_batch=512" in n for n in fit.notes)
+    fit = search(run, capacity=100 * GiB, start=2, max_batch=None)
+    assert fit.safety == SAFETY and fit.recommended == math.floor(fit.verified * (1 - SAFETY))
 
 
 def test_a_start_that_does_not_fit_is_halved_and_nothing_fitting_is_reported():
     run, true_max = simulated_gpu(10 * GiB, 1 * GiB, 20 * GiB, 0.0)
     fit = search(run, capacity=20 * GiB, start=64, max_batch=None)
-    assert fit.trials[0].batch == 64 and not fit.trials[0].ok and fit.trials[1].purpose == "smaller start"
-    assert fit.ok and true_max - 1 <= fit.recommended <= true_max  # 9 here: one sample is 10 %
+    assert fit.trials[0].batch == 64 and not fit.trials[0].fits and fit.trials[1].purpose == "smaller start"
+    assert fit.ok and true_max - 2 <= fit.recommended <= true_max  # 9 here: one sample is 10 %
     run, _ = simulated_gpu(30 * GiB, 1 * GiB, 20 * GiB, 0.0)
     fit = search(run, capacity=20 * GiB, start=4, max_batch=None)
     assert not fit.ok and "even the smallest batch" in fit.problem
     assert [t.batch for t in fit.trials] == [4, 2, 1]
 
 
-def test_only_batches_at_the_edge_is_not_a_recommendation():
-    def run(batch, purpose, n):
-        return Trial(n, batch, True, purpose, GiB, 2 * GiB, steps=50, steps_done=50, cache_releases=2)
-
-    fit = search(run, capacity=10 * GiB, start=4, max_batch=None)
-    assert not fit.ok and fit.recommended is None and "at the edge" in fit.problem
-
-
-def test_max_batch_caps_the_search():
-    run, _ = simulated_gpu(1 * GiB, 1 * MiB, 100 * GiB, 0.0)
-    fit = search(run, capacity=100 * GiB, start=2, max_batch=512)
-    assert fit.recommended == 512 and any("max_batch=512" in n for n in fit.notes)
-
-
 def test_memory_that_does_not_grow_is_flagged():
     def run(batch, purpose, n):
-        return Trial(n, batch, True, purpose, GiB, GiB, 0)
+        return Trial(n, batch, True, purpose, GiB, GiB, 0, steps=1, steps_done=1)
 
     fit = search(run, capacity=10 * GiB, start=2, max_batch=None, max_trials=4)
     assert fit.trial_count == 4 and any("does step_fn use" in n for n in fit.notes)
+    assert fit.safety == 0  # nothing suggests a limit near it
 
 
 def test_nvml_memory_outside_torch_that_grows_counts_against_capacity():
-    a = Trial(1, 2, True, "probe", 10 * GiB, 10 * GiB, 500 * MiB)
-    b = Trial(2, 16, True, "probe", 11 * GiB, 11 * GiB, 500 * MiB + 14 * 64 * MiB)
+    kw = dict(steps=1, steps_done=1)
+    a = Trial(1, 2, True, "probe", 10 * GiB, 10 * GiB, 500 * MiB, **kw)
+    b = Trial(2, 16, True, "probe", 11 * GiB, 11 * GiB, 500 * MiB + 14 * 64 * MiB, **kw)
     cons, opt = lines_from([a, b])
     assert cons.slope == pytest.approx((GiB + 14 * 64 * MiB) / 14)
     assert opt.slope == pytest.approx(GiB / 14)
@@ -190,6 +206,7 @@ def test_result_renders_text_html_and_a_png_curve():
     bundle = fit._repr_mimebundle_()
     text = bundle["text/plain"]
     assert f"recommended batch: {fit.recommended}" in text and "50 steps" in text
+    assert f"{fit.verified} trained" in text and "3 % below" in text
     assert f"{fit.trial_count} trials in" in text and "free" in text  # the measured headroom
     assert "<table" in bundle["text/html"] and str(fit.recommended) in bundle["text/html"]
     import base64
@@ -197,7 +214,7 @@ def test_result_renders_text_html_and_a_png_curve():
     assert base64.b64decode(bundle["image/png"])[:8] == b"\x89PNG\r\n\x1a\n"
     d = fit.to_dict()
     assert d["trial_count"] == len(d["trials"]) and d["recommended"] == fit.recommended
-    assert d["headroom_bytes"] == 120 * GiB - fit.recommended_trial.peak_reserved_bytes > 0
+    assert d["headroom_bytes"] == 120 * GiB - fit.verified_trial.peak_reserved_bytes > 0
     assert isinstance(BatchFit(False, "x").to_dict(), dict)
 
 
@@ -214,12 +231,12 @@ def optimizer_bound_gpu(params_bytes, per_sample, capacity, with_hook, overhead=
         peak = max(f1, fb)
         reserved = base + (peak - base) * (1 + overhead)
         if reserved > capacity:
-            return Trial(n, batch, False, purpose, steps=50, capacity_bytes=capacity)
+            return Trial(n, batch, False, purpose, steps=50, steps_done=1, capacity_bytes=capacity)
         return Trial(n, batch, True, purpose, peak, int(reserved), None,
                      peak_before_step_bytes=fb if with_hook else None, base_allocated_bytes=base, steps=50,
                      steps_done=50, capacity_bytes=capacity)
 
-    true_max = math.floor(((capacity - 2 * MiB - base) / (1 + overhead) + base - f2) / per_sample)
+    true_max = math.floor(((capacity - base) / (1 + overhead) + base - f2) / per_sample)
     return run, true_max
 
 
@@ -241,22 +258,24 @@ def h200_mlp_gpu(per_sample=660_000, overhead=0.035):
     activations take over; the optimizer step peaks at base + 2 x grads. Capacity: the 0.25 cap."""
     base, grads, capacity = 1_679_581_184, 537_142_272, 37_527_470_080
 
-    def run(batch, purpose, n):
+    def need(batch):
         fb = max(base + grads + 135_168 * batch, base + per_sample * batch)
         fb = -(-fb // 512) * 512  # the allocator's 512 B rounding
         peak = max(fb, base + 2 * grads)
-        if peak > capacity:
-            return Trial(n, batch, False, purpose, error="CUDA out of memory", steps=50, capacity_bytes=capacity)
-        reserved = -(-int(base + (peak - base) * (1 + overhead)) // (2 * MiB)) * 2 * MiB
-        released = int(reserved > capacity)
-        return Trial(n, batch, True, purpose, peak, min(reserved, capacity), 778_043_392,
-                     peak_before_step_bytes=fb, base_allocated_bytes=base, steps=50, steps_done=50,
-                     cache_releases=released, capacity_bytes=capacity)
+        return fb, peak, -(-int(base + (peak - base) * (1 + overhead)) // (2 * MiB)) * 2 * MiB
+
+    def run(batch, purpose, n):
+        fb, peak, reserved = need(batch)
+        if reserved > capacity:
+            return Trial(n, batch, False, purpose, error="CUDA out of memory", steps=50, steps_done=1,
+                         capacity_bytes=capacity)
+        return Trial(n, batch, True, purpose, peak, reserved, 778_043_392, peak_before_step_bytes=fb,
+                     base_allocated_bytes=base, steps=50, steps_done=50, capacity_bytes=capacity)
 
     lo, hi = 1, 10**7
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if run(mid, "", 0).clean else (lo, mid)
+        lo, hi = (mid, hi) if need(mid)[2] <= capacity else (lo, mid)
     return run, capacity, lo
 
 
@@ -268,8 +287,8 @@ def test_h200_mlp_shape_a_convex_peak_is_scouted_not_extrapolated():
     assert moves[:2] == [(2, True, "probe"), (16, True, "probe")]
     # 1.9 MB of growth in 14 samples says nothing about 35 GB: scout before predicting
     assert moves[2][1:] == (True, "scout") and moves[2][0] < true_max, moves
-    assert 0.95 * true_max <= fit.recommended <= true_max, moves
-    assert fit.trial_count <= 5, moves
+    assert 0.93 * true_max <= fit.recommended <= true_max, moves
+    assert fit.trial_count <= 6, moves
     assert fit.predicted < 1.1 * true_max  # the prediction came from the scouts, not the 254704 of the probes
 
 
@@ -292,8 +311,8 @@ def test_convex_peaks_of_other_sizes_stay_within_10_percent(per_sample, overhead
 ])
 def test_the_recorded_h200_probes_lead_to_a_scout_that_fits(model, probes, true_max):
     # the H200 readings of run 2 (oom_gpufit_*.json), capacity the 0.25 cap; true_max by brute force
-    trials = [Trial(i + 1, b, True, "probe", a, r, 778043392, peak_before_step_bytes=f, base_allocated_bytes=s)
-              for i, (b, a, r, f, s) in enumerate(probes)]
+    trials = [Trial(i + 1, b, True, "probe", a, r, 778043392, peak_before_step_bytes=f, base_allocated_bytes=s,
+                    steps=50, steps_done=50) for i, (b, a, r, f, s) in enumerate(probes)]
     batch, purpose = next_trial(trials, capacity=37527470080, start=2, max_batch=None)
     assert purpose == "scout"
     assert 16 < batch <= 0.7 * true_max, batch  # a scout has to fit with room, and be larger than the probes

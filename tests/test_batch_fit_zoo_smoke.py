@@ -2,8 +2,9 @@
 
 ``benchmarks/batch_fit_zoo.py --smoke`` runs every stage as on the H200 (child processes, the
 quick search, the fresh-process bisection, %gpufit, Lightning's tuner, accelerate's decorator,
-the same- and fresh-process checks, JSON and markdown) on the zoo's CPU twins, which charge a
-pretend GPU memory. The GPU models' own code is run one step on the CPU too.
+the same- and fresh-process checks, JSON and markdown, then ``--truth-from`` that report) on the
+zoo's CPU twins, which charge a simulated caching allocator. The GPU models' own code is run one
+step on the CPU too.
 """
 
 from __future__ import annotations
@@ -80,21 +81,36 @@ def test_library_modules_run_as_scripts_do_nothing_harmful(tmp_path):
         assert r.returncode == 0, r.stderr
 
 
+def test_a_truth_from_another_kind_of_run_or_no_report_is_refused(tmp_path):
+    run1 = ROOT / "benchmarks" / "results" / "h200x2_batch_fit_zoo_run1.json"
+    args = batch_fit_zoo.parse(["--truth-from", str(run1), "--finders", "gpufit"])  # the final GPU run's
+    assert set(args.truth_models) == set(memory_zoo.ZOO) and args.truth_label == "run of 2026-11-30 10:38"
+    for argv, words in ((["--smoke"], "it was a GPU run"), (["--steps", "20"], "had 50 steps, not --steps 20")):
+        r = subprocess.run([sys.executable, str(BENCH / "batch_fit_zoo.py"), "--truth-from", str(run1), *argv],
+                           capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert r.returncode == 2 and words in r.stderr and "Run without --truth-from" in r.stderr
+    (tmp_path / "x.json").write_text("{}")
+    r = subprocess.run([sys.executable, str(BENCH / "batch_fit_zoo.py"), "--truth-from", str(tmp_path / "x.json")],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 2 and "not a batch_fit_zoo.json report" in r.stderr
+
+
 def test_bad_arguments_name_the_choices():
     r = subprocess.run([sys.executable, str(BENCH / "batch_fit_zoo.py"), "--smoke", "--models", "resnet"],
                        capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 2 and "unknown model or finder: resnet" in r.stderr and "conv_bn" in r.stderr
 
 
-def test_the_smoke_pipeline_runs_end_to_end(tmp_path):
+def test_the_smoke_pipeline_runs_end_to_end_then_again_on_its_ground_truth(tmp_path):
     pytest.importorskip("lightning")
     pytest.importorskip("accelerate")
-    cmd = [sys.executable, str(BENCH / "batch_fit_zoo.py"), "--smoke", "--out", str(tmp_path), "--models", "varlen",
+    first = tmp_path / "first"
+    cmd = [sys.executable, str(BENCH / "batch_fit_zoo.py"), "--smoke", "--out", str(first), "--models", "varlen",
            "--finders", "gpufit,lightning_binsearch,accelerate", "--probes", "2", "--precision", "0.05",
            "--steps", "20", "--budget-s", "500"]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    report = json.loads((tmp_path / "batch_fit_zoo.json").read_text())
+    report = json.loads((first / "batch_fit_zoo.json").read_text())
     (model,) = report["models"]
     truth = model["truth"]
     # the long batch (x1.6, every 10th step) sets the sustained maximum: 20 steps always meet it
@@ -108,7 +124,25 @@ def test_the_smoke_pipeline_runs_end_to_end(tmp_path):
         assert f["answer"] and f["trial_count"] >= 2 and "fresh_process" in f and "same_process" in f, f
     s = model["summary"]["gpufit"]
     assert s["pct_of_max"] == pytest.approx(100 * fit["answer"] / truth["max"])
-    md = (tmp_path / "batch_fit_zoo.md").read_text()
+    md = (first / "batch_fit_zoo.md").read_text()
     assert md.splitlines()[0].startswith("| model | cap | sustained max (fresh process) | %gpufit |")
-    assert "| varlen | 256 MiB |" in md and md in r.stdout
+    assert "| varlen | 6 GiB |" in md and md in r.stdout
     assert report["environment"]["smoke"] is True and report["processes"] >= 8
+
+    # again, %gpufit only, on that ground truth: no quick search, no bisection, the columns merged
+    again = tmp_path / "again"
+    r = subprocess.run([sys.executable, str(BENCH / "batch_fit_zoo.py"), "--smoke", "--out", str(again), "--models",
+                        "varlen", "--finders", "gpufit", "--steps", "20", "--truth-from",
+                        str(first / "batch_fit_zoo.json")], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    second = json.loads((again / "batch_fit_zoo.json").read_text())
+    (model2,) = second["models"]
+    assert second["processes"] == 2  # %gpufit and the fresh-process check of its answer
+    assert model2["truth"]["max"] == truth["max"] and model2["truth"]["from"] == f"run of {report['date']}"
+    assert set(model2["earlier_summary"]) == {"lightning_binsearch", "accelerate"}
+    assert model2["earlier_summary"]["accelerate"] == model["summary"]["accelerate"]
+    head, _, row = (again / "batch_fit_zoo.md").read_text().splitlines()[:3]
+    run1 = f"run of {report['date']}"
+    assert f"sustained max (fresh process, {run1})" in head and f"%gpufit (this run, {second['date']})" in head
+    assert f"Lightning binsearch ({run1})" in head and f"accelerate ({run1})" in head
+    assert row.startswith(f"| varlen | 6 GiB | {truth['max']}") and row.count("trials") == 3

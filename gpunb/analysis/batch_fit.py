@@ -1,10 +1,9 @@
-"""Find the largest batch that trains: probe, fit lines, scout, then sustained candidates.
+"""Find the largest batch that trains: probe, fit lines, scout, then bracket the limit.
 
 "Fits" means what a user means: the batch trains a sustained run (``steps`` steps, 50 by
 default) without an out-of-memory error, in this process and in a fresh one. Every trial
-is such a run (:mod:`gpunb.analysis.fit_trial`): peaks over its steady steps, optimizer state
-moved where a fresh process would create it, and a trial counts as *clean* only if the
-allocator never had to give its cache back (an edge case that a fresh process may lose).
+is such a run (:mod:`gpunb.analysis.fit_trial`), started as a fresh process starts
+(:mod:`gpunb.analysis.fresh_state`): whether it trained is what a fresh process would see.
 
 Peak memory of a training step is close to a line in the batch size: a fixed part
 (weights, gradients, optimizer state, workspaces) plus activations per sample
@@ -17,19 +16,23 @@ peak, the activations only at large ones. So:
 2. scout: a batch the line says fills a third of the capacity (an eighth when the line
    cannot be trusted that far: growth within allocator rounding, or an upper bound on the
    growth per sample that disagrees), so that the allocator's overhead at large blocks
-   (cuDNN workspaces, split blocks, segment rounding) shows in the peak *reserved* bytes;
-3. candidate: the batch where the allocated line, scaled by the allocator's overhead
-   (peak reserved over peak allocated, above the memory the steps started with) measured at
-   the largest clean trial, reaches the capacity, less the tolerance (5 %). The room left
-   below the capacity is therefore the one measured over a whole sustained run, not a constant;
-4. if the candidate is not clean, back off once by the tolerance, then bisect; if it is
-   clean and the refitted line reaches further, refine.
+   shows in the peak *reserved* bytes;
+3. first candidate: where the allocated line, scaled by that overhead, reaches the capacity,
+   kept within 85-92 % of where the tensors alone would fill it (the overhead at a third of
+   the memory is not always the overhead at the limit: the optimizer state of a fresh process
+   pins a few large blocks, cuDNN workspaces and variable lengths fill whatever cache there is);
+4. then close in: above a batch that trained, half way to where the tensors fill the memory
+   (at most 5 % further in the last trial);
+   below one that did not, step down from it (first to the overhead-scaled line if that is
+   lower; in the last trial to at most 85 % of that line), then bisect, until the two are 2 %
+   apart or 6 trials ran.
 
-The recommendation is the largest batch whose trial was clean, below every batch that was
-not. An OOM in a trial is caught (its frames cleared, ``gc.collect()``, ``empty_cache()``)
-and the search continues; any other error in the step is the user's and is raised.
-The search policy is a pure function of the trials (:func:`next_trial`), tested on
-synthetic readings; the measuring runs on a CUDA device (or a fake one in tests).
+The recommendation is 3 % below the largest batch that trained, below every batch that did
+not, when that batch is at the limit (fresh processes differ by a sample or two there);
+else that batch. An OOM in a trial is caught (its frames cleared, ``gc.collect()``,
+``empty_cache()``) and the search continues; any other error in the step is the user's and
+is raised. The search policy is a pure function of the trials (:func:`next_trial`), tested
+on synthetic readings; the measuring runs on a CUDA device (or a simulated one in tests).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from typing import Any
 
 from gpunb.analysis.batch_fit_records import BatchFit, Line, Trial
 from gpunb.analysis.fit_trial import CudaMemory, DeviceMemory, run_trial
+from gpunb.analysis.fresh_state import FreshStart
 
 GiB = 2**30
 __all__ = ["BatchFit", "Line", "Trial", "fit_batch_size", "fit_line", "last_fit", "lines_from", "next_trial",
@@ -68,11 +72,11 @@ def _reserved_total(t: Trial, base_non_torch: int | None) -> float:
     return float((t.peak_reserved_bytes or t.peak_allocated_bytes or 0) + extra)
 
 
-def _clean_trials(trials: list[Trial]) -> list[Trial]:
-    """Clean trials by batch, one per batch (the last), below every batch that was not clean."""
-    bad = [t.batch for t in trials if not t.clean]
+def _fitting_trials(trials: list[Trial]) -> list[Trial]:
+    """Trials that trained, by batch, one per batch (the last), below every batch that did not."""
+    bad = [t.batch for t in trials if not t.fits]
     hi = min(bad) if bad else math.inf
-    by_batch = {t.batch: t for t in trials if t.clean and t.peak_allocated_bytes is not None and t.batch < hi}
+    by_batch = {t.batch: t for t in trials if t.fits and t.peak_allocated_bytes is not None and t.batch < hi}
     return [by_batch[b] for b in sorted(by_batch)]
 
 
@@ -85,14 +89,14 @@ def fit_value(t: Trial, before_step: bool) -> float:
     it (the optimizer step's own peak is batch-independent and can hide it at small batches),
     else the whole step's peak."""
     value = t.peak_before_step_bytes if before_step else t.peak_allocated_bytes
-    if value is None:  # callers pass clean trials, which carry the peaks they are asked for
+    if value is None:  # callers pass fitting trials, which carry the peaks they are asked for
         raise ValueError(f"trial {t.index} (batch {t.batch}) has no peak memory reading")
     return float(value)
 
 
 def lines_from(trials: list[Trial]) -> tuple[Line | None, Line | None]:
-    """(reserved-bytes, allocated-bytes) lines through the two largest clean trials."""
-    ok = _clean_trials(trials)
+    """(reserved-bytes, allocated-bytes) lines through the two largest trials that trained."""
+    ok = _fitting_trials(trials)
     if len(ok) < 2:
         return None, None
     base = next((t.non_torch_bytes for t in ok if t.non_torch_bytes is not None), None)
@@ -145,14 +149,14 @@ def overhead_ratio(t: Trial) -> float:
     return max(1.0, (t.peak_reserved_bytes - base) / grown)
 
 
-def reserved_target(clean: list[Trial], opt: Line | None, capacity: int) -> float:
+def reserved_target(fitting: list[Trial], opt: Line | None, capacity: int) -> float:
     """The batch whose peak reserved memory reaches the capacity: the allocated line (exact, and
     read before optimizer.step where the optimizer sets the peak at small batches), scaled by
-    the allocator's overhead measured at the largest clean trial."""
+    the allocator's overhead measured at the largest trial that trained."""
     if opt is None or opt.slope <= 0:
         return math.inf
-    b = clean[-1]
-    base = b.base_allocated_bytes if b.base_allocated_bytes is not None else clean[0].peak_allocated_bytes or 0
+    b = fitting[-1]
+    base = b.base_allocated_bytes if b.base_allocated_bytes is not None else fitting[0].peak_allocated_bytes or 0
     return opt.largest_batch(base + (capacity - base) / overhead_ratio(b))
 
 
@@ -166,7 +170,7 @@ def _reserved_bound_batch(t: Trial, capacity: int) -> float | None:
 
 
 def _trusted(ok: list[Trial], estimate: float, capacity: int, before: bool, tolerance: float) -> bool:
-    """Can the line through the two largest clean trials be extrapolated to ``estimate``?
+    """Can the line through the two largest trials that trained be extrapolated to ``estimate``?
     The peak is a convex curve (at small batches gradients or the optimizer set it, activations
     take over later), so a chord through small batches underestimates the growth at large ones
     (the H200 MLP: 135 KB/sample measured at batch 2-16, 660 KB/sample true). Trusted when the
@@ -177,7 +181,7 @@ def _trusted(ok: list[Trial], estimate: float, capacity: int, before: bool, tole
     if fit_value(b, before) - fit_value(a, before) < ROUNDING:
         return False
     bound = _bound_batch(b, capacity, before)
-    if bound is not None and bound >= (1 - tolerance) * estimate:
+    if bound is not None and bound >= (1 - 2 * tolerance) * estimate:
         return True
     near = estimate - b.batch <= EXTRAPOLATE * (b.batch - a.batch)
     if len(ok) >= 3:  # three points on one line: straight, not bending up
@@ -189,6 +193,26 @@ def _trusted(ok: list[Trial], estimate: float, capacity: int, before: bool, tole
     return near and bound is None  # two points: only without a bound that disagrees
 
 
+CANDIDATES = ("candidate", "refine", "back off", "bisect")
+# The first candidate aims at the overhead-scaled line, kept within this share of the batch
+# where the tensors alone would fill the memory. On two H200s (zoo run 1) the largest batch that
+# trained in a fresh process was 87-98 % of that batch; the overhead measured at a third of the
+# memory predicts it for some models and is far too cautious for others (cuDNN workspaces and
+# variable lengths fill whatever cache there is, and give it back when asked).
+FIRST_AIM = (0.85, 0.92)
+BACK_OFF = 0.06  # a first candidate that did not train: try this much lower, then bisect
+# Above a batch that trained: half way to where the tensors fill the memory; in the last trial at
+# most this much further (a step that misses gains nothing then; on the H200 a fresh process's
+# limit was 87-98 % of where the tensors fill the memory, so from 85 % a 5 % step lands most often).
+REFINE = 0.05
+PRECISION = 0.02  # stop once the largest batch that trained is this close to one that did not
+# The recommendation is this much below the largest batch that trained. Near the limit, fresh
+# processes do not order themselves by batch: on the H200 (run 1) bf16_lm trained 50 steps at 55
+# and at 57 but not at 56 (the layout of the allocator's blocks depends on the exact sizes), and
+# cuDNN's timed choice of algorithms differs between runs. 3 % covers those 1-2 samples.
+SAFETY = 0.03
+
+
 def next_trial(trials: list[Trial], *, capacity: int, start: int, max_batch: int | None,
                tolerance: float = 0.05, max_trials: int = 6) -> tuple[int, str] | None:
     """The next batch size to try and why, or ``None`` when the search is done."""
@@ -196,14 +220,14 @@ def next_trial(trials: list[Trial], *, capacity: int, start: int, max_batch: int
         return None
     if not trials:
         return start, "probe"
-    bad = sorted(t.batch for t in trials if not t.clean)
+    bad = sorted(t.batch for t in trials if not t.fits)
     hi = bad[0] if bad else None
-    clean = _clean_trials(trials)
-    if not clean:
+    fitting = _fitting_trials(trials)
+    if not fitting:
         if hi is None or hi <= 1:
             return None  # even batch 1 does not fit
         return max(1, hi // 2), "smaller start"
-    lo = clean[-1].batch
+    lo = fitting[-1].batch
     upper = math.inf
     if max_batch is not None:
         upper = max_batch
@@ -211,13 +235,13 @@ def next_trial(trials: list[Trial], *, capacity: int, start: int, max_batch: int
         upper = min(upper, hi - 1)
     if lo >= upper:
         return None
-    if len(clean) == 1:
+    if len(fitting) == 1:
         guess = lo * 8 if hi is None else int(math.sqrt(lo * hi))
         guess = int(min(guess, upper))
         return (guess, "probe") if guess > lo else None
-    before = _use_before_step(clean)
-    a, b = clean[-2], clean[-1]
-    if hi is None and (_flat(a, b, before) or (len(clean) >= 3 and _flat(clean[-3], a, before))):
+    before = _use_before_step(fitting)
+    a, b = fitting[-2], fitting[-1]
+    if hi is None and (_flat(a, b, before) or (len(fitting) >= 3 and _flat(fitting[-3], a, before))):
         # Not (or only just) growing with the batch: at small batches something batch-independent
         # (the optimizer step's temporaries, gradients) sets the peak, and a line through a flat
         # point underestimates the growth. The growing part is at most (peak - base) / batch per
@@ -232,12 +256,12 @@ def next_trial(trials: list[Trial], *, capacity: int, start: int, max_batch: int
             return safe, "probe (bound)"
     _, opt = lines_from(trials)
     line_estimate = opt.largest_batch(capacity) if opt else math.inf
-    # (two clean batches always give a line: ``opt is None`` only keeps the types honest)
+    # (two fitting batches always give a line: ``opt is None`` only keeps the types honest)
     if opt is None or math.isinf(min(upper, line_estimate)):  # memory does not grow with the batch: keep growing
         return int(min(lo * 4, upper)), "probe"
-    informative = _informative(b, clean[0], capacity)
-    trusted = opt is not None and opt.slope > 0 and _trusted(clean, line_estimate, capacity, before, tolerance)
-    if not (informative and trusted) and (hi is None or trials[-1].clean):
+    informative = _informative(b, fitting[0], capacity)
+    trusted = opt is not None and opt.slope > 0 and _trusted(fitting, line_estimate, capacity, before, tolerance)
+    if not (informative and trusted) and (hi is None or trials[-1].fits):
         # Scout: a batch that fills a modest part of what is left by the line (a several-fold
         # underestimate still fits), and at least what the per-sample bound says fits.
         fraction = SIZING_FRACTION if trusted else SCOUT_FRACTION
@@ -255,45 +279,52 @@ def next_trial(trials: list[Trial], *, capacity: int, start: int, max_batch: int
         scout = int(min(scout, upper))
         if scout > lo * (1 + tolerance):
             return scout, "scout"
-    # Candidates: where the peak reserved bytes, measured over sustained runs, reach the capacity.
-    target = reserved_target(clean, opt, capacity)
+    return _candidate(trials, fitting, opt, capacity=capacity, lo=lo, hi=hi, upper=upper, max_batch=max_batch,
+                      trusted=trusted, max_trials=max_trials)
+
+
+def _candidate(trials: list[Trial], fitting: list[Trial], opt: Line, *, capacity: int, lo: int, hi: int | None,
+               upper: float, max_batch: int | None, trusted: bool, max_trials: int) -> tuple[int, str] | None:
+    """Near the limit: every trial is a sustained run from a fresh start, so the batches that
+    trained and those that did not bracket the answer; narrow the bracket to PRECISION."""
+    full = opt.largest_batch(capacity)  # the tensors alone fill the memory here: nothing above trains
+    target = reserved_target(fitting, opt, capacity)  # where the overhead measured so far says it ends
     if not trusted:  # the line may bend up beyond the trials: stay under the per-sample bound
-        bound_r = _reserved_bound_batch(b, capacity)
+        bound_r = _reserved_bound_batch(fitting[-1], capacity)
         if bound_r is not None:
+            full = min(full, bound_r)
             target = min(target, bound_r)
-    if max_batch is not None and upper == max_batch and target >= max_batch:
-        goal = max_batch  # the cap is under the line: try the cap itself
-    else:
-        goal = math.ceil(min(target, upper) * (1 - tolerance))
+    tried = [t for t in trials if t.purpose in CANDIDATES]
     if hi is None:
-        if goal <= lo * (1 + tolerance / 2):
-            return None  # within tolerance of the measured limit: half of it is not worth a sustained run
-        first = not any(t.purpose == "candidate" for t in trials)
-        return int(goal), "candidate" if first else "refine"
-    # A batch that was not clean is an upper bound: aim the tolerance below it (the line through
-    # smaller batches did not see what made it fail: a bend, a workspace, the layout).
-    goal = min(goal, math.floor(hi * (1 - tolerance)))
-    if goal <= lo * (1 + tolerance / 2):
-        return None  # within tolerance of a batch that did not fit
-    last = trials[-1]
-    if last.clean:
-        return int(goal), "refine"
-    if last.purpose in ("candidate", "refine"):
-        # aimed just under the limit the line measured, and missed: the line was wrong that far out
-        # (a bend, a workspace), so back off to the tolerance below the failure, and no further than
-        # the per-sample bound of the largest clean trial says is safe
-        bound_r = _reserved_bound_batch(b, capacity)
-        if bound_r is not None and lo < math.floor(bound_r * (1 - tolerance)) < goal:
-            goal = math.floor(bound_r * (1 - tolerance))
-        return int(max(lo + 1, goal)), "back off"
-    bound = _bound_batch(b, capacity, before)
-    if last.purpose != "back off" and bound is not None and hi >= (1 - 4 * tolerance) * bound:
-        # a scout near what the per-sample bound allows failed on the allocator's overhead, which
-        # no trial had measured yet: back off twice the tolerance
-        return int(max(lo + 1, min(goal, math.floor(hi * (1 - 2 * tolerance))))), "back off"
-    # a scout that overshot, or backing off was not enough: halve the gap (geometrically when wide)
-    mid = (lo + hi) // 2 if hi <= 2 * lo else math.isqrt(lo * hi)
-    return int(max(lo + 1, min(mid, upper))), "bisect"
+        if max_batch is not None and upper == max_batch and min(target, full) >= max_batch:
+            return (max_batch, "candidate") if lo < max_batch else None  # the cap is under the line
+        goal, purpose = min(max(target, FIRST_AIM[0] * full), FIRST_AIM[1] * full), "candidate"
+        if tried or goal <= lo * (1 + PRECISION):  # a candidate trained (or a scout got this far)
+            if lo >= (1 - PRECISION) * full:
+                return None  # the line leaves no room above what trained
+            goal = (lo + full) / 2
+            if len(trials) == max_trials - 1:  # the last trial: a step that misses gains nothing
+                goal = min(goal, lo * (1 + REFINE))
+            goal, purpose = max(lo * (1 + PRECISION), goal), "refine"
+    else:
+        if hi - lo <= max(1, PRECISION * lo):
+            return None
+        if lo < (1 - 2 * BACK_OFF) * hi:
+            # what trained is far below what did not: step down from the failure, a little more
+            # each time (a bisection towards a scout would waste the trials near the limit)
+            k = 1 + sum(t.purpose == "back off" for t in trials)
+            goal = hi * (1 - BACK_OFF * k)
+            if k == 1:  # the first aim may have been raised above the measured overhead: go there
+                goal = min(goal, target * (1 - PRECISION))
+            if len(trials) == max_trials - 1:  # the last trial: if it misses, only the scouts trained
+                goal = min(goal, FIRST_AIM[0] * full)
+            goal, purpose = max(goal, math.sqrt(lo * hi)), "back off"
+        else:
+            goal, purpose = (lo + hi) / 2, "bisect"
+    goal = int(min(math.floor(goal), upper))
+    if goal <= lo:
+        return None
+    return goal, purpose
 
 
 def search(run: Callable[[int, str, int], Trial], *, capacity: int, start: int, max_batch: int | None,
@@ -309,7 +340,7 @@ def search(run: Callable[[int, str, int], Trial], *, capacity: int, start: int, 
         _, opt = lines_from(trials)
         if opt is None:
             return None, None
-        po, pr = opt.largest_batch(capacity), reserved_target(_clean_trials(trials), opt, capacity)
+        po, pr = opt.largest_batch(capacity), reserved_target(_fitting_trials(trials), opt, capacity)
         return ((None if math.isinf(po) else max(0, math.floor(po))),
                 (None if math.isinf(pr) else max(0, math.floor(pr))))
 
@@ -329,7 +360,7 @@ def search(run: Callable[[int, str, int], Trial], *, capacity: int, start: int, 
             progress(f"trial {trial.index}: batch {batch} {trial.verdict}" + (
                 f", peak {(trial.peak_allocated_bytes or 0) / GiB:.2f} GiB allocated, "
                 f"{(trial.peak_reserved_bytes or 0) / GiB:.2f} GiB reserved of {capacity / GiB:.2f} GiB"
-                if trial.ok else "") + f" ({trial.seconds:.1f} s)")
+                if trial.fits else "") + f" ({trial.seconds:.1f} s)")
     if predicted is None and predicted_reserved is None:  # no candidate was run: the final lines
         predicted, predicted_reserved = predictions()
     cons, opt = lines_from(trials)
@@ -337,36 +368,36 @@ def search(run: Callable[[int, str, int], Trial], *, capacity: int, start: int, 
                       predicted=predicted, predicted_reserved=predicted_reserved, line_reserved=cons,
                       line_allocated=opt, seconds=time.perf_counter() - t0,
                       steps=max((t.steps for t in trials), default=0))
-    ran = [t.batch for t in trials if t.ok]
-    result.max_batch = max(ran) if ran else None
-    clean = _clean_trials(trials)
-    if not clean:
+    fitting = _fitting_trials(trials)
+    if not fitting:
         smallest = min((t.batch for t in trials), default=None)
-        if smallest is None:
-            result.problem = "no trial ran."
-        elif ran:
-            result.problem = (f"every batch that ran (down to {min(ran)}) was at the edge of the memory: the allocator "
-                              "had to give its cache back to keep going. Free memory first (%gpumem), or keep a "
-                              "smaller batch than that.")
-        else:
-            result.problem = (f"even the smallest batch tried ran out of memory (batch {smallest}); free memory first "
-                              "(%gpumem) or shrink the model.")
+        result.problem = ("no trial ran." if smallest is None else
+                          f"even the smallest batch tried ran out of memory (batch {smallest}); free memory first "
+                          "(%gpumem) or shrink the model.")
         return result
     result.ok = True
-    result.recommended = clean[-1].batch
-    if max_batch is not None and result.recommended >= max_batch:
+    verified = fitting[-1]
+    result.verified = verified.batch
+    failed = [t.batch for t in trials if not t.fits and t.batch > verified.batch]
+    full = opt.largest_batch(capacity) if opt is not None else math.inf
+    if max_batch is not None and verified.batch >= max_batch:
+        result.recommended = verified.batch
         result.notes.append(f"stopped at max_batch={max_batch}: larger batches were not tried")
-    elif len(trials) >= max_trials and predicted_reserved and result.recommended < 0.8 * predicted_reserved:
-        result.notes.append(f"the search used all {max_trials} trials; the recommendation is verified but may be "
-                            f"well below the limit (the line said ≈{predicted_reserved}): --max-trials "
-                            f"{max_trials + 2} searches further")
+    elif failed or verified.batch >= FIRST_AIM[0] * full:
+        # at the limit: keep the margin that covers how fresh processes differ there
+        result.recommended = max(1, math.floor(verified.batch * (1 - SAFETY)))
+        result.safety = SAFETY if result.recommended < verified.batch else 0.0
+    else:
+        result.recommended = verified.batch
+        if len(trials) >= max_trials and not math.isinf(full):
+            result.notes.append(f"the search used all {max_trials} trials below the limit (the line said "
+                                f"≈{math.floor(full)} fills the memory): --max-trials {max_trials + 2} searches "
+                                "further")
     if cons is not None and cons.slope <= 0:
         result.notes.append("peak memory did not grow with the batch size: does step_fn use its batch-size argument?")
-    edge = [t for t in trials if t.ok and not t.clean]
-    if edge:
-        t = max(edge, key=lambda t: t.batch)
-        result.notes.append(f"batch {t.batch} completed but {t.verdict.removeprefix('at the edge: ')}: too close "
-                            "to the limit to trust in a fresh process")
+    if verified.at_edge:
+        result.notes.append(f"batch {verified.batch} trained although {verified.verdict.removeprefix('fits (')[:-1]}: "
+                            "a fresh process does the same, but the memory is nearly full")
     return result
 
 
@@ -383,21 +414,28 @@ def last_fit() -> BatchFit | None:
 def fit_with_memory(step_fn: Callable[[int], Any], memory: DeviceMemory, *, capacity: int, start: int = 2,
                     max_batch: int | None = None, margin: float = 0.0, steps: int = 50, tolerance: float = 0.05,
                     max_trials: int = 6, progress: Callable[[str], None] | None = None,
-                    nvml_bytes: Callable[[], int | None] | None = None) -> BatchFit:
+                    nvml_bytes: Callable[[], int | None] | None = None,
+                    host_available: Callable[[], int | None] | None = None) -> BatchFit:
     """The search on any :class:`~gpunb.analysis.fit_trial.DeviceMemory` (a CUDA device, or the
-    fake device of the CPU tests and of ``benchmarks/batch_fit_zoo.py --smoke``)."""
+    simulated one of the CPU tests and of ``benchmarks/batch_fit_zoo.py --smoke``). Each trial
+    starts as a fresh process would; the optimizers' own state is put back at the end."""
     usable = int(capacity * (1 - margin))
+    fresh = FreshStart(memory.torch, host_available or (lambda: None), memory.device)
 
     def run(batch: int, purpose: str, n: int) -> Trial:
         return run_trial(step_fn, batch, memory=memory, steps=steps, index=n, purpose=purpose, capacity=usable,
-                         nvml_bytes=nvml_bytes)
+                         fresh=fresh, nvml_bytes=nvml_bytes)
 
-    result = search(run, capacity=usable, start=start, max_batch=max_batch, margin=margin, tolerance=tolerance,
-                    max_trials=max_trials, progress=progress)
+    try:
+        result = search(run, capacity=usable, start=start, max_batch=max_batch, margin=margin, tolerance=tolerance,
+                        max_trials=max_trials, progress=progress)
+    finally:
+        fresh.restore(memory.settle)
+        memory.settle()
     result.step_name = getattr(step_fn, "__qualname__", None) or type(step_fn).__qualname__
+    result.notes.extend(fresh.kept)
     if margin:
         result.notes.append(f"{margin * 100:.0f} % of {capacity / GiB:.2f} GiB kept free (--margin)")
-    memory.settle()
     if result.ok:
         _LAST[:] = [result]
     return result
@@ -418,13 +456,15 @@ def fit_batch_size(
     """The largest batch size ``step_fn(batch_size)`` trains with on this GPU (``%gpufit``).
 
     ``step_fn`` runs one full training step (forward, backward, optimizer step) at the
-    given batch size. Each trial is a sustained run of ``steps`` steps; ``recommended`` is
-    the largest batch whose run needed no more than the memory there is, with the optimizer
-    state laid out as in a fresh process, and without the allocator giving its cache back.
-    ``margin`` keeps that fraction of the memory free on top (for inputs larger than the
-    step's, or other programs). The trials train the model: they run real optimizer steps.
-    ``progress`` is called with a line of text as each trial starts and ends. Note: this
-    resets torch's peak-memory counters of the device.
+    given batch size. Each trial is a sustained run of ``steps`` steps that starts as a fresh
+    process would (the optimizers' state and gradients emptied, the cache given back);
+    ``verified`` is the largest batch whose run trained, ``recommended`` that less 3 % when it
+    was at the limit (fresh processes differ by a sample or two there). ``margin`` keeps that
+    fraction of the memory free on top (for inputs larger than the step's, or other
+    programs). The trials train the model: they run real optimizer steps; the optimizers'
+    own state is set aside on the host and put back afterwards. ``progress`` is called with a
+    line of text as each trial starts and ends. Note: this resets torch's peak-memory
+    counters of the device.
     """
     if not callable(step_fn):
         return BatchFit(False, f"step_fn must be a function taking the batch size, got {type(step_fn).__name__}. "
@@ -454,6 +494,7 @@ def fit_batch_size(
     if index >= torch.cuda.device_count():
         return BatchFit(False, f"cuda:{index} does not exist: torch sees {torch.cuda.device_count()} GPU(s).")
 
+    from gpunb.readings.host import ram_available_bytes
     from gpunb.readings.torch_state import per_process_limit_bytes
 
     memory = CudaMemory(torch, index)
@@ -469,7 +510,8 @@ def fit_batch_size(
     with torch.cuda.device(index):
         result = fit_with_memory(step_fn, memory, capacity=capacity, start=start, max_batch=max_batch,
                                  margin=float(margin), steps=steps, tolerance=tolerance, max_trials=max_trials,
-                                 progress=say, nvml_bytes=_nvml_process_bytes(torch, index))
+                                 progress=say, nvml_bytes=_nvml_process_bytes(torch, index),
+                                 host_available=ram_available_bytes)
     result.device = str(torch.device("cuda", index))
     result.notes[:0] = notes
     if say is not None:

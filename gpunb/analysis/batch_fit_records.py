@@ -9,9 +9,6 @@ from typing import Any
 
 from gpunb.display import DisplayMixin, Render
 
-# The allocator rounds segments to 2 MiB: a peak this close to the capacity touched it.
-SEGMENT_ROUNDING = 2 * 2**20
-
 
 @dataclass(frozen=True)
 class Trial:
@@ -30,43 +27,39 @@ class Trial:
     base_allocated_bytes: int | None = None  # allocated when the last step started
     steps: int = 1  # asked for
     steps_done: int = 0
-    cache_releases: int = 0  # allocator segments freed under pressure while the steps ran
+    cache_releases: int = 0  # allocations that fitted only after the allocator gave its free cache back
     caught_ooms: int = 0  # out-of-memory errors raised and caught inside the steps (cuDNN fallbacks)
-    relocated_bytes: int = 0  # optimizer state and gradients moved to a fresh process's layout
+    state_reset_bytes: int = 0  # optimizer state and gradients emptied before the trial (a fresh start)
     capacity_bytes: int | None = None
     first_step_peak_reserved_bytes: int | None = None  # kept apart: cuDNN's timing of a new shape
 
     @property
-    def clean(self) -> bool:
-        """Ran every step without the allocator giving cache back, without a caught OOM, and
-        with its peak reserved below the capacity: a batch that fits with room."""
-        if not self.ok or self.cache_releases or self.caught_ooms:
-            return False
-        if self.capacity_bytes is not None and self.peak_reserved_bytes is not None:
-            return self.peak_reserved_bytes + SEGMENT_ROUNDING <= self.capacity_bytes
-        return True
+    def fits(self) -> bool:
+        """Trained every step of the sustained run."""
+        return self.ok and self.steps_done >= self.steps
+
+    @property
+    def at_edge(self) -> bool:
+        """Trained, but only because the allocator gave its cache back or cuDNN fell back."""
+        return self.fits and bool(self.cache_releases or self.caught_ooms)
 
     @property
     def verdict(self) -> str:
-        if not self.ok:
+        if not self.fits:
             return "out of memory" + (f" at step {self.steps_done + 1}" if self.steps > 1 else "")
-        if self.clean:
-            return "fits"
         why = []
         if self.cache_releases:
-            why.append(f"the allocator released its cache {self.cache_releases}×")
+            why.append(f"the allocator gave its cache back {self.cache_releases}×")
         if self.caught_ooms:
-            why.append(f"{self.caught_ooms} out-of-memory errors were caught inside the step")
-        if not why:
-            why.append("peak reserved reached the capacity")
-        return "at the edge: " + ", ".join(why)
+            why.append(f"cuDNN caught {self.caught_ooms} out-of-memory errors")
+        return "fits" + (f" ({', '.join(why)})" if why else "")
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in (
             "index", "batch", "ok", "purpose", "peak_allocated_bytes", "peak_reserved_bytes", "non_torch_bytes",
             "seconds", "error", "peak_before_step_bytes", "base_allocated_bytes", "steps", "steps_done",
-            "cache_releases", "caught_ooms", "relocated_bytes", "capacity_bytes", "first_step_peak_reserved_bytes")}
-        out["clean"] = self.clean
+            "cache_releases", "caught_ooms", "state_reset_bytes", "capacity_bytes", "first_step_peak_reserved_bytes")}
+        out["fits"] = self.fits
         out["verdict"] = self.verdict
         return out
 
@@ -96,8 +89,9 @@ class BatchFit(DisplayMixin):
 
     ok: bool
     problem: str = ""
-    recommended: int | None = None  # the largest batch whose sustained run was clean (fits with room)
-    max_batch: int | None = None  # the largest batch that completed every step (possibly at the edge)
+    recommended: int | None = None  # the batch to use: `verified`, less `safety` when that was at the limit
+    verified: int | None = None  # the largest batch whose sustained run trained, below every batch that did not
+    safety: float = 0.0  # the share taken off `verified` (fresh processes vary near the limit)
     predicted: int | None = None  # the allocated-bytes line's batch at the capacity, when the first was chosen
     predicted_reserved: int | None = None  # the reserved-bytes line's, which the candidate aimed under
     capacity_bytes: int | None = None  # what the step may use (the cap, or free + torch's cache), less the margin
@@ -118,13 +112,14 @@ class BatchFit(DisplayMixin):
         return len(self.trials)
 
     @property
-    def recommended_trial(self) -> Trial | None:
-        return next((t for t in reversed(self.trials) if t.clean and t.batch == self.recommended), None)
+    def verified_trial(self) -> Trial | None:
+        """The sustained run the recommendation rests on (at ``verified``)."""
+        return next((t for t in reversed(self.trials) if t.fits and t.batch == self.verified), None)
 
     @property
     def headroom_bytes(self) -> int | None:
-        """Capacity left above the recommended batch's peak reserved memory, as measured."""
-        t = self.recommended_trial
+        """Capacity left above the verified batch's peak reserved memory, as measured."""
+        t = self.verified_trial
         if t is None or self.capacity_bytes is None or t.peak_reserved_bytes is None:
             return None
         return self.capacity_bytes - t.peak_reserved_bytes

@@ -1,7 +1,7 @@
 """One trial of ``%gpufit``: a training step run as a sustained run, its memory read throughout.
 
 A batch size fits when a sustained run of it trains, in this process and in a fresh one.
-Three things make a short run in the fitting process look better than that:
+Two things make a short run in the fitting process look better than that:
 
 - the first steps are not the steady state: optimizer state appears at the first
   ``optimizer.step()``, cuDNN picks its algorithms (and workspaces) on the first call of each
@@ -9,20 +9,18 @@ Three things make a short run in the fitting process look better than that:
   trial runs every step of the sustained run and takes the peaks over all of them after the
   first (kept apart: there cuDNN times its algorithms with workspaces sized by the device's free
   memory, not the cap, and catches what does not fit);
-- a fresh process lays memory out differently: there the optimizer state (and gradients kept
-  between steps) are created during the first step, carved out of the cached blocks the
-  activations just freed, so later steps need new segments for those activations. In the
-  fitting process the same state was created long before, at a small batch, in blocks of
-  its own. After the first step of each trial the state is therefore copied once (same
-  values, same tensor objects: ``t.data = t.clone()``), which puts it where a fresh process
-  would have put it, and the cache is emptied as a fresh process would never have held it;
-- a run that only fits because the allocator gave its cache back under pressure (segments
-  freed mid-run, or out-of-memory errors that cuDNN caught to fall back to a smaller
-  workspace) is at the edge: the next run, or a fresh process, may not be so lucky. Such a
-  trial completes but is not *clean*, and a recommendation must be clean.
+- a fresh process lays memory out differently: its optimizer state and gradients are created
+  during its first step, carved out of the blocks the activations just freed. So each trial
+  starts as a fresh process does (:mod:`gpunb.analysis.fresh_state`): the optimizers' state
+  and gradients emptied, the cache given back; its first step creates them where a fresh
+  process would, and the steps after it run on that layout, failing where it fails.
+
+A run that needed the allocator to give its cache back (segments freed mid-run), or in which
+cuDNN caught out-of-memory errors to fall back to a smaller workspace, still trained: it is
+recorded (a fresh process does the same), not held against the batch.
 
 The device's memory is read through a small interface (:class:`CudaMemory` on a GPU; the
-CPU tests and the benchmark's ``--smoke`` mode pass a fake with a byte budget).
+CPU tests and the benchmark's ``--smoke`` mode pass a simulated allocator).
 """
 
 from __future__ import annotations
@@ -31,9 +29,10 @@ import gc
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any, Protocol, TypeGuard
+from typing import Any, Protocol
 
 from gpunb.analysis.batch_fit_records import Trial
+from gpunb.analysis.fresh_state import FreshStart
 from gpunb.analysis.oom_message import find_oom
 
 
@@ -53,7 +52,7 @@ class DeviceMemory(Protocol):
 
     def reset_peaks(self) -> None: ...
 
-    def pressure(self) -> tuple[int, int]: ...  # cumulative (cache segments released, OOMs raised)
+    def pressure(self) -> tuple[int, int]: ...  # cumulative (allocations retried after freeing the cache, OOMs raised)
 
 
 class CudaMemory:
@@ -83,14 +82,11 @@ class CudaMemory:
 
     def pressure(self) -> tuple[int, int]:
         stats = self.torch.cuda.memory_stats(self.index)
-        # segment.all.freed counts every cudaFree of a cached segment: the allocator's own release
-        # when an allocation would not fit otherwise, and empty_cache(). With cudnn.benchmark, cuDNN
-        # empties the cache itself whenever it times a new shape, so there only the allocator's
-        # retries (free everything, try again) count. num_ooms also counts the errors cuDNN
-        # catches to fall back to a smaller workspace.
-        benchmark = bool(getattr(getattr(self.torch.backends, "cudnn", None), "benchmark", False))
-        released = stats.get("num_alloc_retries", 0) if benchmark else stats.get("segment.all.freed", 0)
-        return int(released), int(stats.get("num_ooms", 0))
+        # num_alloc_retries: an allocation did not fit, so the allocator gave back every cached
+        # segment that was entirely free and tried again (empty_cache() calls, ours or cuDNN's,
+        # are not counted). num_ooms also counts the errors cuDNN catches to fall back to a
+        # smaller workspace.
+        return int(stats.get("num_alloc_retries", 0)), int(stats.get("num_ooms", 0))
 
 
 class _Peaks:
@@ -104,40 +100,6 @@ class _Peaks:
     def fold(self, peaks: tuple[int, int]) -> None:
         self.allocated = max(self.allocated, peaks[0])
         self.reserved = max(self.reserved, peaks[1])
-
-
-def _movable(t: Any, device: Any, torch: Any, seen: set[int]) -> TypeGuard[Any]:
-    if not isinstance(t, torch.Tensor) or id(t) in seen or t.device != device or t.is_sparse:
-        return False
-    seen.add(id(t))
-    return t._base is None and t.numel() > 0  # a view shares another tensor's storage: leave it
-
-
-def relocate_persistent(optimizers: list[Any], device: Any, torch: Any) -> int:
-    """Copy gradients and optimizer state in place (``t.data = t.clone()``) so they sit in the
-    blocks the current step just freed, as in a fresh process whose first step created them.
-    Values and tensor objects stay the same. Optimizers with ``capturable=True`` are left
-    alone (a captured CUDA graph may hold their addresses). Returns the bytes moved."""
-    moved = 0
-    seen: set[int] = set()
-    with torch.no_grad():
-        for opt in optimizers:
-            groups = getattr(opt, "param_groups", None) or []
-            if any(g.get("capturable") for g in groups):
-                continue
-            params = [p for g in groups for p in g.get("params", [])]
-            for p in reversed(params):  # backward creates gradients last layer first
-                g = getattr(p, "grad", None)
-                if _movable(g, device, torch, seen):
-                    g.data = g.clone()
-                    moved += g.nbytes
-            state = getattr(opt, "state", {})
-            for p in params:  # then optimizer.step() creates the state, first parameter first
-                for value in list(state.get(p, {}).values()) if hasattr(state, "get") else ():
-                    if _movable(value, device, torch, seen):
-                        value.data = value.clone()
-                        moved += value.nbytes
-    return moved
 
 
 def _free_after_oom(exc: BaseException, memory: DeviceMemory) -> None:
@@ -156,29 +118,30 @@ def _optimizer_hooks(torch: Any) -> tuple[Any, Any]:
 
 
 def run_trial(step_fn: Callable[[int], Any], batch: int, *, memory: DeviceMemory, steps: int, index: int,
-              purpose: str, capacity: int | None = None, relocate: bool = True,
+              purpose: str, capacity: int | None = None, fresh: FreshStart | None = None,
               nvml_bytes: Callable[[], int | None] | None = None) -> Trial:
-    """Run ``step_fn(batch)`` ``steps`` times from an emptied cache and read its memory.
+    """Run ``step_fn(batch)`` ``steps`` times as a fresh process would and read its memory.
 
+    ``fresh`` empties the optimizers' state and gradients first (and learns, through the
+    optimizer pre-step hook, which optimizers the step uses); then the cache is given back.
     The first step of a shape is special: cuDNN times its algorithms there (trying workspaces
-    that may not fit, and emptying the cache after, with ``cudnn.benchmark``) and a fresh
-    process creates its optimizer state. So with more than one step, the peaks and the
-    pressure are those of the steady steps after it (the first step's peak is kept apart),
-    once the state is laid out as a fresh process would lay it out.
+    that may not fit, and emptying the cache after, with ``cudnn.benchmark``) and the optimizer
+    state is created. So with more than one step, the peaks and the pressure are those of the
+    steady steps after it (the first step's peak is kept apart).
 
     Only out-of-memory errors are caught (and their frames freed): any other error is the
     user's and is raised. Global optimizer hooks are registered only while the steps run.
     """
     torch = memory.torch
+    reset = fresh.clear() if fresh is not None else 0
     memory.settle()
     window = [_Peaks()]  # the peaks being folded: the first step's, then the steady steps'
-    optimizers: list[Any] = []
 
     def before_step(opt: Any, *_: Any) -> None:
         peaks, now = window[0], memory.peaks()[0]
         peaks.before_step = now if peaks.before_step is None else max(peaks.before_step, now)
-        if not any(o is opt for o in optimizers):
-            optimizers.append(opt)
+        if fresh is not None:
+            fresh.saw(opt)
 
     def after_step(*_: Any) -> None:  # one window per step: the next pre-step reading is that step's own
         window[0].fold(memory.peaks())
@@ -186,7 +149,7 @@ def run_trial(step_fn: Callable[[int], Any], batch: int, *, memory: DeviceMemory
 
     register_pre, register_post = _optimizer_hooks(torch)
     handles = []
-    done = relocated = 0
+    done = 0
     base = first_reserved = None
     released0, ooms0 = memory.pressure()
     t0 = time.perf_counter()
@@ -199,12 +162,9 @@ def run_trial(step_fn: Callable[[int], Any], batch: int, *, memory: DeviceMemory
                 base = memory.allocated()
             step_fn(batch)
             done += 1
-            if i == 0 and steps > 1:
+            if i == 0 and steps > 1:  # the steady steps start here, on the layout the first one left
                 window[0].fold(memory.peaks())
                 first_reserved = window[0].reserved
-                if relocate:
-                    relocated = relocate_persistent(optimizers, memory.device, torch)
-                memory.settle()  # a fresh process never held the blocks the state sat in
                 released0, ooms0 = memory.pressure()
                 window[0] = _Peaks()
                 memory.reset_peaks()
@@ -220,7 +180,7 @@ def run_trial(step_fn: Callable[[int], Any], batch: int, *, memory: DeviceMemory
         del exc, oom
         return Trial(index, batch, False, purpose, peaks.allocated or None, peaks.reserved or None,
                      seconds=time.perf_counter() - t0, error=message, peak_before_step_bytes=peaks.before_step,
-                     steps=steps, steps_done=done, relocated_bytes=relocated, capacity_bytes=capacity,
+                     steps=steps, steps_done=done, state_reset_bytes=reset, capacity_bytes=capacity,
                      first_step_peak_reserved_bytes=first_reserved)
     finally:
         for h in handles:
@@ -235,4 +195,4 @@ def run_trial(step_fn: Callable[[int], Any], batch: int, *, memory: DeviceMemory
     return Trial(index, batch, True, purpose, peaks.allocated, peaks.reserved, non_torch,
                  time.perf_counter() - t0, peak_before_step_bytes=peaks.before_step, base_allocated_bytes=base,
                  steps=steps, steps_done=done, cache_releases=released - released0, caught_ooms=ooms - ooms0,
-                 relocated_bytes=relocated, capacity_bytes=capacity, first_step_peak_reserved_bytes=first_reserved)
+                 state_reset_bytes=reset, capacity_bytes=capacity, first_step_peak_reserved_bytes=first_reserved)

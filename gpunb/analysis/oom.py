@@ -316,7 +316,8 @@ def _working_set_fixes(add: Any, causes: list[Cause], *, short: int | None, requ
 
     fit = last_fit()
     if fit is not None and fit.recommended:
-        how = (f"batch_size = {fit.recommended}   # %gpufit {fit.step_name or 'step'} measured it trains "
+        measured = "it" if not fit.safety else f"{fit.verified} (less {fit.safety * 100:.0f} % for safety)"
+        how = (f"batch_size = {fit.recommended}   # %gpufit {fit.step_name or 'step'} measured {measured} trains "
                f"{fit.steps} steps in {gib(fit.capacity_bytes)} (this kernel); run it again if the model changed")
     shrink = (short if fits else need) if need is not None and short is not None else None
     add("Use a smaller batch", reason or "the cell's own activations did not fit", how, shrink,

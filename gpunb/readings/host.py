@@ -74,6 +74,11 @@ def read_host_facts(disk_path: str | None = None) -> HostFacts:
 _process = psutil.Process()
 
 
+def ram_available_bytes() -> int:
+    """Host memory a program can still take without swapping (psutil's ``available``)."""
+    return int(psutil.virtual_memory().available)
+
+
 def read_host_sample(clock: Callable[[], float] = time.monotonic) -> HostSample:
     """CPU % since the previous call (psutil's non-blocking mode), RAM, this process's RSS."""
     vm = psutil.virtual_memory()

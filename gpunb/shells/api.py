@@ -193,10 +193,11 @@ def fit_batch_size(
     """The largest batch size ``step_fn(batch_size)`` trains with on this GPU (``%gpufit``).
 
     ``step_fn`` runs one full training step (forward, backward, optimizer step) at the
-    given batch size. Each trial is a sustained run of ``steps`` steps; ``recommended`` is
-    the largest batch whose run needed no more than the memory there is, with the optimizer
-    state laid out as in a fresh process, and without the allocator giving its cache back.
-    ``margin`` keeps that fraction of the memory free on top. The trials train the model.
+    given batch size. Each trial is a sustained run of ``steps`` steps that starts as a fresh
+    process would (optimizer state and gradients emptied, the cache given back); ``verified``
+    is the largest batch whose run trained, ``recommended`` that less 3 % when it was at the
+    limit. ``margin`` keeps that fraction of the memory free on top. The trials train the
+    model; the optimizers' own state is put back afterwards.
     ``progress``: True shows one line that updates in place (printed lines outside IPython),
     a function receives each line, False/None shows nothing.
     Note: this resets torch's peak-memory counters of the device.

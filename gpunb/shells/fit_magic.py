@@ -41,15 +41,17 @@ class FitMagics(Magics):
     def gpufit(self, line: str = "") -> None:
         """Find the largest batch size that trains on the GPU for a training step, without crashing.
 
-        Every trial is a sustained run of STEP (--steps, 50) whose peaks are taken over its
-        steady steps, with the optimizer state laid out as a fresh process would lay it out. Two
-        small probes fit peak memory as a line in the batch size, a scout measures the
-        allocator's overhead at large blocks, and candidates aim just under the capacity by
-        that measured overhead. A trial that ran only because the allocator gave its cache back
-        is at the edge and never recommended. An out-of-memory error in a trial is caught and
-        freed. Shows progress while it runs, then the recommended batch with the memory it
-        left free, the trials and the memory curve. The trials train the model (real optimizer
-        steps). Resets torch's peak-memory counters.
+        Every trial is a sustained run of STEP (--steps, 50) that starts as a fresh process
+        would: the optimizer's state and the gradients emptied, the cache given back, so the
+        state is created where a real run creates it (yours is set aside on the host and put
+        back afterwards). Two small probes fit peak memory as a line in the batch size, a scout
+        measures the allocator's overhead at large blocks, and candidates close in on the limit
+        between batches that trained and batches that did not. The recommendation is 3 % below
+        the largest batch that trained (fresh processes differ by a sample or two near the
+        limit). An out-of-memory error in a trial is caught and freed. Shows progress while it
+        runs, then the recommended batch with the memory it left free, the trials and the memory
+        curve. The trials train the model (real optimizer steps). Resets torch's peak-memory
+        counters.
 
         Python: ``gpunb.fit_batch_size(step, start=2, max_batch=None, steps=50, margin=0.0)``.
 

@@ -239,13 +239,17 @@ def memory_html(r: Any) -> str:
 
 def fit_headline(f: Any) -> str:
     """The answer in one line, with the measurement that justifies it."""
-    t = f.recommended_trial
+    t = f.verified_trial
     line = f"recommended batch: {f.recommended}"
+    basis = []
+    if f.safety and f.verified is not None:
+        basis.append(f"{f.safety * 100:.0f} % below {f.verified}, which")
+    elif t is not None:
+        basis.append("it")
     if t is not None and t.peak_reserved_bytes is not None and f.capacity_bytes:
-        line += (f" (trained {t.steps_done} steps at {size(t.peak_reserved_bytes)} peak reserved of "
-                 f"{size(f.capacity_bytes)}: {size(f.headroom_bytes)} free"
-                 + (", optimizer state laid out as in a fresh process" if t.relocated_bytes else "") + ")")
-    return line
+        basis.append(f"trained {t.steps_done} steps from a fresh start at {size(t.peak_reserved_bytes)} peak reserved "
+                     f"of {size(f.capacity_bytes)}: {size(f.headroom_bytes)} free")
+    return line + (f" ({' '.join(basis)})" if len(basis) == 2 else "")
 
 
 def _trial_line(t: Any) -> str:
@@ -258,18 +262,25 @@ def _trial_line(t: Any) -> str:
     return s + f"; {t.steps_done}/{t.steps} steps, {t.seconds:.1f} s"
 
 
+def _why_below(f: Any) -> str:
+    if not f.safety:
+        return ""
+    return (f"  {f.verified} trained; {f.recommended} is {f.safety * 100:.0f} % below it: near the limit fresh "
+            "processes differ by a sample or two (the allocator's layout depends on the exact sizes)")
+
+
 def fit_text(f: Any) -> str:
     if not f.ok:
         return f"gpunb %gpufit: {f.problem}"
     lines = [f"gpunb %gpufit on {f.device}: {fit_headline(f)}"]
-    if f.max_batch is not None and f.max_batch != f.recommended:
-        edge = next((t for t in f.trials if t.ok and t.batch == f.max_batch), None)
-        lines.append(f"  largest batch that completed: {f.max_batch}" + (f" ({edge.verdict})" if edge else ""))
+    if _why_below(f):
+        lines.append(_why_below(f))
     if f.predicted is not None:
         lines.append(f"  predicted from the allocated-memory line: {f.predicted}"
                      + (f"; from the reserved-memory line: {f.predicted_reserved}"
                         if f.predicted_reserved is not None else ""))
-    lines.append(f"  {f.trial_count} trials in {f.seconds:.1f} s ({f.steps} steps each, a sustained run):")
+    lines.append(f"  {f.trial_count} trials in {f.seconds:.1f} s ({f.steps} steps each, a sustained run from a fresh "
+                 "start: no optimizer state, no gradients, an empty cache):")
     for t in f.trials:
         lines.append("    " + _trial_line(t))
     if f.line_allocated is not None:
@@ -286,8 +297,9 @@ def fit_html(f: Any) -> str:
     rows = [[str(t.index), str(t.batch), t.purpose, t.verdict, size(t.peak_allocated_bytes),
              size(t.peak_reserved_bytes), f"{t.steps_done}/{t.steps}", f"{t.seconds:.1f} s"] for t in f.trials]
     head = (f"<div><b>gpunb %gpufit</b> on {escape(f.device)}: <b>{escape(fit_headline(f))}</b></div>"
-            f"<div>{f.trial_count} trials in {f.seconds:.1f} s; largest batch that completed "
-            f"{escape(str(f.max_batch))}; predicted {escape(str(f.predicted))} (allocated line), "
+            + (f"<div>{escape(_why_below(f).strip())}</div>" if _why_below(f) else "")
+            + f"<div>{f.trial_count} trials in {f.seconds:.1f} s, each a sustained run from a fresh start; "
+            f"predicted {escape(str(f.predicted))} (allocated line), "
             f"{escape(str(f.predicted_reserved))} (reserved line)</div>")
     notes = "".join(f"<div>note: {escape(n)}</div>" for n in f.notes)
     return head + _table(["#", "batch", "why", "result", "peak allocated", "peak reserved", "steps", "time"],
@@ -300,9 +312,9 @@ def fit_figure(f: Any) -> Any:
 
     fig = Figure(figsize=(6, 3.4), dpi=100)
     ax = fig.add_subplot()
-    ok = [t for t in f.trials if t.ok and t.peak_allocated_bytes is not None]
-    bad = [t for t in f.trials if not t.ok]
-    edge = [t for t in ok if not t.clean]
+    ok = [t for t in f.trials if t.fits and t.peak_allocated_bytes is not None]
+    bad = [t for t in f.trials if not t.fits]
+    edge = [t for t in ok if t.at_edge]
     ax.scatter([t.batch for t in ok], [t.peak_allocated_bytes / GiB for t in ok], label="peak allocated", zorder=3)
     ax.scatter([t.batch for t in ok], [(t.peak_reserved_bytes or 0) / GiB for t in ok], marker="s",
                label="peak reserved", zorder=3)
@@ -316,7 +328,7 @@ def fit_figure(f: Any) -> Any:
             ax.scatter([t.batch], [f.capacity_bytes / GiB], marker="x", color="#c0392b", zorder=4)
         if edge:
             ax.scatter([t.batch for t in edge], [f.capacity_bytes / GiB] * len(edge), marker="o", facecolors="none",
-                       edgecolors="#c0392b", zorder=4, label="at the edge (cache released)")
+                       edgecolors="#c0392b", zorder=4, label="trained, the cache given back")
     xmax = max([t.batch for t in f.trials] + [f.recommended or 0]) * 1.1
     for line, style, label in ((f.line_reserved, "--", "fit (reserved)"),
                                (f.line_allocated, ":", "fit (allocated, used to predict)")):
