@@ -14,9 +14,10 @@ import threading
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpunb.analysis.profile_records import CellProfile
+if TYPE_CHECKING:  # profile_records' display imports views/profile_view, which imports this module
+    from gpunb.analysis.profile_records import CellProfile
 
 MAX_ENTRIES = 500  # a day of profiling; each entry is a few KB
 
