@@ -4,9 +4,9 @@ Step time of a training loop with the monitor off, on at 2 Hz and on at 10 Hz, i
 interleaved rounds of one run (the order rotates each round, so drift hits all variants
 alike), plus the sampler thread's own CPU time per second. "On" is the real work of a
 live ``%gpumonitor``: the sampler tick (NVML, process list every 5 s, host) and the
-listener that redraws the HTML/SVG panel of a 120 s window (incrementally, at most
-5 times a second). Only the widget's websocket send is missing (no kernel here); it
-happens on ipykernel's IOPub thread.
+listener that redraws the HTML panel of a 120 s window (incrementally, charts as data-URI
+SVG images, at most 4 times a second). Only the send of the redrawn output is missing (no
+kernel here); it happens on ipykernel's IOPub thread.
 
 Two loops, the ones ``profile_overhead.py`` times too (both built by ``training_loops.py``):
 ``launch-bound``, a small MLP (the worst case for a Python thread taking the GIL), and
@@ -87,17 +87,17 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
 
     sampler = Sampler(hz=2)
-    view = Monitor(sampler, {}, window_s=WINDOW_S, devices=None, use_widget=False)
+    view = Monitor(sampler, {}, window_s=WINDOW_S, devices=None, live=False)
     drawn = []
     last = [0.0]
 
     def draw(_sampler: Sampler) -> None:
-        # What the live widget's listener does on the sampler thread (same throttle):
-        # draw the panel of the last 120 s incrementally. Only the comm send is missing.
+        # What the live monitor's listener does on the sampler thread (same throttle):
+        # draw the panel of the last 120 s incrementally. Only the send is missing.
         now = time.monotonic()
         if now - last[0] >= MIN_DRAW_INTERVAL_S * 0.9:
             last[0] = now
-            drawn.append(len(view._live_html()))
+            drawn.append(len(view._live_bundle()["text/html"]))
 
     sampler.add_listener(draw)
     sampler.tick()  # sampler set up outside the timings (NVML init, GPU facts)

@@ -102,7 +102,7 @@ def test_outside_ipython_the_twins_are_plain_functions():
         print("IPython imported:", "IPython" in sys.modules)
     """)
     lines = _run(code).splitlines()
-    assert lines[0] == "---" and lines[1].startswith("gpuprofile · CPU")
+    assert lines[0] == "---" and lines[1].startswith("gpuprofile block: no training loop seen")
     assert lines[lines.index("---", 1) + 1].startswith(
         "release: diagnose_oom(release=True) needs an IPython/Jupyter session")
     assert lines[-1] == "IPython imported: False"

@@ -17,6 +17,7 @@ import random
 import pytest
 
 from gpunb.analysis.batch_fit import SAFETY, BatchFit, Line, Trial, fit_line, lines_from, next_trial, search
+from tests.chart_html import images
 
 GiB = 2**30
 MiB = 2**20
@@ -199,7 +200,7 @@ def test_bad_arguments_are_explained(kwargs, words):
     assert not fit_batch_size(42, progress=False).ok
 
 
-def test_result_renders_text_html_and_a_png_curve():
+def test_result_renders_text_and_html_with_the_curve_inside():
     run, _ = simulated_gpu(20 * GiB, 40 * MiB, 120 * GiB, 0.03)
     fit = search(run, capacity=120 * GiB, start=2, max_batch=None)
     fit.device = "cuda:0"
@@ -208,14 +209,37 @@ def test_result_renders_text_html_and_a_png_curve():
     assert f"recommended batch: {fit.recommended}" in text and "50 steps" in text
     assert f"{fit.verified} trained" in text and "3 % below" in text
     assert f"{fit.trial_count} trials in" in text and "free" in text  # the measured headroom
-    assert "<table" in bundle["text/html"] and str(fit.recommended) in bundle["text/html"]
+    html = bundle["text/html"]
+    assert "<table" in html and str(fit.recommended) in html
+    assert set(bundle) == {"text/plain", "text/html"}  # no image output for the HTML to hide
+    [curve] = images(html, "gpunb-chart")
     import base64
 
-    assert base64.b64decode(bundle["image/png"])[:8] == b"\x89PNG\r\n\x1a\n"
+    png = base64.b64decode(curve["src"].split(",", 1)[1])
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and html.index("<table") < html.index("<img")
+    assert "log scale" in curve["alt"] and f"recommended {fit.recommended}" in curve["alt"]
     d = fit.to_dict()
     assert d["trial_count"] == len(d["trials"]) and d["recommended"] == fit.recommended
     assert d["headroom_bytes"] == 120 * GiB - fit.verified_trial.peak_reserved_bytes > 0
     assert isinstance(BatchFit(False, "x").to_dict(), dict)
+
+
+def test_the_curve_has_a_log_batch_axis_and_no_background():
+    run, _ = simulated_gpu(20 * GiB, 40 * MiB, 120 * GiB, 0.03)
+    fit = search(run, capacity=120 * GiB, start=2, max_batch=None)
+    fig = fit.figure()
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log" and fig.patch.get_alpha() == 0.0 and ax.get_ylim()[0] == 0
+    left, right = ax.get_xlim()
+    assert left <= min(t.batch for t in fit.trials) and right >= fit.recommended  # probes and answer in view
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", transparent=True)
+    corner = Image.open(io.BytesIO(buf.getvalue())).convert("RGBA").getpixel((1, 1))
+    assert corner[3] == 0  # transparent: the page's own background shows, light or dark
 
 
 def optimizer_bound_gpu(params_bytes, per_sample, capacity, with_hook, overhead=0.02):

@@ -37,8 +37,8 @@ def test_report_and_result_carry_the_cells_in_number(ip):
     n = result.execution_count
     assert stored_input(ip, n).startswith("%%gpuprofile -o _gpunb_test")  # n is this cell's In [n]
     assert ip.user_ns["_gpunb_test"].cell == n
-    assert f"gpuprofile · cell [{n}] ·" in text
-    assert f"cell [{n + 1}]" not in text
+    assert text.strip().startswith(f"gpuprofile In [{n}]:") and f"cell In [{n}] ·" in text
+    assert f"In [{n + 1}]" not in text
 
 
 def test_traceback_names_the_cell_as_ipython_does(ip):
@@ -98,8 +98,8 @@ def test_in_a_real_kernel_report_and_traceback_match_the_prompt():
     client.execute()
     ok, failed = nb.cells[2], nb.cells[3]
     ok_text = "".join(o.get("data", {}).get("text/plain", "") for o in ok.outputs)
-    assert ok.execution_count == 3 and "gpuprofile · cell [3] · ok" in ok_text
+    assert ok.execution_count == 3 and "gpuprofile In [3]:" in ok_text and "cell In [3] · ok" in ok_text
     failed_text = "".join(o.get("data", {}).get("text/plain", "") for o in failed.outputs)
     error = [o for o in failed.outputs if o.output_type == "error"]
-    assert failed.execution_count == 4 and "gpuprofile · cell [4]" in failed_text
+    assert failed.execution_count == 4 and "gpuprofile In [4]:" in failed_text
     assert error and "Cell In[4], line 3" in ANSI.sub("", "".join(error[0].traceback))

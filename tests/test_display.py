@@ -60,7 +60,7 @@ RESULTS = {
     "profile": (_api_profile, {"text/plain", "text/html"}),
     "MemoryReport": (lambda: gpunb.memory(namespace={}), {"text/plain", "text/html"}),
     "OomDiagnosis": (lambda: diagnose(message=load_trace()["oom_message"]), {"text/plain", "text/html"}),
-    "BatchFit": (_batch_fit, {"text/plain", "text/html", "image/png"}),
+    "BatchFit": (_batch_fit, {"text/plain", "text/html"}),  # the curve is inside the HTML
     "BatchFit (failed)": (lambda: gpunb.fit_batch_size(42, progress=False), {"text/plain", "text/html"}),
     "Monitor": (lambda: gpunb.monitor(frontend="text"), {"text/plain", "text/html"}),
 }
@@ -130,16 +130,17 @@ def test_check_report_json_keeps_its_documented_shape(fake_nvml):
     assert data["checks"][0]["id"] == "driver" and isinstance(data["checks"][0]["measured"], dict)
 
 
-def test_the_figure_is_drawn_only_when_an_image_is_asked_for(monkeypatch):
+def test_the_figure_is_drawn_only_when_the_html_is_asked_for(monkeypatch):
     from gpunb.views import memory_view
 
     drawn = []
-    monkeypatch.setattr(memory_view, "fit_png", lambda f: drawn.append(f) or "cG5n")
+    monkeypatch.setattr(memory_view, "fit_png", lambda f, dpi=100, title=True: drawn.append(f) or "cG5n")
     fit = _batch_fit()
-    assert "image/png" not in fit._repr_mimebundle_(exclude={"image/png"}) and not drawn
+    assert "text/html" not in fit._repr_mimebundle_(exclude={"text/html"}) and not drawn
     str(fit)
     assert not drawn
-    assert fit._repr_mimebundle_(include={"image/png"}) == {"image/png": "cG5n"} and len(drawn) == 1
+    assert "data:image/png;base64,cG5n" in fit._repr_mimebundle_(include={"text/html"})["text/html"]
+    assert len(drawn) == 1
 
 
 def test_an_unfinished_profile_says_how_to_use_it():

@@ -179,13 +179,15 @@ def test_random_nvml_faults_behind_every_entry_point(shell, seed, hang_rate):
             valid_text(mon.text())
         valid_data(mon.to_dict())
         assert len({len(v) for v in mon.samples().values()}) == 1  # columns stay aligned
-        widget = shell.user_ns["gpunb"].monitor(frontend="widget")
+        live = shell.user_ns["gpunb"].monitor(frontend="live")
         with capture_output():
-            widget._ipython_display_()
+            live._ipython_display_()
         for _ in range(5):
-            widget.sampler.tick()
-            valid_html(widget._live_html())
-        widget.stop()
+            live.sampler.tick()
+            frame = live._live_bundle()
+            valid_html(frame["text/html"])
+            valid_text(frame["text/plain"])
+        live.stop()
         run(shell, "%gpumonitor --stop")
         run(shell, "%%gpuprofile\nx = torch.ones(64, 64)\nfor _ in range(3):\n    x = x @ x / 64")
         run(shell, "%gpuprofile on")

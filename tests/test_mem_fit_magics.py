@@ -28,6 +28,44 @@ def test_gpumem_names_tensors_and_binds_result(ip, capsys):
     assert names[0] == "batch['x']" and d["census"]["by_role"]["parameter"] == (128 * 64 + 64) * 4
     html = mem._repr_mimebundle_()["text/html"]
     assert "batch[&#x27;x&#x27;]" in html
+    first = out.splitlines()[0]
+    assert first.startswith("gpunb memory: ") and "160.2 KiB in 3 live tensors" in first  # the conclusion first
+
+
+def test_gpumem_sums_up_small_tensors_after_naming_the_largest():
+    import torch
+
+    import gpunb
+
+    namespace = {"big": torch.zeros(256, 1024)} | {f"tiny{i}": torch.zeros(16) for i in range(10)}
+    text = str(gpunb.memory(namespace=namespace, all_devices=True))
+    listed = [line.split()[2] for line in text.splitlines() if line.startswith("  ") and "float32" in line]
+    assert listed[0] == "big" and len(listed) == 5  # the largest, and at least five names
+    assert "… 6 more tensors (each 64 B or less): 384 B in all" in text
+
+
+def test_gpumem_shows_only_columns_with_values_and_says_why_once(ip, fake_nvml, capsys):
+    ip.run_line_magic("gpumem", "-o mem")
+    out = capsys.readouterr().out
+    header = next(x for x in out.splitlines() if x.startswith("GPU "))
+    assert "torch" not in header and "context" not in header and "total" in header  # no column of n/a
+    assert "n/a" not in out and out.count("torch holds no CUDA memory in this kernel") == 1
+
+
+def test_memory_bar_parts_add_up_to_the_gpu():
+    from gpunb.analysis.memory_records import GpuMemoryRow
+    from gpunb.views.memory_view import memory_bar_html, memory_parts
+    from tests.chart_html import images
+
+    GiB = 2**30
+    row = GpuMemoryRow(0, "NVIDIA H200", 140 * GiB, 60 * GiB, 30 * GiB, 20 * GiB, 28 * GiB, 25 * GiB)
+    parts = memory_parts(row)
+    assert [(w, n // GiB) for w, n, _ in parts] == [
+        ("torch allocated", 20), ("reserved, not allocated", 8), ("CUDA context and other libraries", 2),
+        ("other processes", 25), ("used, not attributed", 5), ("free", 80)]
+    assert sum(n for _, n, _ in parts) == row.total_bytes
+    [bar] = images(memory_bar_html(row), "gpunb-chart")
+    assert "torch allocated 20.00 GiB" in bar["alt"] and "free 80.00 GiB" in bar["alt"]
 
 
 def test_gpumem_free_deletes_and_reports(ip, capsys):

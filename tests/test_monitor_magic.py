@@ -1,5 +1,5 @@
-"""%gpumonitor and gpunb.monitor() in-process: flags, sharing one sampler, the widget,
-snapshots, stopping on close/unload/reload."""
+"""%gpumonitor and gpunb.monitor() in-process: flags, sharing one sampler, the live output
+redrawn in place, the stopped frame, stopping on close/unload/reload."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from gpunb.shells.kernel_state import STANDALONE_STATE
 from gpunb.shells.monitor import Monitor, stop_all
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+DATA_URI = 'src="data:image/svg+xml;base64,'
 
 
 def sampler_threads() -> list[threading.Thread]:
@@ -97,7 +98,7 @@ def test_api_rate_above_the_maximum_is_clamped_and_said(fake_nvml):
 
 def test_help_is_the_docstring(ip):
     doc = ip.find_line_magic("gpumonitor").__doc__
-    assert "--window SECONDS" in doc and "sparklines" in doc
+    assert "--window SECONDS" in doc and "charts" in doc and "saved" in doc
 
 
 def test_unload_and_reload_stop_the_thread(ip, fake_nvml):
@@ -173,43 +174,62 @@ def test_no_gpu_monitors_the_host_and_says_so(ip, fake_nvml):
     run(ip, "%gpumonitor --stop")
 
 
-def test_widget_updates_from_the_thread_and_leaves_a_snapshot(fake_nvml):
-    mon = gpunb.monitor(hz=10, frontend="widget")
+def _displayed(mon) -> tuple[dict, list]:
+    """Display ``mon``; return the first bundle and a list that collects every later
+    update (with the name of the thread that sent it)."""
     with capture_output() as out:
         mon._ipython_display_()
-    bundle = out.outputs[0].data
-    assert bundle[WIDGET_VIEW]["model_id"] == mon._box.model_id
-    assert "<svg" in bundle["text/html"] and "GPU0" in bundle["text/plain"]  # fallback for saved notebooks
-    first = mon._html.value
-    assert "<svg" in first and "live at 10 Hz" in first
-    time.sleep(0.5)
-    assert mon._html.value != first  # the sampler thread redrew it
-    pause = mon._widgets[3]
-    pause.value = True
-    paused = mon._html.value
-    assert "paused" in paused and pause.description == "Resume"
-    time.sleep(0.3)
-    assert mon._html.value == paused
-    updates = []
-    mon._handles[0].update = lambda data, raw=False: updates.append(data)
-    stop = mon._widgets[4]
-    stop.click()
+    sent = []
+    mon._handles[0].update = lambda data, raw=False: sent.append((threading.current_thread().name, data))
+    return out.outputs[0].data, sent
+
+
+def test_live_output_is_html_redrawn_in_place_by_the_sampler_thread(ip, fake_nvml):
+    mon = gpunb.monitor(hz=10, frontend="live")
+    bundle, sent = _displayed(mon)
+    assert WIDGET_VIEW not in bundle  # no widget: nothing says "model not found" once reopened
+    # One reading so far: each chart shows it as a dot (the host CPU, which needs two
+    # readings for a percentage, a box saying it waits).
+    assert bundle["text/html"].count(DATA_URI) >= 6 and "<svg" not in bundle["text/html"]
+    assert "GPU0 NVIDIA H200" in bundle["text/plain"] and "last sample" in bundle["text/html"]
+    time.sleep(0.8)
+    frames = [data for thread, data in sent if thread == THREAD_NAME]
+    assert len(frames) >= 2 and frames[-1]["text/html"] != bundle["text/html"]  # redrawn from the thread
+    assert all(set(f) == {"text/html", "text/plain"} for f in frames) and frames[-1]["text/html"].count(DATA_URI) >= 7
+    mon.stop()
     assert not mon.running and sampler_threads() == []
-    assert updates and WIDGET_VIEW not in updates[-1] and "snapshot" in updates[-1]["text/html"]
-    assert mon._box.comm is None  # the widget models are closed
+    last = sent[-1][1]["text/html"]
+    assert "stopped at" in last and last.count(DATA_URI) >= 7  # the last frame, saying when it stopped
+    count = len(sent)
+    time.sleep(0.3)
     mon.stop()  # idempotent
+    assert len(sent) == count
 
 
-def test_closing_the_widget_stops_the_sampler_when_it_was_the_last(fake_nvml):
-    a = gpunb.monitor(frontend="widget")
-    b = gpunb.monitor(frontend="widget")
-    with capture_output():
-        a._ipython_display_()
-        b._ipython_display_()
+def test_the_frame_that_stays_is_the_last_one(ip, fake_nvml):
+    mon = gpunb.monitor(hz=10, frontend="live")
+    _, sent = _displayed(mon)
+    time.sleep(0.6)
+    mon.stop()
+    stopped = sent[-1][1]["text/html"]
+    ticks_at_stop = mon.sampler.ticks
+    latest = mon.window().t_s[-1]
+    # The stopped frame ends at the sampler's very last reading, not at an older frame.
+    assert mon.sampler.ticks == ticks_at_stop
+    from gpunb.views.sparkline import clock_time
+
+    assert clock_time(mon.sampler.started_unix, latest) in stopped
+
+
+def test_two_live_monitors_share_the_thread_until_the_last_stops(ip, fake_nvml):
+    a = gpunb.monitor(frontend="live")
+    b = gpunb.monitor(frontend="live")
+    _displayed(a)
+    _displayed(b)
     assert len(sampler_threads()) == 1
-    a._box.close()
+    a.close()
     assert not a.running and b.running and len(sampler_threads()) == 1
-    b._box.close()
+    b.close()
     assert sampler_threads() == []
 
 
@@ -231,19 +251,6 @@ def test_rerunning_the_same_cell_replaces_its_monitor(ip, fake_nvml, monkeypatch
     run(ip, "%gpumonitor -o third")
     assert second.running and ip.user_ns["third"].running
     run(ip, "%gpumonitor --stop")
-
-
-def test_fallback_snapshot_is_refreshed_after_cells(fake_nvml):
-    mon = gpunb.monitor(frontend="widget")
-    with capture_output():
-        mon._ipython_display_()
-    sent = []
-    mon._handles[0].update = lambda data, raw=False: sent.append(data)
-    mon.refresh_fallback()  # too soon: nothing sent
-    assert sent == []
-    mon.refresh_fallback(min_age_s=0)
-    assert sent and WIDGET_VIEW in sent[0] and "<svg" in sent[0]["text/html"]
-    mon.stop()
 
 
 def test_extension_load_does_not_import_the_monitor_machinery():

@@ -1,25 +1,27 @@
-"""The sparkline views: valid SVG, gaps, labels with units, escaping, throttle badge."""
+"""The monitor's views: chart images with scales, limits and gaps; layout; escaping; text line."""
 
 from __future__ import annotations
 
 import re
-import xml.etree.ElementTree as ET
 
 import pytest
 
 from gpunb.analysis.sampler import Sampler
 from gpunb.readings.nvml import NvmlSession
 from gpunb.testing import load_trace, scenario
+from gpunb.views import chart
 from gpunb.views.sparkline import (
+    HEIGHT,
     MAX_POINTS,
     SparkPanel,
+    caption,
     clock_event_badge,
+    memory_scale,
     monitor_html,
     monitor_text,
-    sparkline_svg,
+    series_cell,
 )
-
-SVG = "{http://www.w3.org/2000/svg}"
+from tests.chart_html import SVG, images, parse, runs_of, svg_of, words
 
 
 def window_of(name: str, seconds: float = 30.0, until: float = 20.0, gpu_name: str | None = None):
@@ -36,42 +38,37 @@ def window_of(name: str, seconds: float = 30.0, until: float = 20.0, gpu_name: s
     return sampler.window(seconds)
 
 
-def runs_of(root) -> list[list[tuple[float, float]]]:
-    """The path's runs of points ("M" starts one), as (x, y) pairs."""
-    runs = []
-    for path in root.iter(SVG + "path"):
-        for token in path.get("d").split():
-            x, y = (float(v) for v in token[1:].split(","))
-            if token[0] == "M":
-                runs.append([])
-            runs[-1].append((x, y))
-    return runs
+def charts(page: str) -> list[dict]:
+    return images(page, "gpunb-chart")
 
 
-def test_sparkline_is_valid_svg_with_title_latest_label_and_gap():
+def test_a_series_is_an_image_with_scale_latest_value_and_a_gap():
     t = [float(i) for i in range(10)]
     values = [10, 20, 30, None, None, 50, 60, 70, 80, 90]
-    svg = sparkline_svg(t, values, label="utilization", unit="%", span_s=10, y_max=100)
-    root = ET.fromstring(svg)
-    assert root.tag == SVG + "svg"
-    title = root.find(SVG + "title").text
-    assert "latest 90 %" in title and "min 10" in title and "max 90" in title
-    assert "2 of 10 points have no reading" in title
-    texts = [el.text for el in root.iter(SVG + "text")]
-    assert texts == ["utilization", "90 %"]
-    runs = runs_of(root)
+    cell = series_cell(t, values, label="utilization", unit="%", span_s=10, y_max=100)
+    [image] = charts(cell)
+    alt = image["alt"]
+    assert "latest 90 %" in alt and "min 10" in alt and "max 90" in alt and "2 of 10 points have no reading" in alt
+    assert "scale 0 to 100 %" in alt and image["alt"] == image["title"]  # the hover tip says it too
+    text = words(cell)
+    assert text.startswith("90 % max 90") and "100 0" in text  # latest value, window max, the scale's ends
+    runs = runs_of(svg_of(image), chart.BLUE)
     assert [len(r) for r in runs] == [3, 5]  # the gap splits the line
     ys = [y for _, y in runs[1]]
     assert ys == sorted(ys, reverse=True)  # rising values are drawn higher (smaller y)
-    assert ys[-1] == pytest.approx(45 - 0.9 * 30)  # 90 % of a 30 px plot above the 45 px base
+    base, top = HEIGHT - 1.0, 2.0
+    assert ys[-1] == pytest.approx(base - 0.9 * (base - top), abs=0.06)  # 90 % of the scale
 
 
-def test_sparkline_without_readings_says_na():
-    svg = sparkline_svg([0.0, 1.0], [None, None], label="power", unit="W", span_s=10)
-    root = ET.fromstring(svg)
-    assert [el.text for el in root.iter(SVG + "text")] == ["power", "n/a"]
-    assert list(root.iter(SVG + "path")) == []
-    assert "no reading" in root.find(SVG + "title").text
+def test_a_series_without_readings_says_so_and_keeps_its_place():
+    cell = series_cell([0.0, 1.0, 2.0], [None, None, None], label="power", unit="W", span_s=10)
+    assert charts(cell) == [] and "no reading" in words(cell) and words(cell).startswith("n/a")
+    first = series_cell([], [], label="power", unit="W", span_s=10)
+    assert charts(first) == [] and "waiting for the first samples" in words(first)
+    assert f"height:{HEIGHT}px" in first  # the same box as the chart that replaces it: no jump
+    one = series_cell([0.0], [5.0], label="power", unit="W", span_s=10)
+    [dot] = runs_of(svg_of(charts(one)[0]), chart.BLUE)  # one reading: a dot (round caps), not an empty box
+    assert len(dot) == 2 and dot[0] == dot[1]
 
 
 def test_long_series_are_merged_to_max_points_keeping_peaks():
@@ -79,31 +76,54 @@ def test_long_series_are_merged_to_max_points_keeping_peaks():
     t = [i * 0.01 for i in range(n)]
     values = [1.0] * n
     values[2345] = 99.0
-    svg = sparkline_svg(t, values, label="x", unit="", span_s=50, y_max=100)
-    points = [p for run in runs_of(ET.fromstring(svg)) for p in run]
+    cell = series_cell(t, values, label="x", unit="", span_s=50, y_max=100)
+    points = [p for run in runs_of(svg_of(charts(cell)[0]), chart.BLUE) for p in run]
     assert len(points) <= MAX_POINTS + 1
-    assert min(y for _, y in points) < 20  # the 99 peak survived
+    assert min(y for _, y in points) < 10  # the 99 peak survived
 
 
 def test_labels_and_gpu_names_are_escaped():
-    svg = sparkline_svg([0.0], [1.0], label='<script>alert("x")</script>', unit="&", span_s=1)
-    assert "<script>" not in svg and "&lt;script&gt;" in svg
-    ET.fromstring(svg)
-    w = window_of("h200", gpu_name='<img src=x onerror="alert(1)">')
-    page = monitor_html(w)
-    assert "<img" not in page and "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;" in page
-    assert "<script" not in page
+    cell = series_cell([0.0, 1.0], [1.0, 2.0], label='<script>alert("x")</script>', unit="&", span_s=1)
+    assert "<script>" not in cell and "&lt;script&gt;" in cell
+    page = monitor_html(window_of("h200", gpu_name='<img src=x onerror="alert(1)">'))
+    found = parse(page)
+    assert "script" not in found.tags
+    assert all(i["src"].startswith("data:image/svg+xml;base64,") for i in found.images)  # only our charts
+    assert "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;" in page
 
 
-def test_memory_chart_splits_this_kernel_other_processes_free():
+def test_memory_is_split_and_scaled_to_what_is_used_with_the_capacity_beside_it():
     w = window_of("busy", until=20.0)  # training (our recorded pid) + another user's 40 GiB
-    root = ET.fromstring(monitor_html(w))
-    memory = next(root.iter(SVG + "svg"))
-    strokes = [p.get("stroke") for p in memory.iter(SVG + "path")]
-    assert strokes == ["#2f7ed8", "#e4572e"]  # this kernel's bars, other processes' bars
-    title = memory.find(SVG + "title").text
-    assert "this kernel 9.3" in title and "other processes 40.0" in title and "free" in title
-    assert [el.text for el in memory.iter(SVG + "text")][1].endswith("/ 140.4 GiB")
+    page = monitor_html(w)
+    memory = charts(page)[0]
+    strokes = [p.get("stroke") for p in svg_of(memory).iter(SVG + "path") if p.get("stroke-width") not in ("1",)]
+    assert strokes == [chart.BLUE, chart.ORANGE]  # this kernel's bars, other processes' bars
+    alt = memory["alt"]
+    assert "this kernel 9.3" in alt and "other processes 40.0" in alt and "free" in alt and "of 140.4 GiB" in alt
+    top = float(re.search(r"scale 0 to ([\d.]+) GiB", alt).group(1))
+    assert 49.3 < top < 140  # about 49 GiB in use: a scale near that, not the capacity
+    gauge = images(page, "gpunb-gauge")[0]
+    assert "GiB used of 140.4 GiB" in gauge["alt"] and "of 140" in words(page)
+    assert "this kernel" in words(page) and "other processes" in words(page)  # the legend
+
+
+def test_memory_scale_rounds_up_and_takes_the_capacity_near_it():
+    assert memory_scale(2.5 * 1024, 140 * 1024) == 3 * 1024
+    assert memory_scale(None, 140 * 1024) == 1024  # at least 1 GiB
+    assert memory_scale(120 * 1024, 140 * 1024) == 140 * 1024
+    assert chart.nice_ceiling(7.2) == 8 and chart.nice_ceiling(0.03) == pytest.approx(0.03)
+
+
+def test_power_limit_and_slowdown_temperature_are_dashed_lines_at_their_values():
+    page = monitor_html(window_of("h200"))
+    power, temp = charts(page)[2], charts(page)[3]
+    for image, value, top in ((power, 700, 800), (temp, 89, 100)):
+        limits = [p for p in svg_of(image).iter(SVG + "path") if p.get("stroke") == chart.RED]
+        assert len(limits) == 1 and limits[0].get("stroke-dasharray")
+        y = float(limits[0].get("d").split(",")[1].split("H")[0])
+        assert y == pytest.approx(HEIGHT - 1 - value / top * (HEIGHT - 3), abs=0.06)
+    assert "power limit 700 W" in power["alt"] and "slowdown at 89 °C" in temp["alt"]
+    assert "limit" in words(page) and "slowdown" in words(page)  # the legend names them
 
 
 def test_incremental_drawing_equals_drawing_at_once():
@@ -113,8 +133,10 @@ def test_incremental_drawing_equals_drawing_at_once():
     for _ in range(300):
         sampler.tick()
         t[0] += 0.1
+
     def panel():
         return SparkPanel(window_s=20, hz=10, gpus=sampler.gpu_series(), ram_total_mib=1000.0, cpu_count=2)
+
     live = panel()
     first, rows = sampler.rows_since(0)
     for i in range(len(rows["t_s"])):  # one row at a time, as the sampler thread sees them
@@ -136,13 +158,37 @@ def test_throttle_badge_names_reasons_in_words():
     assert "hw thermal" in clock_event_badge(0x40 | 0x4)
 
 
-def test_panel_shows_badge_while_training_at_the_power_cap():
-    w = window_of("h200", until=18.0)  # the trace hits the power cap at ~17 s
-    page = monitor_html(w)
-    assert "clocks held back: power cap" in page
-    assert page.count("<svg") == 5 + 2  # five GPU charts, two host charts
-    assert "live at 2 Hz" in page
-    assert "stopped" in monitor_html(w, state="stopped")
+def test_the_badge_has_its_place_before_it_appears():
+    before = monitor_html(window_of("h200", until=5.0))
+    during = monitor_html(window_of("h200", until=18.0))  # the trace hits the power cap at ~17 s
+    assert "no throttling" in before and "clocks held back: power cap" in during
+    place = re.compile(r'<div style="min-height:16px;margin-top:2px">')
+    assert place.search(before) and place.search(during)  # the same reserved line in both
+    assert len(charts(during)) == 5 + 2  # five GPU charts, two host charts
+    assert "stopped at" in monitor_html(window_of("h200"), state="stopped")
+
+
+def test_captions_stay_true_in_a_saved_notebook():
+    live = caption("live", hz=2, seconds=300, started_unix=0.0, t_last=10.0)
+    stopped = caption("stopped", hz=2, seconds=300, started_unix=0.0, t_last=10.0)
+    assert "live" not in live and "last sample" in live and "2 Hz" in live and "5 min shown" in live
+    assert "stopped at" in stopped and "2 Hz" in stopped and "5 min shown" in stopped
+    assert "waiting for the first sample" in caption("live", hz=2, seconds=60, started_unix=None, t_last=None)
+
+
+def test_time_axis_ends_at_the_last_sample():
+    w = window_of("h200", seconds=120)
+    text = words(monitor_html(w))
+    assert re.search(r"−2 min \d\d:\d\d:\d\d", text)  # the window's start, the last sample's time
+
+
+def test_eight_gpus_keep_one_row_each_with_fixed_columns():
+    page = monitor_html(window_of("eight-gpus"))
+    assert page.count('class="gpunb-gpu"') == 8 and len(charts(page)) == 8 * 5 + 2
+    # one fixed-width table: each GPU one row, the same five columns; nothing wraps freely
+    widths = [int(w) for w in re.findall(r'<col style="width:(\d+)px">', page)]
+    assert len(widths) == 6 and f"width:{sum(widths)}px" in page and sum(widths) <= 800
+    assert "flex-wrap" not in page and "GPU 7" in page
 
 
 def test_text_line_and_no_gpu_message():
@@ -154,16 +200,15 @@ def test_text_line_and_no_gpu_message():
     none = window_of("no-driver")
     assert "No GPU to show" in monitor_text(none)
     page = monitor_html(none)
-    assert "No GPU to show" in page and "libnvidia-ml.so.1" in page and page.count("<svg") == 2
+    assert "No GPU to show" in page and "libnvidia-ml.so.1" in page and len(charts(page)) == 2
 
 
 def test_two_gpus_one_lost():
     page = monitor_html(window_of("second-gpu-lost"))
-    root = ET.fromstring(page)
     assert page.count('class="gpunb-gpu"') == 2
-    assert "GPU 0 · NVIDIA H200" in page and "GPU 1 · GPU 1" in page and "lost (no readings)" in page
-    svgs = list(root.iter(SVG + "svg"))
-    assert len(svgs) == 5 + 5 + 2
-    assert all(list(svg.iter(SVG + "path")) for svg in svgs[:5])  # GPU 0 draws
-    assert not any(list(svg.iter(SVG + "path")) for svg in svgs[5:10])  # GPU 1: gaps only
+    assert "NVIDIA H200" in page and "GPU 1" in page and "lost (no readings)" in page
+    drawn = charts(page)
+    assert len(drawn) == 5 + 2  # GPU 1 has no chart, only boxes saying there is no reading
+    assert all(list(svg_of(i).iter(SVG + "path")) for i in drawn)
+    assert words(page).count("no reading") >= 4
     assert "GPU 1 is lost" in page

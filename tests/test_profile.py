@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -209,10 +210,12 @@ def test_cpu_build_with_a_visible_gpu_is_on_cpu(fake_nvml):
     assert top.severity == 2 and "CPU-only build" in top.reason and "Install a CUDA build" in top.title
 
 
-def test_comparison_words():
-    assert Comparison(1.8, "median step", 0.65, "peak VRAM").words() == "1.8x faster, 35% less memory"
-    assert Comparison(0.5, "median step", 1.2, "peak VRAM").words() == "2.0x slower, 20% more memory"
-    assert Comparison(1.01, "wall time", None, "peak RSS").words() == "same speed"
+def test_comparison_words_name_what_they_compare():
+    assert Comparison(1.8, "median step", 0.65, "peak VRAM").words() == "median step 1.8x faster, peak VRAM 35% less"
+    assert Comparison(0.5, "median step", 1.2, "peak VRAM").words() == "median step 2.0x slower, peak VRAM 20% more"
+    assert Comparison(1.01, "wall time", None, "peak RSS").words() == "wall time: same"
+    assert Comparison(1.3, "samples/s", 1.0, "peak RSS").words() == "samples/s 1.3x higher, peak RSS: same"
+    assert Comparison(0.5, "samples/s", None, "peak RSS").words() == "samples/s 2.0x lower"
 
 
 def test_history_compares_two_real_runs():
@@ -263,8 +266,9 @@ def test_report_html_escapes_and_to_dict():
             _step(model, opt, torch.randn(8, 16), torch.randn(8, 1))
     bundle = p._repr_mimebundle_()
     assert "<script>" not in bundle["text/html"] and "&lt;script&gt;" in bundle["text/html"]
-    assert "<svg" in bundle["text/html"]
-    assert "gpuprofile" in bundle["text/plain"]
+    html = bundle["text/html"]
+    assert "<svg" not in html and html.count('src="data:image/svg+xml;base64,') == 1  # the timeline, as an image
+    assert bundle["text/plain"].startswith("gpuprofile block: compute-bound")  # the verdict comes first
     d = p.to_dict()
     assert d["steps"]["count"] == 3 and d["verdict"]["kind"] == "compute-bound"
 
@@ -306,7 +310,9 @@ def test_cell_magic_reports_binds_and_returns_the_value(ip, capsys):
     prof = ip.user_ns["_gpunb_test"]
     assert prof.steps.count == 3 and prof.verdict.kind == "input-bound" and prof.label == "slow"
     out = capsys.readouterr().out
-    assert "INPUT-BOUND" in out and "3 optimizer steps" in out
+    first = out.strip().splitlines()[0]
+    assert re.match(r"gpuprofile In \[\d+\]: input-bound — waiting for data$", first)  # the conclusion first
+    assert "3 optimizer steps" in out and "the first ended" in out
     r = ip.run_cell("%%gpuprofile\n42;\n")
     assert r.success and r.result is None
 
@@ -366,21 +372,27 @@ def test_bad_cell_flags_fail_and_do_not_run_the_cell(ip, capsys):
 def test_one_line_mode_and_history(ip, capsys):
     ip.run_cell("%gpuprofile history --clear")
     ip.run_cell("%gpuprofile on")
-    ip.run_cell("sum(range(100000))")
+    r = ip.run_cell("sum(range(100000))", store_history=True)
     out = capsys.readouterr().out
-    assert "gpuprofile: ⏱" in out and "peak RSS" in out
+    line = next(x for x in out.splitlines() if x.startswith("gpuprofile In ["))
+    assert line.startswith(f"gpuprofile In [{r.execution_count}]: ") and "peak RSS" in line
+    assert "⏱" not in out  # a missing glyph in Debian's fonts
     ip.run_cell("%%gpuprofile\nsum(range(10))\n")
     out = capsys.readouterr().out
-    assert "gpuprofile: ⏱" not in out  # the full report replaces the one-liner
+    assert out.count("gpuprofile In [") == 1  # the full report replaces the one-liner
     ip.run_cell("%gpuprofile off")
+    capsys.readouterr()
     ip.run_cell("1 + 1")
-    assert "⏱" not in capsys.readouterr().out
+    assert "gpuprofile" not in capsys.readouterr().out
     ip.run_cell("%%gpuprofile --label second\nsum(range(10))\n")
     ip.run_cell("%gpuprofile history -o _gpunb_test")
     out = capsys.readouterr().out
-    assert "median step" in out and "second" in out and "vs #1" in out
-    assert "sum(range(10))" in out  # unlabelled cells are named by their first line of code
-    assert len(ip.user_ns["_gpunb_test"].entries) == 2
+    # the one-line cell is in the history too, before the two profiled ones
+    assert [e.label for e in ip.user_ns["_gpunb_test"].entries] == ["sum(range(100000))", "sum(range(10))", "second"]
+    assert "one-line" in out and "median step" in out and "second" in out and "vs #1: wall time" in out
+    assert "vs #2: median step" in out or "vs #2: wall time" in out  # each comparison names its measure
+    history = out[out.index("gpuprofile history: "):]
+    assert history.startswith("gpuprofile history: 3 cells; the last against the one before: wall time")
     ip.run_cell("%gpuprofile history --clear")
     assert len(kernel_state(ip).profile_history) == 0
 
@@ -388,8 +400,9 @@ def test_one_line_mode_and_history(ip, capsys):
 def test_unload_turns_one_line_mode_off(ip, capsys):
     ip.run_cell("%gpuprofile on")
     ip.run_line_magic("unload_ext", "gpunb")
+    capsys.readouterr()
     ip.run_cell("1 + 1")
-    assert "⏱" not in capsys.readouterr().out
+    assert "gpuprofile" not in capsys.readouterr().out
     ip.run_line_magic("load_ext", "gpunb")
 
 

@@ -3,12 +3,16 @@ tests/gpu/test_profile_gpu.py); NVML utilization windows from the recorded H200 
 
 from __future__ import annotations
 
+import dataclasses
+
 from gpunb.analysis.profile import CellProfile, GpuPart, StepStats, TimeShares
 from gpunb.analysis.verdict import judge, sync_gain
 from gpunb.readings.gpu_activity import UtilWindow, now_us, read_util_since
 from gpunb.readings.nvml import NvmlSession
 from gpunb.testing import scenario
-from gpunb.views.profile_view import profile_html, profile_text
+from gpunb.views import chart
+from gpunb.views.profile_view import TIMELINE_H, profile_html, profile_text, timeline_html, timeline_svg
+from tests.chart_html import SVG, images, svg_of
 
 GIB = 2**30
 
@@ -94,7 +98,56 @@ def test_gpu_views_reconcile_memory_and_escape():
     assert "NVML this process 9.60 GiB at cell end (+614.4 MiB outside torch's cache" in text
     html = profile_html(p)
     assert "<b>evil</b>" not in html and "&lt;b&gt;evil&lt;/b&gt;" in html
-    assert "<svg" in html and "reserved (orange)" in html
+    assert "<svg" not in html and "reserved: peak 3.00 GiB" in html
+    [timeline] = images(html, "gpunb-chart")
+    svg = svg_of(timeline)
+    lines = {p.get("stroke"): p.get("points") for p in svg.iter(SVG + "polyline")}
+    assert set(lines) == {chart.BLUE, chart.ORANGE}  # allocated and reserved
+    assert "scale 0 to 3.00 GiB" in timeline["alt"]
+
+
+def _first_line_and_time(p: CellProfile) -> tuple[str, str]:
+    text = profile_text(p)
+    return text.splitlines()[0], next(x for x in text.splitlines() if x.strip().startswith("time"))
+
+
+def test_report_starts_with_the_verdict_and_explains_the_wall_time():
+    shares = dataclasses.replace(_profile().shares, loop_s=5.55, loop_start_s=1.40)
+    p = dataclasses.replace(_profile(), wall_s=7.01, shares=shares)
+    verdict, advice = judge(p)
+    p = dataclasses.replace(p, verdict=verdict, advice=tuple(advice))
+    first, time_row = _first_line_and_time(p)
+    assert first == "gpuprofile In [3]: compute-bound — the GPU is the limit"
+    # set-up + loop + after = wall, in words
+    assert "7.01 s wall = 1.40 s set-up before the loop + 5.55 s loop (cell start to last optimizer step" in time_row
+    assert time_row.split("loop (")[1].count("+ 60.0 ms after it") == 1
+    steps = next(x for x in profile_text(p).splitlines() if x.strip().startswith("steps"))
+    assert "the first ended 200.0 ms into the cell (set-up included)" in steps and "then a median" in steps
+    html = profile_html(p)
+    assert html.index("the GPU is the limit") < html.index("<table")  # the verdict above the table
+
+
+def test_cpu_build_advice_names_the_wheel_for_this_driver():
+    p = dataclasses.replace(_profile(devices=("cpu",), gpu=None), torch_cuda=None, driver_cuda="13.0",
+                            torch_version="2.13.0+cpu", gpu_absent="torch 2.13.0+cpu is a CPU-only build")
+    p = dataclasses.replace(p, gpu=None)
+    verdict, advice = judge(p)
+    assert verdict.kind == "on-cpu"
+    assert advice[0].how == "pip install --force-reinstall torch --index-url https://download.pytorch.org/whl/cu130"
+    assert "<cu" not in profile_text(dataclasses.replace(p, verdict=verdict, advice=tuple(advice)))
+
+
+def test_a_few_mib_do_not_look_like_a_climb():
+    mib = 2**20
+    flat = tuple((t / 10, 343 * mib + t * mib // 8, None) for t in range(100))  # 343 -> 355 MiB
+    p = dataclasses.replace(_profile(gpu=None), gpu=None, memory_timeline=flat, wall_s=10.0)
+    svg_text, top = timeline_svg(p)
+    assert top >= 355 * mib
+    ys = [float(pt.split(",")[1]) for pt in svg_of({"src": chart.data_uri(svg_text)}).find(SVG + "polyline")
+          .get("points").split()]
+    assert max(ys) - min(ys) < 0.06 * TIMELINE_H  # 12 MiB of 360: a few pixels, drawn from 0
+    html = timeline_html(p)
+    assert "start 343.0 MiB" in html and "peak 355.4 MiB" in html and "0 s" in html and "10.00 s" in html
 
 
 def test_util_window_from_the_recorded_trace():

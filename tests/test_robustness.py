@@ -332,27 +332,22 @@ def test_7_unload_during_a_hang_is_quick_and_leaves_no_second_sampler(ip, fake):
     assert sampler_threads() == []
 
 
-# -- 8. leaks: widget models and configurables ----------------------------------------------
+# -- 8. leaks: listeners, display handles and configurables ------------------------------------
 
-def test_8_a_widget_monitor_leaves_no_widget_models(fake):
-    from ipywidgets.widgets import widget as widget_module
-
+def test_8_a_live_monitor_leaves_no_listener_and_needs_no_widget_model(fake):
     import gpunb
 
-    def models() -> int:  # ipywidgets' registry of live models (``Widget.widgets`` in older versions)
-        return len(widget_module._instances)
-
-    mon = gpunb.monitor(frontend="widget")
-    with capture_output():
+    mon = gpunb.monitor(frontend="live")
+    with capture_output() as out:
         mon._ipython_display_()
     mon.stop()
-    before = models()
+    assert "application/vnd.jupyter.widget-view+json" not in out.outputs[0].data  # plain HTML, nothing to leak
     for _ in range(20):
-        mon = gpunb.monitor(frontend="widget")
+        mon = gpunb.monitor(frontend="live")
         with capture_output():
             mon._ipython_display_()
         mon.stop()
-    assert models() == before
+    assert mon.sampler.listener_count == 0 and not mon.sampler.running
 
 
 def test_8_load_unload_leaves_no_configurables(ip):

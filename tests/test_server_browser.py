@@ -22,7 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_monitor_browser import CHROMIUM, _free_port, _missing, _results_dir
+from tests.jupyter_browser import CHROMIUM, _free_port
+from tests.jupyter_browser import missing as _missing
+from tests.jupyter_browser import results_dir as _results_dir
 
 pytestmark = pytest.mark.browser
 
@@ -158,7 +160,7 @@ def test_a_notebooks_monitor_names_the_notebooks_that_hold_the_gpu(lab):
             page.wait_for_selector("text=| Idle", timeout=45_000)
             page.locator(".jp-Cell").first.click()
             page.keyboard.press("Shift+Enter")
-            holders = page.locator(".widget-html-content .gpunb-monitor .gpunb-holders").first
+            holders = page.locator(".jp-OutputArea-output .gpunb-monitor .gpunb-holders").first
             holders.wait_for(timeout=30_000)
             page.wait_for_selector(".gpunb-holders >> text=course/lesson3.ipynb (idle", timeout=30_000)
             # This notebook's own kernel takes memory too: the monitor names it once the server says so.

@@ -131,7 +131,8 @@ class BatchFit(DisplayMixin):
         return fit_figure(self)
 
     def _repr_views_(self) -> dict[str, Render]:
-        from gpunb.views.memory_view import fit_html, fit_png, fit_text
+        from gpunb.views.memory_view import fit_html, fit_text
 
-        return {"text/plain": fit_text, "text/html": fit_html,
-                "image/png": lambda f: fit_png(f) if f.ok and f.trials else None}
+        # The memory curve is inside the HTML (a separate image/png would lose to the HTML
+        # in JupyterLab); ``figure()`` gives it as a matplotlib Figure.
+        return {"text/plain": fit_text, "text/html": fit_html}

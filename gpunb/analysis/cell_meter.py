@@ -28,12 +28,16 @@ UTIL_MIN_S = 2.0
 
 @dataclass(frozen=True)
 class CellLine:
+    """One cell measured by the one-line mode (also an entry of ``%gpuprofile history``)."""
+
     wall_s: float
     synced_wall_s: float | None
     peak_vram_bytes: int | None
     util_pct: float | None
     peak_rss_bytes: int | None
     gpu_note: str = ""
+    cell: int | None = None  # In [n]
+    label: str = ""  # the cell's first line of code
 
 
 class CellMeter:

@@ -10,6 +10,7 @@ from typing import Any
 from gpunb.analysis.check_inputs import CheckInputs
 from gpunb.analysis.check_report import CheckResult, Status, worst
 from gpunb.analysis.gpu_specs import pcie_gbps, peak_for
+from gpunb.analysis.torch_wheels import install_command
 from gpunb.readings.devices import uuid_key
 from gpunb.readings.gpu import GpuInfo
 from gpunb.readings.nvml import is_available
@@ -77,9 +78,8 @@ def check_torch_build(inputs: CheckInputs) -> CheckResult:
             return CheckResult("torch_cuda", title, "skip", f"torch {t.version} is a CPU build (no GPU here)", measured)
         return CheckResult("torch_cuda", title, "fail", f"torch {t.version} is a CPU-only build", measured,
                            "This torch has no CUDA support: every model silently trains on the CPU.",
-                           "Reinstall the CUDA build: `pip install --force-reinstall torch --index-url "
-                           "https://download.pytorch.org/whl/cu130` (pick the CUDA version your driver supports at "
-                           + INSTALL_DOC + ").", INSTALL_DOC)
+                           f"Reinstall the CUDA build your driver (CUDA {driver_cuda}) runs: "
+                           f"`{install_command(driver_cuda)}`.", INSTALL_DOC)
     summary = f"torch {t.version} built for CUDA {t.cuda}; driver supports CUDA {driver_cuda}"
     facts = _facts(inputs)
     if facts is not None and not facts.get("cuda_available") and inputs.has_gpu:

@@ -19,6 +19,9 @@ What each one measures, without changing the user's code:
 - **a closer look at a few steps**: ``step_watch(index)``, when set, is called at the end of
   each step until it returns False (``step_plan.py``: the FLOP count of step 2, ``--ops``).
 
+When the cell starts before torch is imported, the torch hooks are put in the moment the
+cell imports it (``gpunb.readings.import_watch``).
+
 Every wrapper marks its frame ``__tracebackhide__`` so IPython shows a user's exception
 exactly as without gpunb.
 """
@@ -35,6 +38,7 @@ from typing import Any
 
 from gpunb.analysis.step_events import StepEvents
 from gpunb.readings import torch_state
+from gpunb.readings.import_watch import when_imported
 
 # Tensor methods that copy a value to the host (a sync when the tensor is on a GPU).
 SYNC_METHODS = ("item", "tolist", "cpu", "__float__", "__int__", "__bool__", "__repr__", "__format__")
@@ -148,23 +152,45 @@ class Instruments:
         self.device_used_peak: int | None = None
         # called with the step's index at every step end while it returns True (step_plan.py)
         self.step_watch: Callable[[int], bool] | None = None
+        # called with the module when the cell itself imports torch (after the hooks are in)
+        self.on_torch_import: Callable[[Any], None] | None = None
         self._undo: list[Callable[[], None]] = []
         self.installed = False
 
     # -- life cycle ---------------------------------------------------------------------
     def install(self, cuda: bool) -> None:
-        """Hook in. ``cuda``: CUDA was initialised when the cell started (start event recorded)."""
+        """Hook in. ``cuda``: CUDA was initialised when the cell started (start event recorded).
+        Without torch yet, the torch hooks go in the moment the cell imports it: the most
+        common training cell starts with ``import torch``."""
         torch = self.torch
         self.installed = True
         if torch is not None:
             if cuda:
                 self.start_event = torch.cuda.Event(enable_timing=True)
                 self.start_event.record()
-            self._hook_optimizer(torch)
-            self._wrap_dataloader(torch)
-            self._wrap_tensor_syncs(torch)
+            self._hook_torch(torch)
+        else:
+            watch = when_imported("torch", self._torch_imported)
+            self._undo.append(watch.remove)
         self._wrap_output()
         self.sample_memory(force=True)
+
+    def _hook_torch(self, torch: Any) -> None:
+        self._hook_optimizer(torch)
+        self._wrap_dataloader(torch)
+        self._wrap_tensor_syncs(torch)
+
+    def _torch_imported(self, module: Any) -> None:
+        """The cell imported torch: hook in now (CUDA cannot be up yet, so no start event;
+        step events begin at the first step that finds CUDA initialised)."""
+        if not self.installed or self.torch is not None or not hasattr(module, "cuda"):
+            return
+        self.torch = module
+        version = getattr(module, "version", None)
+        self._no_events = not (getattr(version, "cuda", None) or getattr(version, "hip", None))
+        self._hook_torch(module)
+        if self.on_torch_import is not None:
+            self.on_torch_import(module)
 
     def remove(self) -> None:
         while self._undo:

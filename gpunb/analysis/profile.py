@@ -38,6 +38,7 @@ from gpunb.analysis.throughput_records import OpsReport
 from gpunb.analysis.verdict import judge
 from gpunb.readings import torch_state
 from gpunb.readings.devices import read_device_map, read_ownership
+from gpunb.readings.gpu import read_driver
 from gpunb.readings.gpu_activity import UtilWindow, now_us, read_util_since
 from gpunb.readings.nvml import NvmlSession, default_session, is_available
 from gpunb.readings.peak_cache import lookup as measured_peaks
@@ -98,13 +99,20 @@ class ProfileSession:
         self.instruments = Instruments(torch, memory_every_s=TIMELINE_EVERY_S if self.timeline else None)
         if cuda:
             self.instruments.device_used = self._device_used_probe(torch)
-        if torch is not None and (self.flops or self.ops):
-            self.plan = StepPlan(torch, flops=self.flops, trace_path=self._trace_path() if self.ops else None)
-            self.instruments.step_watch = self.plan.on_step
+        if self.flops or self.ops:
+            if torch is not None:
+                self._plan_steps(torch)
+            else:  # the cell imports torch itself: plan the closer look then
+                self.instruments.on_torch_import = self._plan_steps
         self.usage0 = read_process_usage()
         self.t0 = self.usage0.t_s
         self.instruments.install(cuda)
         return self
+
+    def _plan_steps(self, torch: Any) -> None:
+        self.plan = StepPlan(torch, flops=self.flops, trace_path=self._trace_path() if self.ops else None)
+        assert self.instruments is not None
+        self.instruments.step_watch = self.plan.on_step
 
     def abort(self) -> None:
         """Take every hook out without building a report (after a failure of gpunb's own)."""
@@ -131,7 +139,7 @@ class ProfileSession:
         plan = self.plan
         if plan is not None:
             plan.stop_counting()  # before gpunb's own end-of-cell work could be counted
-        torch = self.torch
+        torch = self.torch = ins.torch  # the cell may have imported torch itself
         cuda = torch_state.cuda_initialized(torch)
         synced = gpu_time = None
         end_event = None
@@ -158,10 +166,13 @@ class ProfileSession:
         nvml = self.nvml or default_session()
         gpu, absent = self._gpu_part(torch, cuda, nvml) if cuda else (None, self._why_no_gpu(torch))
         visible = ""
+        driver_cuda = None
         count = nvml.device_count()
         if count:
             name = nvml.device_query(0, "nvmlDeviceGetName")
             visible = str(name) if is_available(name) else "an NVIDIA GPU"
+            cuda_version = read_driver(nvml).cuda_driver_version
+            driver_cuda = cuda_version if is_available(cuda_version) else None
         build = getattr(getattr(torch, "version", None), "cuda", None) if torch is not None else None
         profile = CellProfile(
             label=self.label,
@@ -190,6 +201,7 @@ class ProfileSession:
             error=f"{type(error).__name__}: {error}" if error is not None else "",
             flops=self._throughput(plan, steps, gpu, torch) if plan is not None and self.flops else None,
             ops=ops,
+            driver_cuda=driver_cuda,
         )
         verdict, advice = judge(profile)
         self.result = dataclasses.replace(profile, verdict=verdict, advice=tuple(advice))
@@ -258,7 +270,8 @@ class ProfileSession:
         loop = end - begin if end > begin else t_end - self.t0
         return TimeShares(loop, ins.fetch_s, ins.fetch_n, ins.sync_n, ins.sync_gpu_n, ins.sync_s, ins.sync_gpu_s,
                           dict(ins.sync_by_method), ins.write_s, ins.write_n, ins.write_chars,
-                          ins.loader_workers, ins.loader_pin_memory)
+                          ins.loader_workers, ins.loader_pin_memory,
+                          loop_start_s=(begin - self.t0) if end > begin else 0.0)
 
     def _why_no_gpu(self, torch: Any) -> str:
         if torch is None:

@@ -1,6 +1,8 @@
 """Profiled cells of this kernel, in order, and how two of them compare.
 
-A comparison reads like a lab note: "1.8x faster, 35 % less memory". Speed compares
+Entries are ``%%gpuprofile`` cells (``CellProfile``) and the cells measured by the one-line
+mode ``%gpuprofile on`` (``CellLine``). A comparison reads like a lab note and names what it
+compared: "median step 1.8x faster, peak VRAM 35% less". Speed compares
 samples/s when both runs know their batch size and it differs (a larger batch takes longer
 per step but may train faster), else the median step time when both runs have steps, else
 the wall time; memory compares torch's peak allocated bytes when both ran on a GPU, else
@@ -14,10 +16,7 @@ import threading
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # profile_records' display imports views/profile_view, which imports this module
-    from gpunb.analysis.profile_records import CellProfile
+from typing import Any
 
 MAX_ENTRIES = 500  # a day of profiling; each entry is a few KB
 
@@ -32,22 +31,27 @@ class Comparison:
     mfu_precisions: tuple[str, str] = ("", "")  # the precision most FLOPs ran in, earlier and later
 
     def words(self) -> str:
+        """What changed, naming what was compared: "median step 1.3x faster, peak VRAM 35% less"."""
         parts = []
         if self.speedup is not None:
+            basis = self.speed_basis
             if abs(self.speedup - 1) < 0.03:
-                parts.append("same speed")
+                parts.append(f"{basis}: same")
+            elif basis == "samples/s":  # a rate: higher is faster
+                ratio = self.speedup if self.speedup > 1 else 1 / self.speedup
+                parts.append(f"samples/s {ratio:.1f}x {'higher' if self.speedup > 1 else 'lower'}")
             elif self.speedup > 1:
-                parts.append(f"{self.speedup:.1f}x faster")
+                parts.append(f"{basis} {self.speedup:.1f}x faster")
             else:
-                parts.append(f"{1 / self.speedup:.1f}x slower")
+                parts.append(f"{basis} {1 / self.speedup:.1f}x slower")
         if self.memory_ratio is not None:
             change = 1 - self.memory_ratio
             if abs(change) < 0.03:
-                parts.append("same memory")
+                parts.append(f"{self.memory_basis}: same")
             elif change > 0:
-                parts.append(f"{100 * change:.0f}% less memory")
+                parts.append(f"{self.memory_basis} {100 * change:.0f}% less")
             else:
-                parts.append(f"{100 * -change:.0f}% more memory")
+                parts.append(f"{self.memory_basis} {100 * -change:.0f}% more")
         if self.mfu is not None:
             (before, after), (p0, p1) = (round(100 * x) for x in self.mfu), self.mfu_precisions
             if p0 != p1:  # each MFU is against its own precision's peak: say which
@@ -57,27 +61,50 @@ class Comparison:
         return ", ".join(parts)
 
 
-def _speed(p: Any) -> tuple[float | None, str]:
-    if p.steps.median_ms:
-        return p.steps.median_ms, "median step"
-    return p.wall_s, "wall time"
+@dataclass(frozen=True)
+class Measures:
+    """What the history compares, from a profiled cell (``CellProfile``) or a cell of the
+    one-line mode (``CellLine``, which times no steps)."""
+
+    wall_s: float
+    median_step_ms: float | None
+    samples_per_s: float | None
+    batch_size: int | None
+    peak_vram_bytes: int | None
+    peak_rss_bytes: int | None
 
 
-def _memory(p: Any) -> tuple[float | None, str]:
-    if p.gpu is not None and p.gpu.peak_allocated_bytes:
-        return p.gpu.peak_allocated_bytes, "peak VRAM"
-    return p.peak_rss_bytes, "peak RSS"
+def measures(entry: Any) -> Measures:
+    steps = getattr(entry, "steps", None)
+    gpu = getattr(entry, "gpu", None)
+    if steps is None:  # a one-line cell
+        return Measures(entry.wall_s, None, None, None, entry.peak_vram_bytes, entry.peak_rss_bytes)
+    return Measures(entry.wall_s, steps.median_ms, steps.samples_per_s, steps.batch_size,
+                    gpu.peak_allocated_bytes if gpu is not None else None, entry.peak_rss_bytes)
+
+
+def _speed(m: Measures) -> tuple[float | None, str]:
+    if m.median_step_ms:
+        return m.median_step_ms, "median step"
+    return m.wall_s, "wall time"
+
+
+def _memory(m: Measures) -> tuple[float | None, str]:
+    if m.peak_vram_bytes:
+        return m.peak_vram_bytes, "peak VRAM"
+    return m.peak_rss_bytes, "peak RSS"
 
 
 def compare(earlier: Any, later: Any) -> Comparison:
-    (s0, b0), (s1, b1) = _speed(earlier), _speed(later)
-    st0, st1 = earlier.steps, later.steps
-    if st0.samples_per_s and st1.samples_per_s and st0.batch_size != st1.batch_size:
+    """How ``later`` did against ``earlier`` (profiled cells or one-line cells)."""
+    e0, e1 = measures(earlier), measures(later)
+    (s0, b0), (s1, b1) = _speed(e0), _speed(e1)
+    if e0.samples_per_s and e1.samples_per_s and e0.batch_size != e1.batch_size:
         # Throughput is the fair measure across batch sizes; as a time ratio: earlier/later.
-        s0, s1, b1 = 1 / st0.samples_per_s, 1 / st1.samples_per_s, "samples/s"
+        s0, s1, b1 = 1 / e0.samples_per_s, 1 / e1.samples_per_s, "samples/s"
     elif b0 != b1:  # one has steps, the other not: compare wall time
-        s0, s1, b1 = earlier.wall_s, later.wall_s, "wall time"
-    (m0, c0), (m1, c1) = _memory(earlier), _memory(later)
+        s0, s1, b1 = e0.wall_s, e1.wall_s, "wall time"
+    (m0, c0), (m1, c1) = _memory(e0), _memory(e1)
     speed = s0 / s1 if s0 and s1 else None
     memory = m1 / m0 if m0 and m1 and c0 == c1 else None
     mfu, precisions = _mfu_pair(earlier, later)
@@ -100,10 +127,10 @@ class ProfileHistory:
     """The profiled cells of one kernel, oldest first (``KernelState.profile_history``)."""
 
     def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
-        self._entries: deque[CellProfile] = deque(maxlen=max_entries)
+        self._entries: deque[Any] = deque(maxlen=max_entries)  # CellProfile or CellLine records
         self._lock = threading.Lock()
 
-    def add(self, profile: CellProfile) -> None:
+    def add(self, profile: Any) -> None:
         with self._lock:
             self._entries.append(profile)
 
@@ -111,13 +138,13 @@ class ProfileHistory:
         with self._lock:
             self._entries.clear()
 
-    def entries(self) -> list[CellProfile]:
+    def entries(self) -> list[Any]:
         with self._lock:
             return list(self._entries)
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def __iter__(self) -> Iterator[CellProfile]:
+    def __iter__(self) -> Iterator[Any]:
         return iter(self.entries())
 

@@ -66,6 +66,7 @@ class TimeShares:
     output_chars: int
     loader_workers: int | None
     loader_pin_memory: bool | None
+    loop_start_s: float | None = None  # when the loop began, in seconds from the cell start
 
     def share(self, seconds: float) -> float:
         return seconds / self.loop_s if self.loop_s > 0 else 0.0
@@ -112,6 +113,7 @@ class CellProfile(DisplayMixin):
     extra: dict[str, Any] = field(default_factory=dict)
     flops: Throughput | None = None  # FLOPs of one counted step, TFLOP/s, MFU (None: not asked for, no steps)
     ops: OpsReport | None = None  # --ops: top operators and kernels of a few traced steps
+    driver_cuda: str | None = None  # the newest CUDA the driver supports ("13.0"), from NVML
 
     def _repr_views_(self) -> dict[str, Render]:
         from gpunb.views.profile_view import profile_html, profile_text

@@ -2,7 +2,7 @@
 
 It keeps the readings in bounded ring buffers of compact typed numbers (``array``), so
 a day at the default 2 Hz fits in a few MB, and hands out windows of them to whoever
-listens (the ``%gpumonitor`` widget). The thread never prints: it only calls listeners.
+listens (the ``%gpumonitor`` output). The thread never prints: it only calls listeners.
 NVML faults (a sensor not supported, a GPU fallen off the bus) become gaps plus a note;
 nothing that happens in a tick stops the thread.
 
@@ -206,6 +206,7 @@ class GpuSeries:
     lost: bool
     columns: dict[str, list[Any]]
     max_sm_clock_mhz: float | None = None
+    temp_slowdown_c: float | None = None  # NVML's slowdown threshold: clocks drop above it
 
 
 @dataclass(frozen=True)
@@ -628,7 +629,7 @@ class Sampler:
             lost = info.lost or (info.index, "lost") in self._faults.active
             gpus.append(GpuSeries(
                 info.index, str(name), _mib(info.memory_total_bytes), _num(info.power_limit_w), lost, cols,
-                _num(info.max_sm_clock_mhz),
+                _num(info.max_sm_clock_mhz), _num(info.temp_slowdown_c),
             ))
         return tuple(gpus)
 

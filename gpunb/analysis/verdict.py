@@ -17,6 +17,7 @@ from gpunb.analysis.advice import Advice, ranked
 from gpunb.analysis.gpu_specs import peak_for
 from gpunb.analysis.profile_records import CellProfile, Verdict
 from gpunb.analysis.throughput import throughput_advice
+from gpunb.analysis.torch_wheels import install_command
 
 VERDICT_SHARE = 0.20
 ADVICE_SHARE = 0.05
@@ -93,8 +94,7 @@ def judge(p: CellProfile) -> tuple[Verdict, list[Advice]]:
         if not p.torch_cuda:
             advice.append(Advice("Install a CUDA build of torch",
                                  f"NVML sees {p.gpu_visible}, but torch {p.torch_version} is a CPU-only build",
-                                 "pip install torch --index-url https://download.pytorch.org/whl/<cuXYZ> "
-                                 "(see %gpucheck)",
+                                 install_command(p.driver_cuda),
                                  severity=2))
         else:
             advice.append(Advice("Move the model and each batch to the GPU",

@@ -1,6 +1,6 @@
 """The public Python API, the twins of the magics: ``gpunb.check()``, ``gpunb.profile()``,
 ``gpunb.memory()``, ``gpunb.diagnose_oom()``, ``gpunb.fit_batch_size()``
-(``gpunb.monitor()`` lives with its widget in :mod:`gpunb.shells.monitor`).
+(``gpunb.monitor()`` lives with its live output in :mod:`gpunb.shells.monitor`).
 
 Each is thin: it finds the IPython shell when there is one, hands the analysis layer what
 that needs (the notebook's namespace, a progress callback, whether it runs in a kernel),

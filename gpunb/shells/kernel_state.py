@@ -31,8 +31,6 @@ class LiveMonitor(Protocol):
 
     def stop(self) -> None: ...
 
-    def refresh_fallback(self) -> None: ...
-
 
 @dataclass(eq=False)
 class KernelState:

@@ -1,13 +1,18 @@
-"""``gpunb.monitor()``: live GPU sparklines that keep drawing while other cells run.
+"""``gpunb.monitor()``: live GPU charts that keep drawing while other cells run.
 
 A :class:`Monitor` is one view on the kernel's single :class:`~gpunb.analysis.sampler.Sampler`
 (kept in the kernel's :class:`~gpunb.shells.kernel_state.KernelState`, so several
-monitors share one thread and a new one never starts a second). In a Jupyter kernel it
-shows a core ``ipywidgets.HTML`` holding inline SVG (no custom JavaScript) with Pause and Stop buttons; the sampler
-thread sets its value. The displayed bundle also carries ``text/html`` (a static
-snapshot), and stopping replaces the widget with the final snapshot through a display
-handle, so saved notebooks and nbconvert HTML still show the charts. Without a widget
-frontend (terminal IPython, plain Python) it shows one text line per GPU.
+monitors share one thread and a new one never starts a second).
+
+In a Jupyter kernel the monitor is an ordinary ``text/html`` output that the sampler
+thread replaces in place (``update_display_data`` by display id, which JupyterLab,
+Notebook 7, VS Code and nbclient route to the output whatever cell runs meanwhile). It is
+deliberately not a widget: a widget output saved in a notebook shows "Error displaying
+widget: model not found" once reopened, while this output is always the latest frame,
+so a notebook saved mid-training shows the charts as they were at the save, and a stopped
+monitor's output says when it stopped. The charts are data-URI images (see
+:mod:`gpunb.views.chart`), which untrusted notebooks keep. Without a Jupyter frontend
+(terminal IPython, plain Python) it shows one text line per GPU.
 """
 
 from __future__ import annotations
@@ -23,19 +28,17 @@ from gpunb.display import DisplayMixin, Render
 from gpunb.shells.extension import kernel_state
 from gpunb.shells.kernel_state import KernelState
 from gpunb.shells.session import current_shell
-from gpunb.views.sparkline import SparkPanel, caption, monitor_html, monitor_text, panel_notes
+from gpunb.views.sparkline import SparkPanel, caption, clock_time, monitor_html, monitor_text, panel_notes
 
-# Refresh the saved-notebook fallback of a live widget at most this often (each refresh
-# re-renders the widget view in the frontend, so not on every cell).
-FALLBACK_REFRESH_S = 30.0
-WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
-# Redraw at most this often; faster sampling still records every reading.
-MIN_DRAW_INTERVAL_S = 0.2
+# Redraw at most this often; faster sampling still records every reading (each frame is
+# sent to the frontend whole, tens of KB for eight GPUs).
+MIN_DRAW_INTERVAL_S = 0.25
 
 
 def stop_all(state: KernelState | None = None) -> int:
-    """Stop every monitor of ``state`` (default: the current kernel's; each leaves its
-    snapshot) and the sampler thread. Returns how many monitors were live."""
+    """Stop every monitor of ``state`` (default: the current kernel's; each leaves its last
+    frame, captioned with the time it stopped) and the sampler thread. Returns how many
+    monitors were live."""
     state = state if state is not None else kernel_state()
     monitors = list(state.monitors)
     for m in monitors:
@@ -45,16 +48,10 @@ def stop_all(state: KernelState | None = None) -> int:
     return len(monitors)
 
 
-def _widget_frontend(shell: Any) -> bool:
-    """A Jupyter kernel (Lab, Notebook 7, VS Code, Colab) can show widgets; terminal
-    IPython and plain Python cannot."""
-    if shell is None or getattr(shell, "kernel", None) is None:
-        return False
-    try:
-        import ipywidgets  # noqa: F401
-    except ImportError:
-        return False
-    return True
+def _jupyter_frontend(shell: Any) -> bool:
+    """A Jupyter kernel (Lab, Notebook 7, VS Code, Colab) updates an output in place;
+    terminal IPython and plain Python cannot."""
+    return shell is not None and getattr(shell, "kernel", None) is not None
 
 
 def _cell_run(shell: Any) -> tuple[str, str] | None:
@@ -107,7 +104,8 @@ def _check_devices(device: Any, sampler: Sampler) -> tuple[int, ...] | None:
 
 class Monitor(DisplayMixin):
     """One live view of the sampler: ``samples()``/``to_pandas()`` give the data,
-    ``stop()`` (or ``close()``) ends it and leaves a static snapshot in the output."""
+    ``stop()`` (or ``close()``) ends it and leaves the last frame, captioned with the
+    time it stopped, in the output."""
 
     def __init__(
         self,
@@ -116,7 +114,7 @@ class Monitor(DisplayMixin):
         *,
         window_s: float,
         devices: tuple[int, ...] | None,
-        use_widget: bool,
+        live: bool,
         messages: Iterable[str] = (),
         cell_id: tuple[str, str] | None = None,
     ) -> None:
@@ -126,19 +124,15 @@ class Monitor(DisplayMixin):
         self.requested_hz: float | None = None  # the rate this monitor asked for, or joined at
         self._messages = tuple(m for m in messages if m)
         self.kernel_state = kernel_state  # whose monitor list this one is in
-        self._use_widget = use_widget
+        self.live = live  # drawn in place in a Jupyter frontend (else text lines)
         self._cell_id = cell_id
-        self._lock = threading.Lock()  # the sampler thread vs stop()/pause from the kernel
+        self._lock = threading.Lock()  # the sampler thread vs stop() from the kernel
         self._stopped = False
-        self._paused = False
         self._handles: list[Any] = []
-        self._widgets: list[Any] = []
-        self._html: Any = None
-        self._box: Any = None
-        self._fallback_at = 0.0
         self._drawn_at = 0.0
         self._panel: SparkPanel | None = None
-        self._layout = -1
+        self.frames = 0  # frames sent to the frontend (tests, benchmarks)
+        self._layout = -1  # the sampler's GPU layout the panel was made for
 
     # -- data -------------------------------------------------------------------
     @property
@@ -208,7 +202,7 @@ class Monitor(DisplayMixin):
         return monitor_text(self.window(), self.holders())
 
     def _state(self) -> str:
-        return "stopped" if self._stopped else ("paused" if self._paused else "live")
+        return "stopped" if self._stopped else "live"
 
     def html(self) -> str:
         return monitor_html(self.window(), state=self._state(), messages=self.messages, holders=self.holders())
@@ -240,11 +234,8 @@ class Monitor(DisplayMixin):
         }
 
     # -- display ----------------------------------------------------------------
-    def _static_bundle(self) -> dict[str, Any]:
-        return self._repr_mimebundle_()
-
     def _repr_views_(self) -> dict[str, Render]:
-        # the snapshot: what a saved notebook, print() and a widget-less frontend show
+        # the snapshot: print(), a frontend that asks for a mimebundle, a stopped monitor
         return {"text/plain": Monitor.text, "text/html": Monitor.html}
 
     def __repr__(self) -> str:
@@ -254,71 +245,26 @@ class Monitor(DisplayMixin):
     def _ipython_display_(self) -> None:
         from IPython.display import display
 
-        if self._stopped or not self._use_widget:
-            if self._use_widget:
-                display(self._static_bundle(), raw=True)
+        if self._stopped or not self.live:
+            if self.live:
+                display(self._repr_mimebundle_(), raw=True)
                 return
             hint = "" if self._stopped else (
-                "\n(no widget frontend here: sampling goes on in the background; `%gpumonitor` prints "
+                "\n(no Jupyter frontend here: sampling goes on in the background; `%gpumonitor` prints "
                 "the latest line again, `.samples()` gives the data, `%gpumonitor --stop` ends it)"
             )
             display({"text/plain": self.text() + hint}, raw=True)
             return
-        if self._box is None:
-            self._build_widget()
-        handle = display(self._live_bundle(), raw=True, display_id=True)
-        self._fallback_at = time.monotonic()
+        with self._lock:
+            bundle = self._live_bundle()
+        handle = display(bundle, raw=True, display_id=True)
         if handle is not None:
-            self._handles.append(handle)
+            with self._lock:
+                self._handles.append(handle)
 
     def _live_bundle(self) -> dict[str, Any]:
-        # Frontends with a widget manager draw the widget (it outranks text/html);
-        # nbconvert, GitHub and widget-less frontends fall back to the static snapshot.
-        bundle: dict[str, Any] = self._static_bundle()
-        bundle[WIDGET_VIEW] = {"version_major": 2, "version_minor": 0, "model_id": self._box.model_id}
-        return bundle
-
-    def _build_widget(self) -> None:
-        import ipywidgets as w
-
-        with self._lock:  # the sampler thread draws only once ``_html`` exists
-            self._html = w.HTML(value=self._live_html())
-        pause = w.ToggleButton(
-            value=False,
-            description="Pause",
-            icon="pause",
-            tooltip="Freeze this view (sampling goes on). Clicks reach the kernel when no cell is running.",
-            layout=w.Layout(width="auto"),
-        )
-        stop = w.Button(
-            description="Stop",
-            icon="stop",
-            tooltip="Stop this monitor; a static snapshot stays in the output.",
-            layout=w.Layout(width="auto"),
-        )
-        pause.observe(self._on_pause, names="value")
-        stop.on_click(lambda _button: self.stop())
-        controls = w.HBox([pause, stop])
-        self._box = w.VBox([self._html, controls])
-        self._widgets = [self._box, controls, self._html, pause, stop]
-        # ``Widget.close()`` sets ``comm`` to None: closing the widget stops the monitor.
-        self._box.observe(self._on_box_comm, names="comm")
-
-    def _on_box_comm(self, change: dict) -> None:
-        if change.get("new") is None:
-            self.stop()
-
-    def _on_pause(self, change: dict) -> None:
-        with self._lock:
-            self._paused = bool(change["new"])
-            button = change["owner"]
-            button.description = "Resume" if self._paused else "Pause"
-            button.icon = "play" if self._paused else "pause"
-            self._draw()
-
-    def _live_html(self) -> str:
-        """The panel drawn incrementally: only rows new since the last frame are
-        formatted (this runs on the sampler thread, which holds the GIL meanwhile)."""
+        """The newest frame, drawn incrementally (only rows new since the last frame are
+        formatted: this runs on the sampler thread, which holds the GIL meanwhile)."""
         sampler = self.sampler
         panel = self._panel
         if panel is None or panel.hz != sampler.hz or self._layout != sampler.layout:  # first frame, new rate or GPUs
@@ -330,49 +276,44 @@ class Monitor(DisplayMixin):
             panel.next_index = max(0, sampler.ticks - int(self.window_s * sampler.hz) - 2 * panel.k)
         first, rows = sampler.rows_since(panel.next_index)
         panel.feed(first, rows)
-        return panel.html(
+        holders = self.holders()
+        markup = panel.html(
             sampler.gpu_series(self.devices),
             nvml=sampler.status,
             gpu_count=len(sampler.gpus),
             notes=panel_notes(tuple(sampler.notes), self.messages),
             caption_text=caption(self._state(), hz=sampler.hz, seconds=self.window_s,
                                  started_unix=sampler.started_unix, t_last=panel.t_last),
-            holders=self.holders(),
+            clock_text=clock_time(sampler.started_unix, panel.t_last),
+            holders=holders,
         )
+        # the text form of the newest readings only (a second's window is a few rows)
+        return {"text/html": markup, "text/plain": monitor_text(self.window(min(self.window_s, 2.0)), holders)}
 
-    def _draw(self) -> None:
-        """Set the widget's value; callers hold ``self._lock`` (one writer at a time)."""
-        if self._html is None:
-            return
-        markup = self._live_html()
-        with self._html.hold_sync():
-            self._html.value = markup
+    def _send(self, bundle: dict[str, Any]) -> None:
+        """Replace the displayed output; callers hold ``self._lock`` (one writer at a time)."""
+        for handle in self._handles:
+            try:
+                handle.update(bundle, raw=True)
+            except Exception:  # no kernel any more (shutdown): nothing to update
+                pass
+        self.frames += 1
 
     def _on_tick(self, sampler: Sampler) -> None:
         """Sampler-thread listener: redraw, never print."""
         with self._lock:
-            if self._stopped or self._paused or self._html is None:
+            if self._stopped or not self._handles:
                 return
             now = time.monotonic()
-            if now - self._drawn_at < MIN_DRAW_INTERVAL_S * 0.9:  # (0.9: a 5 Hz tick may come early)
+            if now - self._drawn_at < MIN_DRAW_INTERVAL_S * 0.9:  # (0.9: a tick may come early)
                 return
             self._drawn_at = now
-            self._draw()
-
-    def refresh_fallback(self, min_age_s: float = FALLBACK_REFRESH_S) -> None:
-        """Re-send the displayed bundle so its ``text/html`` snapshot is recent (what a
-        saved notebook shows). Main thread only (cell events)."""
-        if self._stopped or not self._handles or time.monotonic() - self._fallback_at < min_age_s:
-            return
-        self._fallback_at = time.monotonic()
-        bundle = self._live_bundle()
-        for handle in self._handles:
-            handle.update(bundle, raw=True)
+            self._send(self._live_bundle())
 
     # -- life cycle ---------------------------------------------------------------
     def stop(self) -> None:
-        """Stop drawing, leave the last window as a static snapshot, and let the sampler
-        thread end if no other monitor uses it. The data stays in ``samples()``."""
+        """Stop drawing, leave the last window captioned with the time it stopped, and let
+        the sampler thread end if no other monitor uses it. The data stays in ``samples()``."""
         with self._lock:
             if self._stopped:
                 return
@@ -387,32 +328,13 @@ class Monitor(DisplayMixin):
                      if getattr(m, "sampler", None) is self.sampler and (hz := m.requested_hz)]
             if rates and max(rates) != self.sampler.hz:
                 self.sampler.set_hz(max(rates))
-        if self._handles:
-            final = self._static_bundle()
-            for handle in self._handles:
-                try:
-                    handle.update(final, raw=True)
-                except Exception:  # no kernel any more (shutdown): nothing to update
-                    pass
-        for widget in self._widgets:
-            _close_widget(widget)
-        self._widgets = []
+        with self._lock:
+            if self._handles:
+                self._send(self._repr_mimebundle_())
 
     def close(self) -> None:
-        """Same as :meth:`stop` (named like ``ipywidgets.Widget.close``)."""
+        """Same as :meth:`stop`."""
         self.stop()
-
-
-def _close_widget(widget: Any) -> None:
-    """Close a widget and the Layout/Style models every ipywidgets widget owns; closing
-    only the widget left 8 models per monitor in ipywidgets' registry."""
-    for part in (getattr(widget, "layout", None), getattr(widget, "style", None), widget):
-        close = getattr(part, "close", None)
-        if close is not None:
-            try:
-                close()
-            except Exception:  # a frontend gone away: the model is gone with it
-                pass
 
 
 # NVML time starting a monitor may take (finding the GPUs and the first reading).
@@ -443,19 +365,20 @@ def monitor(
     *,
     frontend: str = "auto",
 ) -> Monitor:
-    """Live GPU sparklines (memory split into this kernel / other processes / free,
-    utilization, power against its limit, temperature, SM clock, throttle reasons) and
-    host CPU/RAM, sampled ``hz`` times a second (0.5 to 10; default 2, or the rate already
-    running) by the kernel's one sampler thread, showing the last ``window_s`` seconds.
-    ``device`` limits it to some GPUs. Several monitors share the sampler, which runs at
-    the fastest rate any of them asked for.
+    """Live GPU charts (memory split into this kernel / other processes, utilization,
+    power against its limit, temperature against the slowdown threshold, SM clock,
+    throttle reasons) and host CPU/RAM, sampled ``hz`` times a second (0.5 to 10; default
+    2, or the rate already running) by the kernel's one sampler thread, showing the last
+    ``window_s`` seconds. ``device`` limits it to some GPUs. Several monitors share the
+    sampler, which runs at the fastest rate any of them asked for.
 
     Display it (last line of a cell, or ``display(m)``); it keeps updating while later
     cells run. ``m.samples()`` / ``m.to_pandas()`` give the readings; ``m.stop()`` ends it
-    and leaves a static snapshot. ``frontend`` is "auto", "widget" or "text".
+    and leaves the last frame. ``frontend`` is "auto" (charts in a Jupyter frontend, else
+    text), "live" (charts updated in place; "widget" is an older name for it) or "text".
     """
-    if frontend not in ("auto", "widget", "text"):
-        raise ValueError(f"frontend must be 'auto', 'widget' or 'text', got {frontend!r}")
+    if frontend not in ("auto", "live", "widget", "text"):
+        raise ValueError(f"frontend must be 'auto', 'live' or 'text', got {frontend!r}")
     requested, hz_message = clamp_hz(hz) if hz is not None else (None, "")
     shell = current_shell()
     state = kernel_state(shell)
@@ -473,10 +396,10 @@ def monitor(
             sampler.set_hz(rate)
         window_s = _check_window(window_s, sampler.hz)
         devices = _check_devices(device, sampler)
-        use_widget = _widget_frontend(shell) if frontend == "auto" else frontend == "widget"
+        live = _jupyter_frontend(shell) if frontend == "auto" else frontend in ("live", "widget")
         cell = _cell_run(shell)
         m = Monitor(
-            sampler, state, window_s=window_s, devices=devices, use_widget=use_widget,
+            sampler, state, window_s=window_s, devices=devices, live=live,
             messages=[hz_message, rate_message], cell_id=cell,
         )
         m.requested_hz = requested if requested is not None else sampler.hz  # without hz: the rate it joined at

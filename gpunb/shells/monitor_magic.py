@@ -42,19 +42,21 @@ class MonitorMagics(Magics):
     @argument("--device", type=whole_number(0), default=None, metavar="N",
               help="show only GPU N (default: every GPU)")
     @argument("--stop", action="store_true",
-              help="stop every monitor and the sampler thread; snapshots stay in the outputs")
+              help="stop every monitor and the sampler thread; their last frames stay in the outputs")
     @output_option("the Monitor object (.samples(), .to_pandas(), .stop())")
     @line_magic
     def gpumonitor(self, line: str = "") -> None:
-        """Live GPU sparklines that keep drawing while your next cells train.
+        """Live GPU charts that keep drawing while your next cells train.
 
-        For every GPU: memory (this kernel's share, other processes, free), utilization,
-        power against its limit, temperature, SM clock, and a badge naming any active
-        clock-event (throttle) reason; below them host CPU and RAM. One sampler thread per
-        kernel reads NVML; a second ``%gpumonitor`` shares it. Pause and Stop buttons act
-        once no cell is running; ``%gpumonitor --stop`` stops everything. A stopped
-        monitor leaves a static snapshot, so the saved notebook still shows it. In
-        terminal IPython it prints one line per GPU. Python API: ``gpunb.monitor()``.
+        One row per GPU: memory (this kernel's share and other processes', on a scale that
+        follows what is used, with the capacity beside it), utilization, power against its
+        limit, temperature against the slowdown threshold, SM clock, and a badge naming any
+        active clock-event (throttle) reason; a host row with CPU and RAM. One sampler
+        thread per kernel reads NVML; a second ``%gpumonitor`` shares it. The output is
+        plain HTML redrawn in place, so a saved, shared or exported notebook shows the last
+        frame (charts are images that untrusted notebooks keep); ``%gpumonitor --stop``
+        stops every monitor and captions each output with the time it stopped. In terminal
+        IPython it prints one line per GPU. Python API: ``gpunb.monitor()``.
 
         Examples::
 
@@ -70,7 +72,8 @@ class MonitorMagics(Magics):
             if others:
                 raise usage_error(self.gpumonitor, f"--stop takes no other options (got {option_words(others)})")
             n = stop_all(self.kernel)
-            print(f"gpunb: stopped {n} monitor(s) and the sampler thread; their snapshots stay in the outputs."
+            print(f"gpunb: stopped {n} monitor(s) and the sampler thread; their last frames, captioned with the "
+                  "time they stopped, stay in the outputs."
                   if n else "gpunb: no monitor was running; the sampler thread is stopped.")
             return
         try:
@@ -86,17 +89,6 @@ class MonitorMagics(Magics):
         from IPython.display import display
 
         display(mon)
-
-
-def _refresh_fallbacks(kernel: KernelState):
-    def post_run_cell(result: Any = None) -> None:
-        for mon in list(kernel.monitors):
-            try:
-                mon.refresh_fallback()
-            except Exception:  # a frontend gone away must not break the user's cells
-                pass
-
-    return post_run_cell
 
 
 def _stop_on_unload(kernel: KernelState):
@@ -120,4 +112,3 @@ def register(shell: Any, state: Any) -> None:
     # the extension's KernelState took over the standalone one when it was made.
     state.add_magics(MonitorMagics(shell, state.kernel))
     state.on_unload(_stop_on_unload(state.kernel))
-    state.on("post_run_cell", _refresh_fallbacks(state.kernel))

@@ -9,6 +9,7 @@ so the kernel reports the cell as failed (nbclient stops, the OOM doctor sees it
 from __future__ import annotations
 
 import ast
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from IPython.core.magic import Magics, line_cell_magic, magics_class
@@ -40,10 +41,13 @@ _LINE_OPTIONS = {"on": ("no_reset",), "off": (), "history": ("clear", "output")}
 
 class _OneLineMode:
     """pre/post_run_cell callbacks, registered once at load; cheap no-ops while
-    ``kernel.one_line_meter`` is None (the mode is off)."""
+    ``kernel.one_line_meter`` is None (the mode is off). Each measured cell also goes to
+    ``%gpuprofile history``, named by its ``In [n]`` and first line of code."""
 
-    def __init__(self, kernel: KernelState) -> None:
+    def __init__(self, kernel: KernelState, shell: Any = None) -> None:
         self.kernel = kernel
+        self.shell = shell
+        self._label = ""
 
     def pre(self, info: Any = None, *args: Any) -> None:
         meter = self.kernel.one_line_meter
@@ -51,13 +55,20 @@ class _OneLineMode:
             return
         raw = getattr(info, "raw_cell", "") or ""
         if not raw.lstrip().startswith(("%%gpuprofile", "%gpuprofile")):  # own report / the switch
+            self._label = _first_code_line(raw)
             meter.start()
 
     def post(self, result: Any = None, *args: Any) -> None:
         meter = self.kernel.one_line_meter
         line = meter.stop() if meter is not None else None  # None too when the cell was not metered
-        if line is not None:
-            print(one_line_text(line))
+        if line is None:
+            return
+        number = getattr(result, "execution_count", None)
+        if not isinstance(number, int) and self.shell is not None:
+            number = running_cell_number(self.shell)
+        line = dataclasses.replace(line, cell=number if isinstance(number, int) else None, label=self._label)
+        self.kernel.profile_history.add(line)
+        print(one_line_text(line))
 
 
 @magics_class
@@ -263,7 +274,7 @@ def _first_code_line(cell: str, width: int = 40) -> str:
 
 def register(shell: Any, state: Any) -> None:
     kernel = state.kernel
-    mode = _OneLineMode(kernel)
+    mode = _OneLineMode(kernel, shell)
     state.add_magics(ProfileMagics(shell, kernel))
     state.on("pre_run_cell", mode.pre)
     state.on("post_run_cell", mode.post)

@@ -489,6 +489,7 @@ def scenario(name: str, clock: Callable[[], float] | None = None) -> FakePynvml:
     ``second-gpu-lost``  two GPUs, the second lost
     ``mig``              MIG enabled with two MIG devices
     ``busy``             another user's process holds 40 GiB
+    ``eight-gpus``       eight H200s, as in an HGX node (each its own UUID and bus id)
 
     ``GPUNB_FAKE_NVML_PROCESSES=<file.json>`` replaces the recorded process list with the
     rows of that file, re-read on every call (``[{"gpu": 0, "pid": 123,
@@ -515,6 +516,14 @@ def _scenario(name: str, clock: Callable[[], float] | None) -> FakePynvml:
         if name == "second-gpu-lost":
             second.lost_after_s = 0.0
         return FakePynvml([_h200(trace), second], clock=clock)
+    if name == "eight-gpus":
+        gpus = []
+        for i in range(8):
+            gpu = _h200(trace)
+            gpu.facts.update(uuid=f"GPU-6fa48cea-f20c-eafe-9125-0427b9f214a{i}",
+                             pci_bus_id=f"00000000:{0x18 + i:02x}:00.0")
+            gpus.append(gpu)
+        return FakePynvml(gpus, clock=clock)
     if name == "power-not-supported":
         gpu = _h200(trace, faults={"nvmlDeviceGetPowerUsage": _real.NVML_ERROR_NOT_SUPPORTED,
                                    "nvmlDeviceGetEnforcedPowerLimit": _real.NVML_ERROR_NOT_SUPPORTED})

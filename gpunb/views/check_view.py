@@ -11,16 +11,43 @@ from html import escape
 from typing import TYPE_CHECKING
 
 from gpunb.units import seconds
+from gpunb.views import chart
+from gpunb.views.markup import DIM, code_html
 
 if TYPE_CHECKING:  # the records import this module lazily to display themselves
     from gpunb.analysis.check_report import CheckReport, CheckResult
 
 SYMBOL = {"ok": "✓", "warn": "!", "fail": "✗", "skip": "–"}
-COLOR = {"ok": "#1a7f37", "warn": "#b35900", "fail": "#cf222e", "skip": "#6e7781"}
+# Readable on light and dark backgrounds alike (gpunb.views.chart's palette).
+COLOR = {"ok": chart.GREEN, "warn": chart.ORANGE, "fail": chart.RED, "skip": chart.GREY}
+NAMED = 3  # checks named in the headline before "and N more"
+
+
+def _names(checks: list[CheckResult]) -> str:
+    titles = [c.title for c in checks[:NAMED]]
+    more = len(checks) - NAMED
+    return "; ".join(titles) + (f"; and {more} more" if more > 0 else "")
+
+
+def conclusion(report: CheckReport) -> list[tuple[str, str]]:
+    """(status, words) pieces of the headline, the failing and warning checks named."""
+    pieces = []
+    for status in ("fail", "warn"):
+        found = [c for c in report.checks if c.status == status]
+        if found:
+            pieces.append((status, f"{len(found)} {status}: {_names(found)}"))
+    counts = report.counts
+    if report.checks and not counts["fail"] and not counts["warn"] and not report.in_progress:
+        pieces.append(("ok", "everything checked is fine"))
+    for status in ("ok", "skip"):
+        if counts[status]:
+            pieces.append((status, f"{counts[status]} {status}"))
+    return pieces
 
 
 def headline(report: CheckReport) -> str:
-    line = f"gpunb check · {report.summary_line() or 'no checks yet'} · {seconds(report.duration_s)}"
+    words = " · ".join(w for _, w in conclusion(report)) or "no checks yet"
+    line = f"gpunb check · {words} · {seconds(report.duration_s)}"
     if report.quick:
         line += " · --quick"
     return line
@@ -58,14 +85,14 @@ def render_text(report: CheckReport) -> str:
 def render_check_html(c: CheckResult) -> str:
     is_open = c.status in ("warn", "fail")
     # Closed rows show what was measured on the row itself; open ones below the title.
-    inline = "" if is_open else f' <span style="color:#57606a">— {escape(c.summary)}</span>'
-    body = [f'<div style="margin:2px 0 4px 22px;color:#57606a">{escape(c.summary)}</div>'] if is_open else []
+    inline = "" if is_open else f' <span style="{DIM}">— {code_html(c.summary)}</span>'
+    body = [f'<div style="margin:2px 0 4px 22px;{DIM}">{code_html(c.summary)}</div>'] if is_open else []
     if c.status in ("warn", "fail"):
         for label, text in (("Cause", c.cause), ("Fix", c.fix)):
             if text:
-                body.append(f'<div style="margin:2px 0 2px 22px"><b>{label}:</b> {escape(text)}</div>')
+                body.append(f'<div style="margin:2px 0 2px 22px"><b>{label}:</b> {code_html(text)}</div>')
     if c.tip:
-        body.append(f'<div style="margin:2px 0 2px 22px"><b>Tip:</b> {escape(c.tip)}</div>')
+        body.append(f'<div style="margin:2px 0 2px 22px"><b>Tip:</b> {code_html(c.tip)}</div>')
     if c.link:
         body.append(f'<div style="margin:2px 0 2px 22px"><a href="{escape(c.link, quote=True)}" target="_blank" '
                     f'rel="noopener noreferrer">documentation</a></div>')
@@ -82,12 +109,12 @@ def _badge(c: CheckResult) -> str:
 
 
 def render_html(report: CheckReport) -> str:
-    counts = report.counts
-    pills = " · ".join(f'<span style="color:{COLOR[s]};font-weight:600">{n} {s}</span>'
-                       for s, n in counts.items() if n)
-    head = (f'<div style="font-weight:600;margin-bottom:4px">gpunb check · {pills or "no checks yet"} · '
-            f'{escape(seconds(report.duration_s))}{" · --quick" if report.quick else ""}</div>')
-    progress = (f'<div style="color:#0969da;margin-bottom:4px">⏳ {escape(report.in_progress)}…</div>'
+    pieces = " · ".join(f'<span style="color:{COLOR[s]};font-weight:600">{escape(w)}</span>'
+                        if s in ("fail", "warn") else escape(w) for s, w in conclusion(report))
+    head = (f'<div style="font-weight:600;margin-bottom:4px">gpunb check · {pieces or "no checks yet"} · '
+            f'<span style="font-weight:normal;{DIM}">{escape(seconds(report.duration_s))}'
+            f'{" · --quick" if report.quick else ""}</span></div>')
+    progress = (f'<div style="margin-bottom:4px;{DIM}">running: {escape(report.in_progress)}…</div>'
                 if report.in_progress else "")
     rows = "".join(render_check_html(c) for c in report.checks)
     return f'<div class="gpunb-check" style="font-family:var(--jp-ui-font-family,sans-serif);font-size:13px">' \

@@ -13,6 +13,8 @@ from typing import Any
 
 from gpunb.analysis.tensor_census import GROUP_TITLES, ROLES
 from gpunb.units import gib
+from gpunb.views import chart
+from gpunb.views.markup import DIM, code_html
 
 GiB = 2**30
 
@@ -22,7 +24,7 @@ def size(n: Any) -> str:
 
 
 _STYLE = ("font-family:var(--jp-code-font-family,monospace);font-size:12px;border-collapse:collapse")
-_TD = "padding:1px 8px;text-align:left;border-bottom:1px solid #ddd"
+_TD = "padding:1px 8px;text-align:left;border-bottom:1px solid rgba(140,149,159,0.35)"
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> str:
@@ -160,18 +162,149 @@ def diagnosis_html(d: Any, top: int = 8) -> str:
 
 # -- %gpumem ------------------------------------------------------------------------------------
 
-def _gpu_rows(report: Any) -> list[list[str]]:
-    def kernel(g: Any) -> str:  # this process, plus its child processes (workers, ranks) when they hold some
-        children = getattr(g, "child_processes_bytes", None)
-        return size(g.process_bytes) + (f" + {size(children)} in child processes" if children else "")
+_GPU_COLUMNS: tuple[tuple[str, Any], ...] = (
+    ("total", lambda g: g.total_bytes),
+    ("used (NVML)", lambda g: g.used_bytes),
+    ("this kernel", lambda g: g.process_bytes),
+    ("torch allocated", lambda g: g.torch_allocated_bytes),
+    ("torch reserved", lambda g: g.torch_reserved_bytes),
+    ("context/non-torch", lambda g: g.non_torch_bytes),
+    ("other processes", lambda g: g.other_processes_bytes),
+)
+# Why a column has no value on any GPU (said once, under the table, instead of a column of n/a).
+_ABSENT = {
+    "this kernel": "NVML lists no process of this kernel (no CUDA context yet, or a container's PID namespace)",
+    "torch allocated": "torch holds no CUDA memory in this kernel (no CUDA context: a CPU-only build, or CUDA "
+                       "not used yet)",
+}
+SMALL_TENSOR_SHARE = 0.005  # tensors under 0.5 % of all live tensor bytes, or...
+SMALL_TENSOR_FLOOR = 4 * 2**10  # ...under 4 KiB (biases, step counters) are summed up in one line
+BAR_W, BAR_H = 420, 14
 
-    return [[f"{g.index} {g.name}", size(g.total_bytes), size(g.used_bytes), kernel(g),
-             size(g.torch_allocated_bytes), size(g.torch_reserved_bytes), size(g.non_torch_bytes),
-             size(g.other_processes_bytes)] for g in report.gpus]
+
+def _gpu_columns(report: Any) -> list[tuple[str, Any]]:
+    """The columns with a value on at least one GPU."""
+    return [(h, get) for h, get in _GPU_COLUMNS if any(get(g) is not None for g in report.gpus)]
 
 
-_GPU_HEAD = ["GPU", "total", "used (NVML)", "this kernel", "torch allocated", "torch reserved",
-             "context/non-torch", "other processes"]
+def _absent_note(report: Any) -> str:
+    shown = {h for h, _ in _gpu_columns(report)}
+    missing = [h for h, _ in _GPU_COLUMNS if h not in shown]
+    if not report.gpus or not missing:
+        return ""
+    reasons = []
+    if "this kernel" in missing:
+        reasons.append(_ABSENT["this kernel"])
+    if "torch allocated" in missing:
+        reasons.append(_ABSENT["torch allocated"])
+    return f"not shown ({', '.join(missing)}): " + "; ".join(reasons or ["no reading on any GPU"])
+
+
+def _gpu_cell(heading: str, get: Any, g: Any) -> str:
+    text = size(get(g))
+    children = getattr(g, "child_processes_bytes", None)
+    if heading == "this kernel" and children:  # its child processes (workers, ranks) when they hold some
+        text += f" + {size(children)} in child processes"
+    return text
+
+
+def _gpu_table_rows(report: Any) -> tuple[list[str], list[list[str]]]:
+    columns = _gpu_columns(report)
+    head = ["GPU"] + [h for h, _ in columns]
+    rows = [[f"{g.index} {g.name}"] + [_gpu_cell(h, get, g) for h, get in columns] for g in report.gpus]
+    return head, rows
+
+
+def memory_parts(g: Any) -> list[tuple[str, int, str]]:
+    """(words, bytes, colour) pieces of one GPU's memory, in the order they stack; free is
+    what stays empty. Parts whose numbers are unknown are folded into what is known."""
+    used, total = g.used_bytes, g.total_bytes
+    parts: list[tuple[str, int, str]] = []
+    other = g.other_processes_bytes or 0
+    mine = g.process_bytes
+    if g.torch_allocated_bytes is not None and g.torch_reserved_bytes is not None:
+        parts.append(("torch allocated", g.torch_allocated_bytes, chart.BLUE))
+        parts.append(("reserved, not allocated", max(0, g.torch_reserved_bytes - g.torch_allocated_bytes),
+                      chart.PURPLE))
+        if g.non_torch_bytes is not None:
+            parts.append(("CUDA context and other libraries", g.non_torch_bytes, chart.AMBER))
+        mine = g.process_bytes if g.process_bytes is not None else g.torch_reserved_bytes
+    elif mine is not None:
+        parts.append(("this kernel", mine, chart.BLUE))
+    children = getattr(g, "child_processes_bytes", None) or 0
+    if children:
+        parts.append(("this kernel's child processes", children, chart.TEAL))
+    if other:
+        parts.append(("other processes", other, chart.ORANGE))
+    if used is not None:
+        rest = used - (mine or 0) - children - other
+        if rest > 2**20:  # NVML's used memory nobody here accounts for (driver reserve, hidden processes)
+            parts.append(("used, not attributed", rest, chart.GREY))
+    if total is not None and used is not None:
+        parts.append(("free", max(0, total - used), ""))
+    return parts
+
+
+def memory_bar_html(g: Any) -> str:
+    """One GPU's memory as a stacked bar with a legend that carries the numbers."""
+    total = g.total_bytes
+    parts = memory_parts(g)
+    if not total or not parts:
+        return ""
+    svg = chart.stacked_bar_svg([(n, c) for _, n, c in parts if c], total, BAR_W, BAR_H)
+    words = ", ".join(f"{w} {size(n)}" for w, n, _ in parts)
+    image = chart.img(svg, width=BAR_W, height=BAR_H, alt=f"GPU {g.index} memory of {size(total)}: {words}",
+                      css_class="gpunb-chart")
+    items = chart.legend([(c, f"{w} {size(n)}", False) for w, n, c in parts if n or w == "free"])
+    return (f"<div style='margin:4px 0'><div style='margin-bottom:2px'><b>GPU {g.index}</b> "
+            f"<span style='{DIM}'>{escape(g.name)} · {escape(size(total))}</span></div>{image}"
+            f"<div style='font-size:11px;margin-top:2px'>{items}</div></div>")
+
+
+def _gpu_conclusion(g: Any) -> str:
+    if g.used_bytes is None or not g.total_bytes:
+        return f"GPU {g.index}: memory not readable"
+    s = f"GPU {g.index} {size(g.used_bytes)} of {size(g.total_bytes)} used"
+    if g.process_bytes is not None:
+        s += f", this kernel {size(g.process_bytes)}"
+    if g.torch_allocated_bytes is not None:
+        s += f" (torch {size(g.torch_allocated_bytes)} allocated, {size(g.torch_reserved_bytes)} reserved)"
+    if g.other_processes_bytes:
+        s += f", other processes {size(g.other_processes_bytes)}"
+    return s
+
+
+def memory_headline(r: Any) -> str:
+    """The first line: how full each GPU is and who holds it; without a GPU, why, and the tensors."""
+    c = r.census
+    where = "CUDA" if r.devices_shown == "cuda" else "live"
+    tensors = (f"{size(c.total_bytes())} in {len(c.entries)} {where} tensors" if c is not None and c.entries
+               else f"no {where} tensors")
+    if r.gpus:
+        parts = [_gpu_conclusion(g) for g in r.gpus[:2]]
+        if len(r.gpus) > 2:
+            parts.append(f"and {len(r.gpus) - 2} more GPUs")
+        return "gpunb memory: " + "; ".join(parts) + f" · {tensors}"
+    return f"gpunb memory: no GPU memory to show · {tensors}"
+
+
+MIN_LISTED = 5  # tensors always named (the largest), however small: a tiny notebook still shows its names
+
+
+def _listed(c: Any, top: int) -> tuple[list[Any], list[Any]]:
+    """The tensors worth a row (at most ``top``), and the small ones summed up instead."""
+    limit = max(SMALL_TENSOR_FLOOR, SMALL_TENSOR_SHARE * c.total_bytes())
+    count = max(sum(1 for e in c.entries if e.nbytes >= limit), min(MIN_LISTED, len(c.entries)))
+    shown = list(c.entries[:min(count, top)])  # entries are largest first
+    return shown, list(c.entries[len(shown):])
+
+
+def _rest_line(rest: list[Any], top: int, shown: int) -> str:
+    if not rest:
+        return ""
+    small = max(e.nbytes for e in rest)
+    why = f"top={top} shown" if shown >= top else f"each {size(small)} or less"
+    return f"… {len(rest)} more tensors ({why}): {size(sum(e.nbytes for e in rest))} in all"
 
 
 def _freed_line(f: Any) -> str:
@@ -183,27 +316,38 @@ def _freed_line(f: Any) -> str:
     return s
 
 
+def _census_title(r: Any) -> str:
+    c = r.census
+    where = "CUDA" if r.devices_shown == "cuda" else "all devices"
+    return (f"Live tensors ({where}): {size(c.total_bytes())} in {len(c.entries)} — "
+            + "; ".join(_group_lines(c)))
+
+
 def memory_text(r: Any) -> str:
-    lines = ["gpunb memory"]
+    lines = [memory_headline(r)]
     if r.freed is not None:
         lines.append(_freed_line(r.freed))
     if r.gpus:
-        w = [max(len(h), *(len(row[i]) for row in _gpu_rows(r))) for i, h in enumerate(_GPU_HEAD)]
-        lines.append("  ".join(h.ljust(w[i]) for i, h in enumerate(_GPU_HEAD)))
-        for row in _gpu_rows(r):
-            lines.append("  ".join(c.ljust(w[i]) for i, c in enumerate(row)))
+        head, rows = _gpu_table_rows(r)
+        w = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
+        lines.append("  ".join(h.ljust(w[i]) for i, h in enumerate(head)).rstrip())
+        for row in rows:
+            lines.append("  ".join(c.ljust(w[i]) for i, c in enumerate(row)).rstrip())
+        note = _absent_note(r)
+        if note:
+            lines.append(note)
     for p in r.problems:
         lines.append(f"! {p}")
     c = r.census
     if c is not None:
         if c.entries:
-            lines.append("Live tensors (" + ("CUDA" if r.devices_shown == "cuda" else "all devices") + "): "
-                         + "; ".join(_group_lines(c)))
-            for e in c.entries[:r.top]:
+            lines.append(_census_title(r))
+            shown, rest = _listed(c, r.top)
+            for e in shown:
                 lines.append(f"  {size(e.nbytes):>11}  {e.name}  {'×'.join(map(str, e.shape))} {e.dtype} "
                              f"{e.device} [{e.role}]" + ("" if e.source == "namespace" else f" held by {e.source}"))
-            if len(c.entries) > r.top:
-                lines.append(f"  … {len(c.entries) - r.top} more (top={r.top})")
+            if rest:
+                lines.append("  " + _rest_line(rest, r.top, len(shown)))
         else:
             lines.append("No live tensors found in the notebook's variables.")
         left = c.leftovers
@@ -215,18 +359,27 @@ def memory_text(r: Any) -> str:
 
 
 def memory_html(r: Any) -> str:
-    parts = ["<div><b>gpunb memory</b>"]
+    parts = [f"<div class='gpunb-memory' style='font-family:var(--jp-ui-font-family,sans-serif);font-size:13px'>"
+             f"<div style='font-weight:600;margin-bottom:4px'>{escape(memory_headline(r))}</div>"]
     if r.freed is not None:
         parts.append(f"<div>{escape(_freed_line(r.freed))}</div>")
+    parts += [memory_bar_html(g) for g in r.gpus]
     if r.gpus:
-        parts.append(_table(_GPU_HEAD, _gpu_rows(r)))
+        head, rows = _gpu_table_rows(r)
+        parts.append(_table(head, rows))
+        note = _absent_note(r)
+        if note:
+            parts.append(f"<div style='font-size:11px;{DIM}'>{escape(note)}</div>")
     for p in r.problems:
-        parts.append(f"<div style='color:#a15c00'>{escape(p)}</div>")
+        parts.append(f"<div style='color:{chart.ORANGE}'>{code_html(p)}</div>")
     c = r.census
     if c is not None:
         if c.entries:
-            parts.append("<div>Live tensors: " + escape("; ".join(_group_lines(c))) + "</div>")
-            parts.append(_table(_TENSOR_HEAD, _tensor_rows(c.entries, r.top)))
+            parts.append(f"<div style='margin-top:6px'><b>{escape(_census_title(r))}</b></div>")
+            shown, rest = _listed(c, r.top)
+            parts.append(_table(_TENSOR_HEAD, _tensor_rows(shown, len(shown))))
+            if rest:
+                parts.append(f"<div style='font-size:11px;{DIM}'>{escape(_rest_line(rest, r.top, len(shown)))}</div>")
         else:
             parts.append("<div>No live tensors found in the notebook's variables.</div>")
         if c.leftovers:
@@ -302,53 +455,101 @@ def fit_html(f: Any) -> str:
             f"predicted {escape(str(f.predicted))} (allocated line), "
             f"{escape(str(f.predicted_reserved))} (reserved line)</div>")
     notes = "".join(f"<div>note: {escape(n)}</div>" for n in f.notes)
-    return head + _table(["#", "batch", "why", "result", "peak allocated", "peak reserved", "steps", "time"],
-                         rows) + notes
+    return (head + _table(["#", "batch", "why", "result", "peak allocated", "peak reserved", "steps", "time"],
+                          rows) + notes + fit_chart_html(f))
 
 
-def fit_figure(f: Any) -> Any:
-    """Peak memory against batch size: trials, fitted lines, capacity, the answer."""
+FIT_FIGSIZE = (7.6, 3.4)  # inches at 100 dpi: the plot and its legend beside it
+
+
+def _theme_neutral(fig: Any, ax: Any) -> None:
+    """A transparent figure whose words and axes read on light and dark pages alike."""
+    fig.patch.set_alpha(0.0)
+    ax.set_facecolor("none")
+    for spine in ax.spines.values():
+        spine.set_color(chart.NEUTRAL)
+    ax.tick_params(colors=chart.GREY, which="both")
+    ax.xaxis.label.set_color(chart.GREY)
+    ax.yaxis.label.set_color(chart.GREY)
+    ax.grid(True, which="major", color=chart.NEUTRAL, alpha=0.25, lw=0.6)
+
+
+def fit_figure(f: Any, title: bool = True) -> Any:
+    """Peak memory against batch size (log scale: probes at 8 and 64 stay apart from a
+    prediction at 50,000): trials, fitted lines, capacity, the answer. ``title=False`` when
+    the HTML around it says what it is."""
     from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
 
-    fig = Figure(figsize=(6, 3.4), dpi=100)
+    fig = Figure(figsize=FIT_FIGSIZE, dpi=100)
     ax = fig.add_subplot()
+    _theme_neutral(fig, ax)
     ok = [t for t in f.trials if t.fits and t.peak_allocated_bytes is not None]
     bad = [t for t in f.trials if not t.fits]
     edge = [t for t in ok if t.at_edge]
-    ax.scatter([t.batch for t in ok], [t.peak_allocated_bytes / GiB for t in ok], label="peak allocated", zorder=3)
+    ax.scatter([t.batch for t in ok], [t.peak_allocated_bytes / GiB for t in ok], color=chart.BLUE,
+               label="peak allocated", zorder=3)
     ax.scatter([t.batch for t in ok], [(t.peak_reserved_bytes or 0) / GiB for t in ok], marker="s",
-               label="peak reserved", zorder=3)
+               color=chart.ORANGE, label="peak reserved", zorder=3)
     fb = [t for t in ok if getattr(t, "peak_before_step_bytes", None) is not None]
     if fb:
         ax.scatter([t.batch for t in fb], [t.peak_before_step_bytes / GiB for t in fb], marker="^",
-                   label="peak before optimizer.step (fitted)", zorder=3)
+                   color=chart.PURPLE, label="peak before optimizer.step (fitted)", zorder=3)
     if f.capacity_bytes:
-        ax.axhline(f.capacity_bytes / GiB, color="#c0392b", lw=1, label="capacity")
+        ax.axhline(f.capacity_bytes / GiB, color=chart.RED, lw=1, ls="--", label="capacity")
         for t in bad:
-            ax.scatter([t.batch], [f.capacity_bytes / GiB], marker="x", color="#c0392b", zorder=4)
+            ax.scatter([t.batch], [f.capacity_bytes / GiB], marker="x", color=chart.RED, zorder=4,
+                       label="out of memory" if t is bad[0] else None)
         if edge:
             ax.scatter([t.batch for t in edge], [f.capacity_bytes / GiB] * len(edge), marker="o", facecolors="none",
-                       edgecolors="#c0392b", zorder=4, label="trained, the cache given back")
-    xmax = max([t.batch for t in f.trials] + [f.recommended or 0]) * 1.1
-    for line, style, label in ((f.line_reserved, "--", "fit (reserved)"),
-                               (f.line_allocated, ":", "fit (allocated, used to predict)")):
+                       edgecolors=chart.RED, zorder=4, label="trained, the cache given back")
+    batches = [t.batch for t in f.trials] + [f.recommended or 1]
+    xmin, xmax = max(1.0, min(batches) / 1.5), max(batches) * 1.5
+    xs = [xmin * (xmax / xmin) ** (i / 60) for i in range(61)]  # a straight line is a curve on a log axis
+    for line, style, color, label in ((f.line_reserved, "--", chart.ORANGE, "fit (reserved)"),
+                                      (f.line_allocated, ":", chart.BLUE, "fit (allocated, used to predict)")):
         if line is not None:
-            ax.plot([0, xmax], [line.at(0) / GiB, line.at(xmax) / GiB], style, lw=1, label=label)
+            ax.plot(xs, [line.at(x) / GiB for x in xs], style, color=color, lw=1, label=label)
     if f.recommended:
-        ax.axvline(f.recommended, color="#27ae60", lw=1, label=f"recommended {f.recommended}")
-    ax.set_xlabel("batch size")
+        ax.axvline(f.recommended, color=chart.GREEN, lw=1.2, label=f"recommended {f.recommended}")
+    ax.set_xscale("log")
+    ax.set_xlim(xmin, xmax)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("batch size (log scale)")
     ax.set_ylabel("GiB")
-    ax.set_title(f"peak memory over {f.steps} training steps")
-    ax.legend(fontsize=7, loc="upper left")
+    if title:
+        ax.set_title(f"peak memory over {f.steps} training steps", color=chart.GREY, fontsize=10)
+    # beside the plot, not on it: the capacity line and the curve stay clear
+    legend = ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
+    for text in legend.get_texts():
+        text.set_color(chart.GREY)
     fig.tight_layout()
     return fig
 
 
-def fit_png(f: Any) -> str | None:
+def fit_png(f: Any, dpi: int = 100, title: bool = True) -> str | None:
+    """The figure as base64 PNG (None when it cannot be drawn)."""
     try:
-        fig = fit_figure(f)
+        fig = fit_figure(f, title=title)
         buf = io.BytesIO()
-        fig.savefig(buf, format="png")
+        fig.savefig(buf, format="png", dpi=dpi, transparent=True)
         return base64.b64encode(buf.getvalue()).decode()
     except Exception:
         return None
+
+
+def fit_chart_html(f: Any) -> str:
+    """The memory curve inside the report's HTML (a separate image output would lose to the
+    HTML table in JupyterLab and never be seen)."""
+    if not f.ok or not f.trials:
+        return ""
+    png = fit_png(f, dpi=150, title=False)  # drawn at 1.5x: sharp on high-density screens
+    if png is None:
+        return ""
+    ok = [t for t in f.trials if t.fits]
+    alt = (f"peak memory against batch size (log scale): {len(f.trials)} trials, {len(ok)} trained; "
+           f"capacity {size(f.capacity_bytes)}; largest batch that trained {f.verified}; recommended {f.recommended}")
+    words = escape(alt, quote=True)
+    width, height = (round(v * 100) for v in FIT_FIGSIZE)
+    return (f"<div style='margin-top:6px'><b>Peak memory over {escape(str(f.steps))} training steps</b>"
+            f"<img class='gpunb-chart' src='data:image/png;base64,{png}' width='{width}' height='{height}' "
+            f"alt='{words}' title='{words}' style='display:block;max-width:none'></div>")

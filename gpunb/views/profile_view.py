@@ -1,20 +1,34 @@
-"""Cell profiles as text, HTML and an inline SVG memory timeline; the one-line summary;
-the history table. Pure functions of the records: every dynamic string is escaped."""
+"""Cell profiles as text and HTML, their memory timeline as a chart, the one-line summary,
+the history table. Pure functions of the records: every dynamic string is escaped.
+
+A report starts with its conclusion (the verdict and its reason), then says how the wall
+time splits into set-up, the training loop and what came after, then the measurements
+(one function per section below: ``_rows`` gives the table's rows, ``_advice_*`` the ranked
+advice, ``timeline_html`` the chart), so a new kind of measurement adds a row or a section.
+"""
 
 from __future__ import annotations
 
-import html
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from html import escape
+from typing import TYPE_CHECKING, Any
 
 from gpunb.analysis.profile_history import compare
 from gpunb.analysis.step_plan import COUNTED_STEP
 from gpunb.readings.devices import OWN_BY_RESERVE
 from gpunb.units import byte_rate, flop_count, flop_rate, gib, milliseconds, seconds
+from gpunb.views import chart
+from gpunb.views.chart import DIM, SMALL
+from gpunb.views.markup import code_html
 
 if TYPE_CHECKING:  # the records import this module lazily to display themselves
     from gpunb.analysis.cell_meter import CellLine
     from gpunb.analysis.profile_records import CellProfile
+
+# How each verdict is marked: green when the GPU itself is the limit (as it should be).
+VERDICT_COLOR = {"compute-bound": chart.GREEN, "none": chart.GREY, "on-cpu": chart.RED,
+                 "memory-bound": chart.RED}
+TIMELINE_W, TIMELINE_H = 520, 80
 
 
 def fmt_bytes(n: int | float | None) -> str:
@@ -25,63 +39,106 @@ def _pct(part: float, whole: float) -> str:
     return f"{100 * part / whole:.0f}%" if whole > 0 else "-"
 
 
-def _rows(p: CellProfile) -> list[tuple[str, str]]:
-    """(heading, text) lines shared by the text and HTML forms."""
-    rows: list[tuple[str, str]] = []
-    t = f"wall {seconds(p.wall_s)}"
+# -- the conclusion ------------------------------------------------------------------------
+
+def _cell_name(p: CellProfile) -> str:
+    return f"In [{p.cell}]" if p.cell is not None else "block"
+
+
+def headline(p: CellProfile) -> str:
+    """The report's first line: the verdict, and whose."""
+    v = p.verdict
+    if v.kind == "none":
+        return f"gpuprofile {_cell_name(p)}: {v.headline or 'not judged'}"
+    return f"gpuprofile {_cell_name(p)}: {v.kind} — {v.headline}"
+
+
+def _identity(p: CellProfile) -> str:
+    where = p.gpu.name if p.gpu is not None else "CPU"
+    parts = [f"cell {_cell_name(p)}"]
+    if p.label:
+        parts.append(p.label)
+    parts += [where, f"started {p.started}"]
+    return " · ".join(parts)
+
+
+# -- the measurements ----------------------------------------------------------------------
+
+def time_words(p: CellProfile) -> str:
+    """The wall time split into set-up, loop and after, so "first step", "loop" and "wall"
+    add up in the reader's head."""
+    sh = p.shares
+    wall = p.wall_s
+    if p.steps.count or sh.batches:
+        start = sh.loop_start_s or 0.0
+        after = max(wall - start - sh.loop_s, 0.0)
+        begin = "first batch" if sh.batches else "cell start"
+        pieces = []
+        if start >= 0.0005:
+            pieces.append(f"{seconds(start)} set-up before the loop")
+        pieces.append(f"{seconds(sh.loop_s)} loop ({begin} to last optimizer step: the shares under "
+                      "'where' are of this)")
+        if after >= 0.0005:
+            pieces.append(f"{seconds(after)} after it")
+        t = f"{seconds(wall)} wall = " + " + ".join(pieces)
+    else:
+        t = f"wall {seconds(wall)}"
     if p.synced_wall_s is not None:
-        t += f" · GPU-synchronized {seconds(p.synced_wall_s)}"
+        t += f" · GPU work done at {seconds(p.synced_wall_s)}"
     if p.gpu_time_s is not None:
         t += f" · GPU clock {seconds(p.gpu_time_s)}"
-    t += f" · CPU {seconds(p.cpu_s)}"
-    rows.append(("time", t))
+    return t + f" · CPU {seconds(p.cpu_s)}"
+
+
+def steps_words(p: CellProfile) -> str:
     st = p.steps
-    if st.count:
-        s = f"{st.count} optimizer steps"
-        if p.optimizers > 1:
-            s += f" (first of {p.optimizers} optimizers)"
-        s += f" · first {milliseconds(st.first_ms)}"
-        if st.median_ms is not None:
-            s += f" · median {milliseconds(st.median_ms)} · p90 {milliseconds(st.p90_ms)} (after {st.skipped} warm-up"
-            s += _excluded_words(p) + ")"
-        if st.steps_per_s:
-            s += f" · {st.steps_per_s:.1f} steps/s"
-        if st.samples_per_s:
-            s += f" · {st.samples_per_s:,.0f} samples/s (batch {st.batch_size})"
-        s += f" · timed by {st.source}"
-    else:
-        s = "no optimizer.step() seen (steps are detected with a global optimizer hook, torch >= 2.0)"
-    rows.append(("steps", s))
+    if not st.count:
+        return ("no optimizer.step() seen (steps are found by torch's global optimizer hook, torch >= 2.0; "
+                "optimizers outside torch.optim are not seen)")
+    s = f"{st.count} optimizer steps"
+    if p.optimizers > 1:
+        s += f" (of the first of {p.optimizers} optimizers)"
+    s += f" · the first ended {milliseconds(st.first_ms)} into the cell (set-up included)"
+    if st.median_ms is not None:
+        warm = f"; {st.skipped} warm-up step{'s' if st.skipped != 1 else ''} left out" if st.skipped else ""
+        s += (f" · then a median {milliseconds(st.median_ms)} per step (p90 {milliseconds(st.p90_ms)}{warm}"
+              f"{_excluded_words(p)})")
+    if st.steps_per_s:
+        s += f" · {st.steps_per_s:.1f} steps/s"
+    if st.samples_per_s:
+        s += f" · {st.samples_per_s:,.0f} samples/s (batch {st.batch_size})"
+    return s + f" · timed by {st.source}"
+
+
+def gpu_memory_words(p: CellProfile) -> str:
     g = p.gpu
-    if g is not None:
-        m = (f"torch peak {fmt_bytes(g.peak_allocated_bytes)} allocated / {fmt_bytes(g.peak_reserved_bytes)} reserved"
-             if g.peak_allocated_bytes is not None else
-             "torch peak: not above the earlier peak (--no-reset left the global counter)")
-        if g.nvml_process_bytes is not None:
-            m += f" · NVML this process {fmt_bytes(g.nvml_process_bytes)} at cell end"
-            rest = g.nvml_process_bytes - g.end_reserved_bytes
-            if rest > 0:
-                m += (f" (+{fmt_bytes(rest)} outside torch's cache: CUDA context, cuBLAS/cuDNN/NCCL workspaces, "
-                      "other libraries)")
-            if g.process_match == OWN_BY_RESERVE:
-                m += " (NVML lists it under a container's host PID: matched by torch's reserve)"
-        else:
-            m += " · NVML: this process's memory unknown (MIG, no permission, or a container PID it cannot match)"
-        if g.child_processes_bytes:
-            m += f" · its child processes {fmt_bytes(g.child_processes_bytes)}"
-        if g.nvml_device_peak_bytes is not None:
-            m += f" · NVML device peak {fmt_bytes(g.nvml_device_peak_bytes)} used (all processes)"
-        m += f" · device {fmt_bytes(g.total_bytes)}"
-        if g.other_processes_bytes:
-            m += f", other processes hold {fmt_bytes(g.other_processes_bytes)}"
-        if g.alloc_retries:
-            m += f" · {g.alloc_retries} cudaMalloc retries"
-        rows.append(("GPU memory", m))
+    assert g is not None
+    m = (f"torch peak {fmt_bytes(g.peak_allocated_bytes)} allocated / {fmt_bytes(g.peak_reserved_bytes)} reserved"
+         if g.peak_allocated_bytes is not None else
+         "torch peak: not above the earlier peak (--no-reset left the global counter)")
+    if g.nvml_process_bytes is not None:
+        m += f" · NVML this process {fmt_bytes(g.nvml_process_bytes)} at cell end"
+        rest = g.nvml_process_bytes - g.end_reserved_bytes
+        if rest > 0:
+            m += (f" (+{fmt_bytes(rest)} outside torch's cache: CUDA context, cuBLAS/cuDNN/NCCL workspaces, "
+                  "other libraries)")
+        if g.process_match == OWN_BY_RESERVE:
+            m += " (NVML lists it under a container's host PID: matched by torch's reserve)"
     else:
-        rows.append(("GPU", f"absent: {p.gpu_absent}"))
-    if p.peak_rss_bytes is not None:
-        rows.append(("host memory", f"peak RSS {fmt_bytes(p.peak_rss_bytes)}"
-                     + ("" if p.peak_rss_is_cell else " (lifetime peak of the process; per-cell peak needs Linux)")))
+        m += " · NVML: this process's memory unknown (MIG, no permission, or a container PID it cannot match)"
+    if g.child_processes_bytes:
+        m += f" · its child processes {fmt_bytes(g.child_processes_bytes)}"
+    if g.nvml_device_peak_bytes is not None:
+        m += f" · NVML device peak {fmt_bytes(g.nvml_device_peak_bytes)} used (all processes)"
+    m += f" · device {fmt_bytes(g.total_bytes)}"
+    if g.other_processes_bytes:
+        m += f", other processes hold {fmt_bytes(g.other_processes_bytes)}"
+    if g.alloc_retries:
+        m += f" · {g.alloc_retries} cudaMalloc retries"
+    return m
+
+
+def where_words(p: CellProfile) -> str:
     sh = p.shares
     w = [f"data wait {seconds(sh.data_wait_s)} ({_pct(sh.data_wait_s, sh.loop_s)}) over {sh.batches} batches"
          if sh.batches else "no DataLoader batches"]
@@ -92,10 +149,24 @@ def _rows(p: CellProfile) -> list[tuple[str, str]]:
         w.append("no host syncs")
     w.append(f"output {seconds(sh.output_s)} ({_pct(sh.output_s, sh.loop_s)}) in {sh.output_writes} writes"
              if sh.output_writes else "no output")
+    g = p.gpu
     if g is not None:
         w.append(f"GPU util {g.util_mean_pct:.0f}% mean over {g.util_samples} NVML samples"
                  if g.util_mean_pct is not None else "GPU util: no NVML samples")
-    rows.append(("where", " · ".join(w) + f" — of a {seconds(sh.loop_s)} loop"))
+    return " · ".join(w) + f" — of the {seconds(sh.loop_s)} loop"
+
+
+def _rows(p: CellProfile) -> list[tuple[str, str]]:
+    """(heading, text) rows shared by the text and HTML forms; a new measurement adds a row."""
+    rows: list[tuple[str, str]] = [("time", time_words(p)), ("steps", steps_words(p))]
+    if p.gpu is not None:
+        rows.append(("GPU memory", gpu_memory_words(p)))
+    else:
+        rows.append(("GPU", f"absent: {p.gpu_absent}"))
+    if p.peak_rss_bytes is not None:
+        rows.append(("host memory", f"peak RSS {fmt_bytes(p.peak_rss_bytes)}"
+                     + ("" if p.peak_rss_is_cell else " (lifetime peak of the process; per-cell peak needs Linux)")))
+    rows.append(("where", where_words(p)))
     rows += throughput_rows(p) + ops_rows(p)
     if p.error:
         rows.append(("stopped", f"the cell raised {p.error} (report covers the part that ran)"))
@@ -207,81 +278,126 @@ def ops_rows(p: CellProfile) -> list[tuple[str, str]]:
     return rows
 
 
-def _title(p: CellProfile) -> str:
-    where = p.gpu.name if p.gpu is not None else "CPU"
-    label = f" · {p.label}" if p.label else ""
-    cell = f" · cell [{p.cell}]" if p.cell is not None else ""
-    return f"gpuprofile{cell}{label} · {where}"
+# -- text ----------------------------------------------------------------------------------
 
-
-def profile_text(p: CellProfile) -> str:
-    lines = [_title(p)]
-    lines += [f"  {h:<11} {t}" for h, t in _rows(p)]
-    v = p.verdict
-    lines.append(f"  {'verdict':<11} {v.kind.upper()}: {v.headline} — {v.reason}" if v.kind != "none"
-                 else f"  {'verdict':<11} {v.headline} ({v.reason})")
+def _advice_text(p: CellProfile) -> list[str]:
+    lines = []
     for i, a in enumerate(p.advice, 1):
         gain = f" [up to {100 * a.gain:.0f}% of the loop]" if a.gain else ""
         lines.append(f"  {i}. {a.title}{gain}: {a.reason}" + (f"\n       {a.how}" if a.how else ""))
+    return lines
+
+
+def profile_text(p: CellProfile) -> str:
+    lines = [headline(p)]
+    if p.verdict.reason:
+        lines.append(f"  {'why':<11} {p.verdict.reason}")
+    lines.append(f"  {'cell':<11} {_identity(p)}")
+    lines += [f"  {h:<11} {t}" for h, t in _rows(p)]
+    if p.advice:
+        lines.append("  what to do")
+        lines += _advice_text(p)
     return "\n".join(lines)
 
 
-def timeline_svg(p: CellProfile, width: int = 560, height: int = 90) -> str:
-    """Memory over the cell (allocated, and reserved on a GPU), step ends as ticks."""
+# -- HTML ----------------------------------------------------------------------------------
+
+def _verdict_html(p: CellProfile) -> str:
+    v = p.verdict
+    color = VERDICT_COLOR.get(v.kind, chart.AMBER)
+    tag = (f'<span style="display:inline-block;padding:0 6px;border-radius:8px;border:1px solid {color};'
+           f'color:{color};font-weight:600;margin-right:6px">'
+           f'{escape(v.kind if v.kind != "none" else "no verdict")}</span>')
+    head = f'<div style="font-size:14px">{tag}<b>{escape(v.headline or "not judged")}</b></div>'
+    reason = f"<div>{code_html(v.reason)}</div>" if v.reason else ""
+    who = f'<div style="{SMALL};{DIM};margin:2px 0 6px 0">gpuprofile · {escape(_identity(p))}</div>'
+    return head + reason + who
+
+
+def _rows_html(p: CellProfile) -> str:
+    th = "text-align:left;padding:2px 1em 2px 0;vertical-align:top;white-space:nowrap"
+    rows = "".join(f"<tr><th style='{th}'>{escape(h)}</th><td style='text-align:left;padding:2px 0'>"
+                   f"{escape(t)}</td></tr>" for h, t in _rows(p))
+    return f"<table style='border-collapse:collapse;margin:0'>{rows}</table>"
+
+
+def _advice_html(p: CellProfile) -> str:
+    if not p.advice:
+        return ""
+    items = "".join(
+        f"<li><b>{escape(a.title)}</b>" + (f" (up to {100 * a.gain:.0f}% of the loop)" if a.gain else "")
+        + f": {code_html(a.reason)}" + (f"<br><code>{escape(a.how)}</code>" if a.how else "") + "</li>"
+        for a in p.advice)
+    return f"<div style='margin-top:6px'><b>What to do</b><ol style='margin:2px 0'>{items}</ol></div>"
+
+
+def timeline_svg(p: CellProfile, width: int = TIMELINE_W, height: int = TIMELINE_H) -> tuple[str, float] | None:
+    """Memory over the cell on a scale from 0 (a few MiB of change stay a few MiB), step
+    ends as ticks along the baseline. Returns the SVG and the scale's top in bytes."""
     pts = p.memory_timeline
     if len(pts) < 2:
-        return ""
+        return None
     t_end = max(max(t for t, _, _ in pts), p.wall_s, 1e-9)
-    top = max(max(a for _, a, _ in pts), max((r or 0) for _, _, r in pts), 1)
-    pad = 4
+    high = max(max(a for _, a, _ in pts), max((r or 0) for _, _, r in pts), 1)
+    unit = 2**30 if high >= 2**30 else 2**20  # a round number of GiB, or of MiB below 1 GiB
+    top = chart.nice_ceiling(high / unit) * unit
+    pad_top, base = 2.0, height - 1.0
 
     def xy(t: float, v: float) -> str:
-        return f"{pad + (width - 2 * pad) * t / t_end:.1f},{height - pad - (height - 2 * pad) * v / top:.1f}"
+        return f"{(width - 1) * t / t_end:.1f},{base - (base - pad_top) * v / top:.1f}"
 
-    alloc = " ".join(xy(t, a) for t, a, _ in pts)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             f'role="img" aria-label="memory over the cell">',
-             f'<rect width="{width}" height="{height}" fill="none" stroke="#ccc"/>']
+    body = [chart.frame_lines(width, height, top=pad_top, bottom=base,
+                              x_marks=[width * f for f in (0.25, 0.5, 0.75)])]
     marks = p.step_marks_s
     step = max(1, len(marks) // 200)  # at most ~200 ticks
-    for t in marks[::step]:
-        x = pad + (width - 2 * pad) * t / t_end
-        parts.append(f'<line x1="{x:.1f}" y1="{height - pad}" x2="{x:.1f}" y2="{height - pad - 6}" stroke="#999"/>')
+    ticks = " ".join(f"M{(width - 1) * t / t_end:.1f},{base}v-5" for t in marks[::step])
+    if ticks:
+        body.append(f'<path d="{ticks}" stroke="{chart.NEUTRAL}" stroke-opacity="0.9" stroke-width="1"/>')
     if any(r is not None for _, _, r in pts):
         reserved = " ".join(xy(t, r) for t, _, r in pts if r is not None)
-        parts.append(f'<polyline points="{reserved}" fill="none" stroke="#e69f00" stroke-width="1.5"/>')
-    parts.append(f'<polyline points="{alloc}" fill="none" stroke="#0072b2" stroke-width="1.5"/>')
-    parts.append(f'<text x="{pad + 2}" y="12" font-size="10" fill="#555">{html.escape(fmt_bytes(top))}</text>')
-    parts.append("</svg>")
-    return "".join(parts)
+        body.append(f'<polyline points="{reserved}" fill="none" stroke="{chart.ORANGE}" stroke-width="1.5"/>')
+    alloc = " ".join(xy(t, a) for t, a, _ in pts)
+    body.append(f'<polyline points="{alloc}" fill="none" stroke="{chart.BLUE}" stroke-width="1.5"/>')
+    return chart.svg_document(width, height, "".join(body)), top
+
+
+def timeline_html(p: CellProfile) -> str:
+    drawn = timeline_svg(p) if p.extra.get("timeline", True) else None
+    if drawn is None:
+        return ""
+    svg, top = drawn
+    pts = p.memory_timeline
+    on_gpu = p.gpu is not None
+    values = [a for _, a, _ in pts]
+    what = "allocated by torch" if on_gpu else "resident memory (RSS)"
+    words = (f"{what}: start {fmt_bytes(values[0])}, lowest {fmt_bytes(min(values))}, "
+             f"peak {fmt_bytes(max(values))}, end {fmt_bytes(values[-1])}")
+    reserved = [r for _, _, r in pts if r is not None]
+    if reserved:
+        words += f" · reserved: peak {fmt_bytes(max(reserved))}, end {fmt_bytes(reserved[-1])}"
+    items = [(chart.BLUE, "allocated" if on_gpu else "RSS", False)]
+    if reserved:
+        items.append((chart.ORANGE, "reserved", False))
+    items.append((chart.NEUTRAL, f"{len(p.step_marks_s)} optimizer steps (ticks)", False))
+    t_end = max(max(t for t, _, _ in pts), p.wall_s, 1e-9)
+    image = chart.img(svg, width=TIMELINE_W, height=TIMELINE_H,
+                      alt=f"memory over the cell, scale 0 to {fmt_bytes(top)}; {words}", css_class="gpunb-chart")
+    return (f'<div class="gpunb-timeline" style="margin-top:8px">'
+            f'<div><b>Memory over the cell</b> <span style="{SMALL}">{chart.legend(items)}</span></div>'
+            f'<div style="{SMALL};{DIM};margin-bottom:2px">{escape(words)}</div>'
+            f'<div style="display:flex">{image}{chart.y_scale(fmt_bytes(top), "0", TIMELINE_H, width=70)}</div>'
+            f'{chart.time_axis(["0 s", seconds(t_end / 2), seconds(t_end)], TIMELINE_W)}</div>')
 
 
 def profile_html(p: CellProfile) -> str:
-    e = html.escape
-    rows = "".join(f"<tr><th style='text-align:left;padding-right:1em;vertical-align:top'>{e(h)}</th>"
-                   f"<td style='text-align:left'>{e(t)}</td></tr>" for h, t in _rows(p))
-    v = p.verdict
-    out = [f"<div class='gpunb-profile'><b>{e(_title(p))}</b>",
-           f"<table>{rows}</table>",
-           (f"<p><b>verdict: {e(v.kind)}</b> — {e(v.headline)}: {e(v.reason)}</p>" if v.kind != "none"
-            else f"<p>{e(v.headline)} ({e(v.reason)})</p>")]
-    if p.advice:
-        items = "".join(
-            f"<li><b>{e(a.title)}</b>" + (f" (up to {100 * a.gain:.0f}% of the loop)" if a.gain else "")
-            + f": {e(a.reason)}" + (f"<br><code>{e(a.how)}</code>" if a.how else "") + "</li>" for a in p.advice)
-        out.append(f"<ol>{items}</ol>")
-    svg = timeline_svg(p) if p.extra.get("timeline", True) else ""
-    if svg:
-        label = "allocated (blue) and reserved (orange)" if p.gpu is not None else "resident memory"
-        out.append(f"<div>{svg}<br><small>memory over the cell: {e(label)}; ticks = optimizer steps</small></div>")
-    out.append("</div>")
-    return "".join(out)
+    return (f"<div class='gpunb-profile' style='font-family:var(--jp-ui-font-family,sans-serif);font-size:13px'>"
+            f"{_verdict_html(p)}{_rows_html(p)}{_advice_html(p)}{timeline_html(p)}</div>")
 
 
 # -- one line per cell ---------------------------------------------------------------------
 
 def one_line_text(line: CellLine) -> str:
-    parts = [f"⏱ {seconds(line.wall_s)}"]
+    parts = [seconds(line.wall_s)]
     if line.synced_wall_s is not None and line.synced_wall_s - line.wall_s > 0.0005:
         parts[0] += f" (GPU done at {seconds(line.synced_wall_s)})"
     if line.peak_vram_bytes is not None:
@@ -292,37 +408,51 @@ def one_line_text(line: CellLine) -> str:
         parts.append(f"GPU util {line.util_pct:.0f}%")
     if line.peak_rss_bytes is not None:
         parts.append(f"peak RSS {fmt_bytes(line.peak_rss_bytes)}")
-    return "gpuprofile: " + " · ".join(parts)
+    who = f" In [{line.cell}]" if line.cell is not None else ""
+    return f"gpuprofile{who}: " + " · ".join(parts)
 
 
 # -- history -----------------------------------------------------------------------------
 
-def history_rows(entries: Sequence[CellProfile]) -> list[list[str]]:
-    rows = []
-    for i, p in enumerate(entries):
-        versus = compare(entries[i - 1], p).words() if i else ""
-        peak = p.gpu.peak_allocated_bytes if p.gpu is not None else p.peak_rss_bytes
-        rows.append([str(i + 1), f"[{p.cell}]" if p.cell is not None else "api", p.label or "", seconds(p.wall_s),
-                     milliseconds(p.steps.median_ms), str(p.steps.count), fmt_bytes(peak), p.verdict.kind,
-                     f"vs #{i}: {versus}" if versus else ""])
-    return rows
-
-
 HISTORY_HEADER = ["#", "cell", "label", "wall", "median step", "steps", "peak mem", "verdict", "compared"]
 
 
-def history_text(entries: Sequence[CellProfile]) -> str:
+def _history_row(i: int, p: Any, previous: Any | None) -> list[str]:
+    versus = compare(previous, p).words() if previous is not None else ""
+    cell = f"[{p.cell}]" if p.cell is not None else "api"
+    if getattr(p, "steps", None) is None:  # a cell of the one-line mode: timed, not judged
+        peak = p.peak_vram_bytes if p.peak_vram_bytes is not None else p.peak_rss_bytes
+        return [str(i + 1), cell, p.label or "", seconds(p.wall_s), "-", "-", fmt_bytes(peak), "one-line",
+                f"vs #{i}: {versus}" if versus else ""]
+    peak = p.gpu.peak_allocated_bytes if p.gpu is not None else p.peak_rss_bytes
+    return [str(i + 1), cell, p.label or "", seconds(p.wall_s), milliseconds(p.steps.median_ms),
+            str(p.steps.count), fmt_bytes(peak), p.verdict.kind, f"vs #{i}: {versus}" if versus else ""]
+
+
+def history_rows(entries: Sequence[Any]) -> list[list[str]]:
+    return [_history_row(i, p, entries[i - 1] if i else None) for i, p in enumerate(entries)]
+
+
+def history_text(entries: Sequence[Any]) -> str:
     if not entries:
-        return "gpuprofile history: no profiled cells yet (run a cell with %%gpuprofile)"
+        return ("gpuprofile history: no profiled cells yet (run a cell with %%gpuprofile, or "
+                "%gpuprofile on for a line after every cell)")
     rows = [HISTORY_HEADER, *history_rows(entries)]
     widths = [max(len(r[c]) for r in rows) for c in range(len(HISTORY_HEADER))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows)
+    head = f"gpuprofile history: {len(entries)} cell{'s' if len(entries) != 1 else ''}"
+    if len(entries) > 1:
+        latest = compare(entries[-2], entries[-1]).words()
+        head += f"; the last against the one before: {latest or 'nothing comparable'}"
+    return head + "\n" + "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows)
 
 
-def history_html(entries: Sequence[CellProfile]) -> str:
-    e = html.escape
+def history_html(entries: Sequence[Any]) -> str:
     if not entries:
-        return f"<p>{e(history_text(entries))}</p>"
-    head = "".join(f"<th>{e(h)}</th>" for h in HISTORY_HEADER)
-    body = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in history_rows(entries))
-    return f"<table class='gpunb-history'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        return f"<p>{escape(history_text(entries))}</p>"
+    cell = "text-align:left;padding:2px 8px"
+    head = "".join(f"<th style='{cell}'>{escape(h)}</th>" for h in HISTORY_HEADER)
+    body = "".join("<tr>" + "".join(f"<td style='{cell}'>{escape(c)}</td>" for c in r) + "</tr>"
+                   for r in history_rows(entries))
+    title = history_text(entries).splitlines()[0]
+    return (f"<div><b>{escape(title)}</b></div><table class='gpunb-history' style='border-collapse:collapse'>"
+            f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")

@@ -1,9 +1,11 @@
-"""Sampler windows drawn as inline SVG sparklines, HTML panels and one text line.
+"""The monitor drawn: one row per GPU of small charts with scales, a host row, one text line.
 
-Pure functions: a :class:`~gpunb.analysis.sampler.Window` in, a string out. Every
-dynamic string is escaped (GPU names and notes are not ours). The SVG is plain markup
-(no script, no external CSS), so it renders in a core ``ipywidgets.HTML``, in a saved
-notebook, in nbconvert's HTML and on GitHub.
+Pure functions and a drawing class: sampler rows in, a string out. The HTML is a table
+with fixed column widths (one row per GPU, one column per reading), so eight GPUs stay
+readable and nothing wraps freely. Each chart is an SVG shown as a data-URI ``<img>``
+(:mod:`gpunb.views.chart`: it survives untrusted notebooks, saving and nbconvert); its
+scale, latest value, window maximum, legend and time axis are HTML words around it, in
+the theme's own colours. Every dynamic string is escaped (GPU names and notes are not ours).
 """
 
 from __future__ import annotations
@@ -12,27 +14,33 @@ import html
 import math
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from gpunb.analysis.sampler import GpuSeries, Window
 from gpunb.readings.gpu import CLOCK_EVENT_REASONS, SLOWDOWN_BITS
+from gpunb.views import chart
+from gpunb.views.chart import DIM, SMALL
 from gpunb.views.holders_view import holders_html, holders_text
 
-WIDTH = 260
-# Points per chart: about one per two pixels. Rows beyond that are merged into buckets.
-MAX_POINTS = 130
-HEIGHT = 46
-_PLOT_TOP = 14  # room for the label line
+WIDTH = 100  # plot pixels of one chart
+HEIGHT = 38
+# Points per chart: about one per pixel. Rows beyond that are merged into buckets.
+MAX_POINTS = 100
+_TOP = 2.0  # the scale's top is drawn this far below the image's edge (a line there stays whole)
+_LABEL_W = 104  # the GPU column
+_SCALE_W = 26  # the scale's numbers beside a chart
+_CELL_W = WIDTH + _SCALE_W + 12  # chart, its scale, padding
+MEMORY_FLOOR_MIB = 1024.0  # a memory scale never shows less than 1 GiB
 _COLORS = {
-    "own": "#2f7ed8",
-    "other": "#e4572e",
-    "util": "#17a673",
-    "power": "#d98c00",
-    "temp": "#c2185b",
-    "clock": "#6a51a3",
-    "cpu": "#0f8b8d",
-    "ram": "#7a6f5a",
+    "own": chart.BLUE,
+    "other": chart.ORANGE,
+    "util": chart.GREEN,
+    "power": chart.AMBER,
+    "temp": chart.PINK,
+    "clock": chart.PURPLE,
+    "cpu": chart.TEAL,
+    "ram": chart.GREY,
 }
 # Reasons worth a badge: a slowdown, or a cap the user might not know about. "idle" is not.
 _BADGE_BITS = SLOWDOWN_BITS | 0x4 | 0x2 | 0x10
@@ -40,10 +48,6 @@ _BADGE_BITS = SLOWDOWN_BITS | 0x4 | 0x2 | 0x10
 
 def _e(value: object) -> str:
     return html.escape(str(value), quote=True)
-
-
-def _fmt(value: float | None, digits: int = 0) -> str:
-    return "n/a" if value is None else f"{value:,.{digits}f}"
 
 
 def _with(value: float | None, unit: str, digits: int = 0) -> str:
@@ -60,20 +64,6 @@ def _latest(values: Sequence[float | None]) -> float | None:
     return None
 
 
-def _frame(title: str, label: str, value_text: str, body: str, width: int, height: int) -> str:
-    return (
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="gpunb-spark" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" role="img" aria-label="{_e(title)}" '
-        f'style="font:11px sans-serif;overflow:hidden">'
-        f"<title>{_e(title)}</title>"
-        f'<rect x="0.5" y="{_PLOT_TOP - 0.5}" width="{width - 1}" height="{height - _PLOT_TOP}" '
-        f'fill="none" stroke="currentColor" stroke-opacity="0.15"/>'
-        f'<text x="2" y="10" fill="currentColor" fill-opacity="0.75">{_e(label)}</text>'
-        f'<text x="{width - 2}" y="10" text-anchor="end" fill="currentColor" font-weight="bold">{_e(value_text)}</text>'
-        f"{body}</svg>"
-    )
-
-
 def _path_d(texts: Iterable[str], tail: str = "") -> str:
     """Join path pieces ("M x,y" starts a run, "L x,y" continues it); a path must start
     with M even when its first pieces scrolled out of the window."""
@@ -83,19 +73,31 @@ def _path_d(texts: Iterable[str], tail: str = "") -> str:
     return "M" + d[1:] if d.startswith("L") else d
 
 
+def memory_scale(peak: float | None, capacity: float | None, floor: float = MEMORY_FLOOR_MIB) -> float:
+    """The top of a memory chart in MiB: what is used (with room above) on a round number
+    of GiB, not the capacity, so a few GiB on a 140 GiB GPU are not a flat line; the
+    capacity itself once use comes near it."""
+    top = chart.nice_ceiling(max((peak or 0.0) * 1.15, floor) / 1024) * 1024
+    if capacity and top >= 0.8 * capacity:
+        return float(capacity)
+    return top
+
+
 class _Track:
     """One chart's points, one per bucket of rows, already formatted: a redraw only
     formats the newest bucket and joins strings (the sampler thread holds the GIL while
-    drawing, so the cost must not grow with the window)."""
+    drawing, so the cost must not grow with the window). ``scale`` (for memory) picks the
+    top from the window's peak; without it the top is fixed."""
 
-    def __init__(self, panel: SparkPanel, key: str, y_max: float | None) -> None:
+    def __init__(self, panel: SparkPanel, key: str, top: float | None,
+                 scale: Callable[[float | None], float] | None = None) -> None:
         self.panel = panel
         self.key = key
-        self.fixed = bool(y_max)
-        self.top = float(y_max) if y_max else 1.0
+        self.scale = scale
+        self.fixed = bool(top)
+        self.top = float(top) if top else (scale(None) if scale else 1.0)
         self.items: deque[list] = deque()  # [t, vmax, vmin, text]; text "" marks a gap
         self.prev_gap = True
-        self.latest: float | None = None
 
     def _text(self, t: float, v: float, new_run: bool) -> str:
         p = self.panel
@@ -108,13 +110,18 @@ class _Track:
             self.prev_gap = True
             return
         vmax, vmin = max(values), min(values)
-        if not self.fixed and vmax > self.top:
-            self.top = vmax * 1.25  # room above; every point is re-placed once
-            self._rebuild()
+        if vmax > self.top:
+            if self.scale is not None:
+                self.set_top(self.scale(vmax))
+            elif not self.fixed:  # no known limit: grow with the data (every point re-placed once)
+                self.set_top(vmax * 1.25)
         self.items.append([t, vmax, vmin, self._text(t, vmax, new_run or self.prev_gap)])
         self.prev_gap = False
 
-    def _rebuild(self) -> None:
+    def set_top(self, top: float) -> None:
+        if top == self.top or not top > 0:
+            return
+        self.top = top
         gap = True
         for item in self.items:
             if item[1] is None:
@@ -122,6 +129,11 @@ class _Track:
                 continue
             item[3] = self._text(item[0], item[1], gap or item[3].startswith("M"))
             gap = False
+
+    def fit_scale(self, pending: list) -> None:
+        """Rescale to the window's peak (it may have scrolled out since the last frame)."""
+        if self.scale is not None:
+            self.set_top(self.scale(self.stats(pending)[1]))
 
     def pending_text(self, t: float | None, values: list, new_run: bool) -> str:
         if t is None or not values:
@@ -156,9 +168,9 @@ class SparkPanel:
     ) -> None:
         self.window_s, self.hz, self.width, self.height = window_s, hz, width, height
         self.k = max(1, math.ceil(window_s * hz / max_points))
-        self.xs = (width - 2) / window_s
+        self.xs = (width - 1) / window_s
         self.base = height - 1.0
-        self.ys = height - _PLOT_TOP - 2.0
+        self.ys = height - 1.0 - _TOP
         self.bar_w = max(1.0, self.k / hz * self.xs + 0.4)  # memory bars touch each other
         self.break_s = max(3.0 / hz, 1.5 * self.k / hz)  # a longer pause breaks the line
         self.cpu_count = cpu_count
@@ -173,17 +185,25 @@ class SparkPanel:
         self.memory: dict[int, tuple[_Track, _Track]] = {}
         self.events: dict[int, deque] = {}
         self.latest: dict[str, Any] = {}
+        self.slowdown_c: dict[int, float | None] = {}
         for g in gpus:
             col = f"gpu{g.index}_"
             self.tracks[col + "util_pct"] = _Track(self, col + "util_pct", 100)
-            self.tracks[col + "power_w"] = _Track(self, col + "power_w", g.power_limit_w)
-            self.tracks[col + "temp_c"] = _Track(self, col + "temp_c", 100)
+            # Power and temperature leave room above their limit, so the limit line shows.
+            power_top = chart.nice_ceiling(g.power_limit_w * 1.08) if g.power_limit_w else None
+            self.tracks[col + "power_w"] = _Track(self, col + "power_w", power_top)
+            self.slowdown_c[g.index] = g.temp_slowdown_c
+            temp_top = max(100.0, chart.nice_ceiling(g.temp_slowdown_c + 5)) if g.temp_slowdown_c else 100
+            self.tracks[col + "temp_c"] = _Track(self, col + "temp_c", temp_top)
             self.tracks[col + "sm_clock_mhz"] = _Track(self, col + "sm_clock_mhz", g.max_sm_clock_mhz)
             total = g.memory_total_mib
-            self.memory[g.index] = (_Track(self, col + "mem_used_mib", total), _Track(self, col + "mem_own_mib", total))
+            scale = lambda peak, total=total: memory_scale(peak, total)  # noqa: E731
+            self.memory[g.index] = (_Track(self, col + "mem_used_mib", None, scale),
+                                    _Track(self, col + "mem_own_mib", None, scale))
             self.events[g.index] = deque()  # [t, mask]
         self.tracks["cpu_pct"] = _Track(self, "cpu_pct", 100)
-        self.tracks["ram_used_mib"] = _Track(self, "ram_used_mib", ram_total_mib)
+        self.tracks["ram_used_mib"] = _Track(
+            self, "ram_used_mib", None, lambda peak: memory_scale(peak, ram_total_mib, floor=512.0))
         self._keys = list(self.tracks) + [t.key for pair in self.memory.values() for t in pair] + [
             f"gpu{i}_clock_events" for i in self.events
         ]
@@ -225,6 +245,7 @@ class SparkPanel:
             track.add(t, self._pending.get(key, []), new_run)
         for used, own in self.memory.values():
             used.add(t, self._pending.get(used.key, []), new_run)
+            own.set_top(used.top)  # both draw on one scale
             own.add(t, self._pending.get(own.key, []), new_run)
         for index, events in self.events.items():
             masks = self._pending.get(f"gpu{index}_clock_events", [])
@@ -251,34 +272,69 @@ class SparkPanel:
     # -- drawing ------------------------------------------------------------------
     def _shift(self) -> str:
         t_last = self.t_last or 0.0
-        return "%.1f" % (1 - (t_last - self.window_s) * self.xs)
+        return "%.1f" % (-(t_last - self.window_s) * self.xs)
+
+    def _x_marks(self) -> list[float]:
+        return [self.width * f for f in (0.25, 0.5, 0.75)]
+
+    def _y(self, value: float, top: float) -> float:
+        return self.base - min(max(value, 0.0), top) * self.ys / top
+
+    def _image(self, body: str, alt: str, threshold_y: float | None = None) -> str:
+        lines = chart.frame_lines(self.width, self.height, top=_TOP, bottom=self.base, x_marks=self._x_marks())
+        if threshold_y is not None:
+            lines += chart.threshold_line(threshold_y, self.width)
+        svg = chart.svg_document(self.width, self.height, lines + body)
+        return chart.img(svg, width=self.width, height=self.height, alt=alt)
+
+    def _cell(self, value_text: str, peak_text: str, picture: str, top: float | None, *,
+              title: str = "", under: str = "") -> str:
+        """A chart with its latest value (and window maximum) above and its scale beside it."""
+        head = (f'<div style="display:flex;justify-content:space-between;align-items:baseline;gap:4px;'
+                f'width:{self.width + _SCALE_W}px;white-space:nowrap">'
+                f'<b>{_e(value_text)}</b><span style="{SMALL};{DIM}">{_e(peak_text)}</span></div>')
+        if title:
+            head = f'<div style="{SMALL};{DIM};white-space:nowrap">{_e(title)}</div>' + head
+        scale = chart.y_scale(chart.axis_number(top), "0", self.height, width=_SCALE_W) if top else ""
+        return (f'<td style="padding:3px 6px;vertical-align:top;text-align:left">{head}'
+                f'<div style="display:flex">{picture}{scale}</div>{under}</td>')
+
+    def _has_points(self, track: _Track, pending: list) -> bool:
+        return bool(pending) or any(it[1] is not None for it in track.items)
 
     def _line(self, key: str, *, label: str, unit: str, color: str, digits: int = 0, scale: float = 1.0,
-              extra: str = "") -> str:
+              threshold: float | None = None, threshold_words: str = "", title: str = "") -> str:
         track = self.tracks[key]
         pending = self._pending.get(key, [])
-        d = _path_d((it[3] for it in track.items), track.pending_text(self._pending_t, pending, self._new_run()))
+        track.fit_scale(pending)
         latest = self.latest.get(key)
-        value_text = "n/a" if latest is None else f"{latest * scale:,.{digits}f} {unit}".strip()
+        value_text = "n/a" if latest is None else f"{latest * scale:.{digits}f} {unit}".strip()
         lo, hi, gaps, n = track.stats(pending)
+        peak_text = "" if hi is None else f"max {hi * scale:.{digits}f}"
         if hi is None or lo is None:  # (both or neither)
             stats = "no reading in this window"
         else:
             stats = f"latest {value_text}; min {lo * scale:,.{digits}f}, max {hi * scale:,.{digits}f} {unit}"
         if gaps:
             stats += f"; {gaps} of {n} points have no reading"
-        title = f"{label}{extra}: {stats} (last {self.window_s:g} s)"
-        body = (
-            f'<g transform="translate({self._shift()},0)"><path d="{d}" fill="none" stroke="{color}" '
-            f'stroke-width="1.5" stroke-linejoin="round"/></g>'
-            if d else ""
-        )
-        return _frame(title, label + extra, value_text, body, self.width, self.height)
+        if threshold:
+            stats += f"; {threshold_words} {threshold * scale:,.{digits}f} {unit}"
+        alt = f"{label}: {stats} (last {chart.span_words(self.window_s)}, scale 0 to " \
+              f"{chart.axis_number(track.top * scale)} {unit})"
+        if not self._has_points(track, pending):
+            words = "no reading in this window" if hi is None and n else "waiting for the first samples"
+            return self._cell(value_text, peak_text, chart.waiting_box(self.width, self.height, words),
+                              None, title=title)
+        d = _path_d((it[3] for it in track.items), track.pending_text(self._pending_t, pending, self._new_run()))
+        if " " not in d:  # one point so far: a zero-length segment, drawn as a dot by its round caps
+            d = f"{d} L{d[1:]}"
+        body = (f'<g transform="translate({self._shift()},0)"><path d="{d}" fill="none" stroke="{color}" '
+                f'stroke-width="1.5" stroke-linejoin="round" stroke-linecap="round"/></g>') if d else ""
+        limit_y = self._y(threshold, track.top) if threshold and threshold <= track.top else None
+        return self._cell(value_text, peak_text, self._image(body, alt, limit_y), track.top * scale, title=title)
 
-    def _memory(self, g: GpuSeries) -> str:
-        used, own = self.memory[g.index]
+    def _memory_bars(self, used: _Track, own: _Track, p_used: list, p_own: list) -> tuple[str, bool]:
         total = used.top
-        p_used, p_own = self._pending.get(used.key, []), self._pending.get(own.key, [])
         split = any(it[1] is not None for it in own.items) or bool(p_own)
         bars_own, bars_other = [], []
         points = [(it[0], it[1], o[1]) for it, o in zip(used.items, own.items)]
@@ -288,37 +344,49 @@ class SparkPanel:
             if u is None:
                 continue
             x = t * self.xs
-            y_used = self.base - min(u, total) / total * self.ys
+            y_used = self._y(u, total)
             if split and o is not None:
-                y_own = self.base - min(o, u) / total * self.ys
+                y_own = self._y(min(o, u), total)
                 bars_own.append(f"M{x:.1f},{self.base:.1f}V{y_own:.1f}")
                 bars_other.append(f"M{x:.1f},{y_own:.1f}V{y_used:.1f}")
             else:
                 bars_other.append(f"M{x:.1f},{self.base:.1f}V{y_used:.1f}")
         body = "".join(
-            f'<path d="{" ".join(bars)}" stroke="{color}" stroke-opacity="0.7" stroke-width="{self.bar_w:.1f}"/>'
+            f'<path d="{" ".join(bars)}" stroke="{color}" stroke-opacity="0.85" stroke-width="{self.bar_w:.1f}"/>'
             for bars, color in ((bars_own, _COLORS["own"]), (bars_other, _COLORS["other"]))
             if bars
         )
-        if body:
-            body = f'<g transform="translate({self._shift()},0)">{body}</g>'
+        return (f'<g transform="translate({self._shift()},0)">{body}</g>' if body else ""), split
+
+    def _memory(self, g: GpuSeries) -> str:
+        used, own = self.memory[g.index]
+        p_used, p_own = self._pending.get(used.key, []), self._pending.get(own.key, [])
+        used.fit_scale(p_used)
+        own.set_top(used.top)
+        body, split = self._memory_bars(used, own, p_used, p_own)
+        total = g.memory_total_mib
         u, o = self.latest.get(used.key), self.latest.get(own.key)
-        value_text = "n/a" if u is None else f"{u / 1024:.1f} / {total / 1024:.1f} GiB"
+        value_text = "n/a" if u is None else f"{u / 1024:.1f} GiB"
         if u is None:
             stats = "no reading now"
         elif o is None:
-            stats = f"used {u / 1024:.2f} GiB (per-process split unknown), free {(total - u) / 1024:.2f} GiB"
+            stats = f"used {u / 1024:.2f} GiB (per-process split unknown)"
         else:
-            stats = (
-                f"this kernel {o / 1024:.2f} GiB, other processes {max(0.0, u - o) / 1024:.2f} GiB, "
-                f"free {(total - u) / 1024:.2f} GiB of {total / 1024:.1f} GiB"
-            )
+            stats = f"this kernel {o / 1024:.2f} GiB, other processes {max(0.0, u - o) / 1024:.2f} GiB"
+        if u is not None and total:
+            stats += f", free {(total - u) / 1024:.2f} GiB of {total / 1024:.1f} GiB"
         _, hi, _, _ = used.stats(p_used)
+        peak_text = "" if hi is None else f"max {hi / 1024:.1f}"
         if hi is not None:
             stats += f"; peak in window {hi / 1024:.2f} GiB"
-        title = f"GPU {g.index} memory: {stats} (last {self.window_s:g} s)"
-        label = "memory (this kernel / other)" if split else "memory (all processes)"
-        return _frame(title, label, value_text, body, self.width, self.height)
+        at_capacity = bool(total) and used.top >= (total or 0)
+        alt = (f"GPU {g.index} memory: {stats} (last {chart.span_words(self.window_s)}, scale 0 to "
+               f"{chart.axis_number(used.top / 1024)} GiB" + (", the capacity)" if at_capacity else ")"))
+        gauge = _capacity_gauge(u, o if split else None, total, self.width)
+        if not self._has_points(used, p_used):
+            picture = chart.waiting_box(self.width, self.height)
+            return self._cell(value_text, peak_text, picture, None, under=gauge)
+        return self._cell(value_text, peak_text, self._image(body, alt), used.top / 1024, under=gauge)
 
     def _badge(self, index: int) -> str:
         events = [m for _, m in self.events[index] if m is not None]
@@ -333,38 +401,67 @@ class SparkPanel:
                         share[short] = hits / len(masks)
         return clock_event_badge(self.latest.get(f"gpu{index}_clock_events"), share)
 
+    def gpu_label(self, g: GpuSeries) -> str:
+        """The GPU column: index, name, and a line that always holds the throttle badge's
+        place (so the row does not grow when one appears)."""
+        state = ('<div style="color:#e0413a;font-weight:bold">lost (no readings)</div>' if g.lost else "")
+        badge = self._badge(g.index) or f'<span style="{SMALL};{DIM}">no throttling</span>'
+        return (f'<td style="padding:3px 6px;vertical-align:top;text-align:left">'
+                f'<div style="font-weight:bold;white-space:nowrap">GPU {g.index}</div>'
+                f'<div style="{SMALL};{DIM};max-width:{_LABEL_W}px;overflow:hidden;white-space:nowrap" '
+                f'title="{_e(g.name)}">{_e(g.name)}</div>{state}'
+                f'<div style="min-height:16px;margin-top:2px">{badge}</div></td>')
+
     def gpu_html(self, g: GpuSeries) -> str:
+        """One GPU's row: its label, then memory, utilization, power, temperature, SM clock."""
         col = f"gpu{g.index}_"
-        limit = g.power_limit_w
-        header = f"GPU {g.index} · {_e(g.name)}"
-        if g.lost:
-            header += ' <span style="color:#b3261e">· lost (no readings)</span>'
-        charts = [
+        slowdown = self.slowdown_c.get(g.index)
+        cells = [
             self._memory(g),
-            self._line(col + "util_pct", label="utilization", unit="%", color=_COLORS["util"]),
-            self._line(col + "power_w", label="power", unit="W", color=_COLORS["power"],
-                       extra=f" (limit {limit:.0f} W)" if limit else ""),
-            self._line(col + "temp_c", label="temperature", unit="°C", color=_COLORS["temp"]),
-            self._line(col + "sm_clock_mhz", label="SM clock", unit="MHz", color=_COLORS["clock"]),
+            self._line(col + "util_pct", label=f"GPU {g.index} utilization", unit="%", color=_COLORS["util"]),
+            self._line(col + "power_w", label=f"GPU {g.index} power", unit="W", color=_COLORS["power"],
+                       threshold=g.power_limit_w, threshold_words="power limit"),
+            self._line(col + "temp_c", label=f"GPU {g.index} temperature", unit="°C", color=_COLORS["temp"],
+                       threshold=slowdown, threshold_words="slowdown at"),
+            self._line(col + "sm_clock_mhz", label=f"GPU {g.index} SM clock", unit="MHz", color=_COLORS["clock"]),
         ]
-        return (
-            f'<div class="gpunb-gpu" style="margin:4px 0">'
-            f'<div style="font-weight:bold;margin-bottom:2px">{header}{self._badge(g.index)}</div>'
-            f'<div style="display:flex;flex-wrap:wrap;gap:6px">{"".join(charts)}</div></div>'
-        )
+        return f'<tr class="gpunb-gpu">{self.gpu_label(g)}{"".join(cells)}</tr>'
 
     def host_html(self) -> str:
+        """The host's row: CPU and RAM (RAM scaled to what is used, like GPU memory)."""
         total = self.ram_total_mib
-        cpu_label = f"host CPU ({self.cpu_count} cores)" if self.cpu_count else "host CPU"
-        charts = [
-            self._line("cpu_pct", label=cpu_label, unit="%", color=_COLORS["cpu"]),
+        cores = f"{self.cpu_count} cores" if self.cpu_count else "CPU"
+        ram_total = f" of {total / 1024:.1f} GiB" if total else ""
+        label = (f'<td style="padding:3px 6px;vertical-align:top;text-align:left">'
+                 f'<div style="font-weight:bold">Host</div><div style="{SMALL};{DIM}">{_e(cores)}'
+                 f'{_e(", " + f"{total / 1024:.1f} GiB RAM") if total else ""}</div></td>')
+        cells = [
+            self._line("cpu_pct", label="host CPU", unit="%", color=_COLORS["cpu"], title="CPU (%), all cores"),
             self._line("ram_used_mib", label="host RAM used", unit="GiB", color=_COLORS["ram"], digits=1,
-                       scale=1 / 1024, extra=f" (of {total / 1024:.1f} GiB)" if total else ""),
+                       scale=1 / 1024, title=f"RAM used (GiB){ram_total}"),
         ]
-        return (
-            '<div class="gpunb-host" style="margin:4px 0"><div style="font-weight:bold;margin-bottom:2px">Host</div>'
-            f'<div style="display:flex;flex-wrap:wrap;gap:6px">{"".join(charts)}</div></div>'
-        )
+        return f'<tr class="gpunb-host">{label}{"".join(cells)}<td colspan="3"></td></tr>'
+
+    def header_html(self, gpus: Sequence[GpuSeries]) -> str:
+        """Column titles with units and legends (limit lines dashed)."""
+        split = chart.legend([(_COLORS["own"], "this kernel", False), (_COLORS["other"], "other processes", False)])
+        limit = chart.legend([(chart.RED, "limit", True)]) if any(g.power_limit_w for g in gpus) else ""
+        slow = chart.legend([(chart.RED, "slowdown", True)]) if any(g.temp_slowdown_c for g in gpus) else ""
+        titles = [("memory (GiB)", split), ("utilization (%)", ""), ("power (W)", limit),
+                  ("temperature (°C)", slow), ("SM clock (MHz)", "")]
+        cells = "".join(
+            f'<th style="padding:2px 6px;text-align:left;vertical-align:bottom;font-weight:600">'
+            f'{_e(t)}<div style="{SMALL};font-weight:normal">{lg or "&nbsp;"}</div></th>'
+            for t, lg in titles)
+        return f'<tr><th></th>{cells}</tr>'
+
+    def time_axis_html(self, columns: int, clock_text: str) -> str:
+        """Time labels under every chart column: the window's start and the clock time of the
+        last sample (the grid lines inside mark its quarters)."""
+        labels = [f"−{chart.span_words(self.window_s)}", clock_text or "now"]
+        axis = chart.time_axis(labels, self.width)
+        cells = "".join(f'<td style="padding:0 6px;text-align:left">{axis}</td>' for _ in range(columns))
+        return f'<tr><td style="padding:0 6px 4px 6px;text-align:left;{SMALL};{DIM}">time</td>{cells}</tr>'
 
     def html(
         self,
@@ -374,22 +471,52 @@ class SparkPanel:
         gpu_count: int,
         notes: Sequence[str] = (),
         caption_text: str = "",
+        clock_text: str = "",
         holders: Mapping[int, Sequence[str]] | None = None,
     ) -> str:
-        """The whole monitor: a panel per GPU (``gpus`` gives names and lost flags now)
-        with who holds its memory (``holders``: lines per GPU index), the host, notes, a
-        caption."""
+        """The whole monitor: a row per GPU (``gpus`` gives names and lost flags now), under
+        it who holds its memory (``holders``: lines per GPU index), the host row, the time
+        axis, notes, a caption."""
         holders = holders or {}
-        parts = [self.gpu_html(g) + holders_html(holders.get(g.index, ())) for g in gpus if g.index in self.memory]
+        shown = [g for g in gpus if g.index in self.memory]
+        rows = [self.header_html(shown)] if shown else []
+        for g in shown:
+            rows.append(self.gpu_html(g))
+            held = holders_html(holders.get(g.index, ()))
+            if held:
+                rows.append(f'<tr><td></td><td colspan="5" style="text-align:left;padding:0 6px">{held}</td></tr>')
+        if shown:
+            rows.append(self.time_axis_html(5, clock_text))
+        rows.append(self.host_html())
+        rows.append(self.time_axis_html(2, clock_text))
+        # Fixed column widths: eight GPUs line up, and nothing wraps onto its own row.
+        columns = f'<col style="width:{_LABEL_W}px">' + f'<col style="width:{_CELL_W}px">' * 5
+        table = (f'<table style="border-collapse:collapse;table-layout:fixed;width:{_LABEL_W + 5 * _CELL_W}px;'
+                 f'border:none;margin:0"><colgroup>{columns}</colgroup>{"".join(rows)}</table>')
+        parts = []
         if not gpus and not gpu_count:
             parts.append(no_gpu_html(nvml))
-        parts.append(self.host_html())
+        parts.append(f'<div style="overflow-x:auto">{table}</div>')
         if notes:
             items = "".join(f"<li>{_e(n)}</li>" for n in notes)
             parts.append(f'<ul class="gpunb-notes" style="margin:2px 0;padding-left:18px;font-size:11px">{items}</ul>')
         if caption_text:
-            parts.append(f'<div style="font-size:11px;opacity:0.7">{_e(caption_text)}</div>')
-        return f'<div class="gpunb-monitor" style="font-family:sans-serif;font-size:12px">{"".join(parts)}</div>'
+            parts.append(f'<div class="gpunb-caption" style="font-size:11px;{DIM}">{_e(caption_text)}</div>')
+        return (f'<div class="gpunb-monitor" style="font-family:var(--jp-ui-font-family,sans-serif);font-size:12px">'
+                f'{"".join(parts)}</div>')
+
+
+def _capacity_gauge(used: float | None, own: float | None, total: float | None, width: int) -> str:
+    """Used memory against the whole GPU, under the chart: the capacity stays in view
+    while the chart's scale follows what is used."""
+    if used is None or not total:
+        return ""
+    parts = [(own, _COLORS["own"]), (used - own, _COLORS["other"])] if own is not None else [(used, _COLORS["other"])]
+    svg = chart.stacked_bar_svg(parts, total, width, 5)
+    alt = f"{used / 1024:.1f} GiB used of {total / 1024:.1f} GiB ({100 * used / total:.0f} %)"
+    return (f'<div style="margin-top:2px;display:flex;align-items:center;gap:4px">'
+            f'{chart.img(svg, width=width, height=5, alt=alt, css_class="gpunb-gauge")}'
+            f'<span style="{SMALL};{DIM};white-space:nowrap">of {total / 1024:.0f}</span></div>')
 
 
 def window_rows(window: Window) -> dict[str, list]:
@@ -400,7 +527,7 @@ def window_rows(window: Window) -> dict[str, list]:
     return rows
 
 
-def sparkline_svg(
+def series_cell(
     t: Sequence[float],
     values: Sequence[float | None],
     *,
@@ -408,21 +535,20 @@ def sparkline_svg(
     unit: str,
     span_s: float,
     y_max: float | None = None,
-    color: str = "#2f7ed8",
+    color: str = chart.BLUE,
     digits: int = 0,
     hz: float | None = None,
-    extra: str = "",
 ) -> str:
-    """One series as a line over the last ``span_s`` seconds, latest value top right.
-    ``y_max`` fixes the scale (100 for percentages, the power limit for watts); without
-    it the scale grows with the data. The ``<title>`` is the hover tooltip."""
+    """One series as a chart cell over the last ``span_s`` seconds (latest value, scale,
+    the line as an image). ``y_max`` fixes the scale (100 for percentages); without it the
+    scale grows with the data."""
     if hz is None:
         hz = (len(t) - 1) / (t[-1] - t[0]) if len(t) > 1 and t[-1] > t[0] else 1.0
     panel = SparkPanel(window_s=span_s, hz=hz, gpus=(), ram_total_mib=None, cpu_count=None)
     panel.tracks["x"] = _Track(panel, "x", y_max)
     panel._keys.append("x")
     panel.feed(0, {"t_s": list(t), "x": list(values)})
-    return panel._line("x", label=label, unit=unit, color=color, digits=digits, extra=extra)
+    return panel._line("x", label=label, unit=unit, color=color, digits=digits)
 
 
 def clock_event_badge(mask: int | None, share: dict[str, float] | None = None) -> str:
@@ -433,14 +559,14 @@ def clock_event_badge(mask: int | None, share: dict[str, float] | None = None) -
     if not active:
         return ""
     slowdown = bool(mask & SLOWDOWN_BITS)
-    color = "#b3261e" if slowdown else "#8a6100"
+    color = chart.RED if slowdown else chart.AMBER
     names = ", ".join(short for short, _ in active)
     tip = "; ".join(words for _, words in active)
     if share:
         tip += " — share of this window: " + ", ".join(f"{k} {v:.0%}" for k, v in share.items())
     return (
-        f'<span class="gpunb-badge" title="{_e(tip)}" style="display:inline-block;padding:0 6px;'
-        f'margin-left:6px;border-radius:8px;border:1px solid {color};color:{color};font-size:11px">'
+        f'<span class="gpunb-badge" title="{_e(tip)}" style="display:inline-block;padding:0 5px;'
+        f'border-radius:8px;border:1px solid {color};color:{color};font-size:10px;white-space:nowrap">'
         f"clocks held back: {_e(names)}</span>"
     )
 
@@ -453,21 +579,33 @@ def no_gpu_html(nvml: Any) -> str:
     else:
         cause, fix = nvml.cause, nvml.fix
     return (
-        '<div class="gpunb-nogpu" style="margin:4px 0;padding:4px 8px;border-left:3px solid #8a6100">'
+        f'<div class="gpunb-nogpu" style="margin:4px 0;padding:4px 8px;border-left:3px solid {chart.AMBER}">'
         f"<b>No GPU to show</b> — only the host is monitored. {_e(cause)}"
-        f'<br><span style="opacity:0.8">Fix: {_e(fix)}</span></div>'
+        f'<br><span style="{DIM}">Fix: {_e(fix)}</span></div>'
     )
 
 
+def clock_time(started_unix: float | None, t_last: float | None) -> str:
+    """Wall-clock time of the last sample (what the time axis ends at), '' when unknown."""
+    if started_unix is None or t_last is None:
+        return ""
+    return time.strftime("%H:%M:%S", time.localtime(started_unix + t_last))
+
+
 def caption(state: str, *, hz: float, seconds: float, started_unix: float | None, t_last: float | None) -> str:
-    words = {
-        "live": f"gpunb monitor · live at {hz:g} Hz · last {seconds:g} s",
-        "paused": f"gpunb monitor · paused (sampling goes on at {hz:g} Hz) · last {seconds:g} s",
-        "stopped": f"gpunb monitor · stopped · snapshot of the last {seconds:g} s",
-    }.get(state, state)
+    """What the picture is, in words that stay true once the notebook is saved: when the
+    last sample was taken (live) or when the monitor stopped."""
+    when = ""
     if started_unix is not None and t_last is not None:
-        words += " · " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started_unix + t_last))
-    return words
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started_unix + t_last))
+    shown = f"{chart.span_words(seconds)} shown"
+    if state == "stopped":
+        head = f"gpunb monitor · stopped at {when}" if when else "gpunb monitor · stopped"
+        return f"{head} · {hz:g} Hz · {shown}"
+    if state == "live":  # no "live" in the words: a saved notebook keeps this frame
+        last = f"last sample {when}" if when else "waiting for the first sample"
+        return f"gpunb monitor · {last} · {hz:g} Hz · {shown}"
+    return f"gpunb monitor · {state} · {hz:g} Hz · {shown}"
 
 
 def panel_notes(window_notes: Sequence[str], messages: Sequence[str]) -> list[str]:
@@ -478,19 +616,21 @@ def panel_notes(window_notes: Sequence[str], messages: Sequence[str]) -> list[st
 def monitor_html(window: Window, *, state: str = "live", messages: Sequence[str] = (),
                  holders: Mapping[int, Sequence[str]] | None = None) -> str:
     """The whole monitor for one window, at once (snapshots, saved notebooks). ``state``
-    is "live", "paused" or "stopped"; ``messages`` are the caller's own notes."""
+    is "live" or "stopped"; ``messages`` are the caller's own notes."""
     panel = SparkPanel(
         window_s=window.seconds, hz=window.hz, gpus=window.gpus,
         ram_total_mib=window.ram_total_mib, cpu_count=window.cpu_count,
     )
     panel.feed(0, window_rows(window))
+    t_last = window.t_s[-1] if window.t_s else None
     return panel.html(
         window.gpus,
         nvml=window.nvml,
         gpu_count=window.gpu_count,
         notes=panel_notes(window.notes, messages),
         caption_text=caption(state, hz=window.hz, seconds=window.seconds, started_unix=window.started_unix,
-                             t_last=window.t_s[-1] if window.t_s else None),
+                             t_last=t_last),
+        clock_text=clock_time(window.started_unix, t_last),
         holders=holders,
     )
 

@@ -76,5 +76,5 @@ def test_a_profiled_cuda_cell_is_named_by_its_in_number(ip):
     assert isinstance(result.error_in_exec, ValueError)
     profile = ip.user_ns.pop("_gpunb_prof")
     assert profile.cell == n and profile.gpu is not None
-    assert f"gpuprofile · cell [{n}]" in text and f"Cell In[{n}], line 3" in text
+    assert f"gpuprofile In [{n}]:" in text and f"cell In [{n}] ·" in text and f"Cell In[{n}], line 3" in text
     ip.user_ns.pop("_gpunb_w", None)
