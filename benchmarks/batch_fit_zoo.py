@@ -329,7 +329,7 @@ def table(report: dict) -> str:
         truth = (f"{mx}" + (f" (±{100 * t['precision']:.1f} %)" if t.get("precision") and t["precision"] > 0.005
                             else "") if mx else f"? ({m.get('error', 'not found')})")
         cells = [cell(m[where][f]) if f in m.get(where, {}) else "n/a" for f, where, _ in cols]
-        lines.append("| " + " | ".join([m["model"], gib(m.get("cap_bytes")), truth] + cells) + " |")
+        lines.append("| " + " | ".join([m["model"], gib(m.get("cap_bytes")), truth, *cells]) + " |")
     lines.append("")
     lines.append("Each cell: answer (% of the sustained maximum), trials, seconds, and ✓ when the answer trained "
                  f"{report['steps']} steps in the finder's process and in a fresh one.")
@@ -358,8 +358,8 @@ def environment(smoke: bool) -> dict:
         except metadata.PackageNotFoundError:
             env[pkg] = None
     if not smoke and shutil.which("nvidia-smi"):
-        q = subprocess.run(["nvidia-smi", "--query-gpu=index,name,driver_version,memory.total", "--format=csv,noheader"],
-                           capture_output=True, text=True)
+        q = subprocess.run(["nvidia-smi", "--query-gpu=index,name,driver_version,memory.total",
+                            "--format=csv,noheader"], capture_output=True, text=True)
         env["gpus"] = q.stdout.strip().splitlines()
     env["PYTORCH_CUDA_ALLOC_CONF"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
     return env

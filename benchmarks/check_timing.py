@@ -99,7 +99,8 @@ def main() -> None:
     base = table["torch_ones_cuda"]["median_s"]
     print(f"{'what':16} {'median s':>9} {'min s':>7} {'max s':>7} {'/ torch.ones cuda':>18}")
     for name, row in table.items():
-        print(f"{name:16} {row['median_s']:9.2f} {row['min_s']:7.2f} {row['max_s']:7.2f} {row['median_s'] / base:18.2f}")
+        print(f"{name:16} {row['median_s']:9.2f} {row['min_s']:7.2f} {row['max_s']:7.2f} "
+              f"{row['median_s'] / base:18.2f}")
     ratio = table["check_full"]["median_s"] / base
     print(f"\nfull one-GPU check / torch.ones(cuda): {ratio:.2f}x (target: at most 2x)")
     breakdown = probe_breakdown()

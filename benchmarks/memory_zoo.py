@@ -10,12 +10,12 @@ benchmark run side by side in separate processes.
 | name | what sets its memory |
 |---|---|
 | ``mlp`` | wide fp32 activations of a 3-layer MLP; AdamW state of 25 M parameters |
-| ``conv_bn`` | a conv net with BatchNorm on 128x128 images, ``cudnn.benchmark`` on: cuDNN picks algorithms and workspaces per shape |
+| ``conv_bn`` | a conv net with BatchNorm, 128x128 images, ``cudnn.benchmark``: cuDNN picks algorithms per shape |
 | ``transformer`` | 4 encoder blocks with ``scaled_dot_product_attention``, fp32, sequence 512 |
-| ``varlen`` | the same blocks with the sequence length cycling through 10 values: the longest (512) once every 10 steps |
+| ``varlen`` | the same blocks, the sequence length cycling through 10 values: the longest (512) once every 10 steps |
 | ``bf16_lm`` | a causal language model under bf16 autocast (flash attention), logits of an 8192-token vocabulary |
 | ``checkpointed`` | transformer blocks under activation checkpointing (``torch.utils.checkpoint``, non-reentrant) |
-| ``accumulate`` | an MLP with gradient accumulation over 2 micro-batches, gradients kept between steps (``zero_grad(set_to_none=False)``) |
+| ``accumulate`` | an MLP, gradients accumulated over 2 micro-batches and kept between steps (``set_to_none=False``) |
 
 ``--smoke`` twins (``build(name, smoke=True)``) train a tiny real model on the CPU with a real
 AdamW, and charge a simulated CUDA caching allocator (``gpunb.testing.CachingMemory``, under the
@@ -35,12 +35,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 if str(Path(__file__).resolve().parents[1]) not in sys.path:  # run as a script: gpunb from this checkout
     sys.path.append(str(Path(__file__).resolve().parents[1]))
+
+import itertools
 
 from gpunb.testing.fake_training import GpuTwin, SimulatedTraining
 
@@ -54,7 +57,7 @@ class Spec:
     name: str
     about: str
     cap_gib: float
-    build: Callable[[Any, Any], "ZooModel"]  # (torch, device) -> model
+    build: Callable[[Any, Any], ZooModel]  # (torch, device) -> model
     smoke: GpuTwin  # what the --smoke twin charges the simulated allocator
 
 
@@ -85,7 +88,7 @@ class ZooModel:
 
 def _mlp(torch: Any, widths: tuple[int, ...]) -> Any:
     layers: list[Any] = []
-    for a, b in zip(widths, widths[1:]):
+    for a, b in itertools.pairwise(widths):
         layers += [torch.nn.Linear(a, b), torch.nn.GELU()]
     return torch.nn.Sequential(*layers[:-1])
 
@@ -111,7 +114,7 @@ class ConvBn(ZooModel):
         torch.backends.cudnn.benchmark = True  # per shape, cuDNN times its algorithms (and workspaces)
         chans = (3, 32, 64, 128, 256)
         layers: list[Any] = []
-        for i, (a, b) in enumerate(zip(chans, chans[1:])):
+        for i, (a, b) in enumerate(itertools.pairwise(chans)):
             layers += [nn.Conv2d(a, b, 3, stride=1 if i == 0 else 2, padding=1, bias=False), nn.BatchNorm2d(b),
                        nn.ReLU()]
         super().__init__(torch, device, nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(),
@@ -278,9 +281,9 @@ ZOO: dict[str, Spec] = {s.name: s for s in (
          GpuTwin(_T_PARAMS, inputs=(4 * SEQ * 512,), layers=_T_LAYERS,
                  lengths=tuple(n / SEQ for n in VARLEN_CYCLE))),
     Spec("bf16_lm", "causal LM, 4 blocks, width 512, vocabulary 8192, bf16 autocast, sequence 512", 6, Bf16Lm,
-         GpuTwin((4 * 8192 * 512,) + _B_PARAMS + (4 * 8192 * 512,), inputs=(8 * (SEQ + 1),),
-                 layers=((2 * SEQ * 512, (0,)),) + _B_LAYERS + ((2 * SEQ * 8192, (len(_B_PARAMS) + 1,)),
-                                                                 (4 * SEQ * 8192, ())))),
+         GpuTwin((4 * 8192 * 512, *_B_PARAMS, 4 * 8192 * 512), inputs=(8 * (SEQ + 1),),
+                 layers=((2 * SEQ * 512, (0,)), *_B_LAYERS, (2 * SEQ * 8192, (len(_B_PARAMS) + 1,)),
+                         (4 * SEQ * 8192, ())))),
     Spec("checkpointed", "4 blocks of width 384 under activation checkpointing, sequence 512", 4, Checkpointed,
          GpuTwin(_C_PARAMS, inputs=(4 * SEQ * 384,), layers=_C_LAYERS, workspace=18 * SEQ * 384 * 4)),
     Spec("accumulate", "MLP 1024-8192-1024, 2 micro-batches per step, gradients kept between steps", 3, Accumulate,

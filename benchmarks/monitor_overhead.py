@@ -8,11 +8,13 @@ listener that redraws the HTML panel of a 120 s window (incrementally, charts as
 SVG images, at most 4 times a second). Only the send of the redrawn output is missing (no
 kernel here); it happens on ipykernel's IOPub thread.
 
-Two loops: a small launch-bound MLP (the worst case for a Python thread taking the GIL)
-and a matmul-bound one. On a CPU-only machine it runs tiny CPU models, which exercises
-the code but measures nothing about GPUs.
+Two loops, the ones ``profile_overhead.py`` times too (both built by ``training_loops.py``):
+``launch-bound``, a small MLP (the worst case for a Python thread taking the GIL), and
+``compute-bound``, bf16 8192-wide matmuls. On a CPU-only machine (or with ``--device cpu``)
+it runs them at tiny CPU sizes, which exercises the code but measures nothing about GPUs.
 
     python benchmarks/monitor_overhead.py --out DIR [--rounds 6]
+    python benchmarks/monitor_overhead.py --out DIR --smoke     # a few seconds: 1 round of 0.3 s runs
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ import platform
 import statistics
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from training_loops import LOOPS, SHAPES, TrainingLoop, build_loop  # noqa: E402  (benchmarks/, beside this file)
 
 from gpunb.analysis.sampler import Sampler  # noqa: E402
 from gpunb.shells.monitor import MIN_DRAW_INTERVAL_S, Monitor  # noqa: E402  (no IPython needed)
@@ -37,58 +41,26 @@ WINDOW_S = 120.0
 VARIANTS = ("off", "2 Hz", "10 Hz")
 
 
-def make_loop(kind: str, device: str):
-    torch.manual_seed(0)
-    if device == "cuda":
-        width, depth, batch, dtype = (1024, 8, 64, None) if kind == "small" else (8192, 4, 8192, torch.bfloat16)
-    else:
-        width, depth, batch, dtype = (128, 4, 32, None) if kind == "small" else (512, 4, 256, None)
-    layers = []
-    for _ in range(depth):
-        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
-    model = torch.nn.Sequential(*layers).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    x = torch.randn(batch, width, device=device)
-
-    def step() -> None:
-        if dtype is not None:
-            with torch.autocast(device, dtype=dtype):
-                loss = model(x).float().pow(2).mean()
-        else:
-            loss = model(x).pow(2).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return step
-
-
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def timed(step, steps: int, device: str) -> float:
-    for _ in range(3):
-        step()
-    sync(device)
+def timed(loop: TrainingLoop, steps: int) -> float:
+    """Milliseconds per step over ``steps`` steps, after 3 warm-up steps."""
+    loop.run(3)
+    loop.sync()
     t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    sync(device)
+    loop.run(steps)
+    loop.sync()
     return (time.perf_counter() - t0) / steps * 1e3
 
 
-def run_variant(variant: str, sampler: Sampler, step, steps: int, device: str) -> tuple[float, float, float]:
+def run_variant(variant: str, sampler: Sampler, loop: TrainingLoop, steps: int) -> tuple[float, float, float]:
     """Step ms, and the sampler thread's CPU and wall seconds during this run."""
     if variant == "off":
-        return timed(step, steps, device), 0.0, 0.0
+        return timed(loop, steps), 0.0, 0.0
     sampler.set_hz(float(variant.split()[0]))
     cpu0, wall0 = sampler.thread_cpu_s, sampler.thread_wall_s
     sampler.start()
     time.sleep(0.05)  # the thread's first tick (and its first draw) before timing
     try:
-        ms = timed(step, steps, device)
+        ms = timed(loop, steps)
     finally:
         sampler.stop()
     return ms, sampler.thread_cpu_s - cpu0, sampler.thread_wall_s - wall0
@@ -100,11 +72,20 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--seconds", type=float, default=2.0, help="target seconds per timed run")
     parser.add_argument("--min-steps", type=int, default=20, help="fewest steps per timed run")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when torch sees a GPU")
+    parser.add_argument("--smoke", action="store_true",
+                        help="a dry run of a few seconds: --rounds 1 --seconds 0.3 --min-steps 3 (measures nothing)")
     args = parser.parse_args()
+    if args.smoke:
+        args.rounds, args.seconds, args.min_steps = 1, 0.3, 3
+    if args.rounds < 1 or args.min_steps < 1 or args.seconds <= 0:
+        parser.error("--rounds and --min-steps must be >= 1 and --seconds > 0")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda but torch sees no CUDA GPU; use --device cpu")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
     sampler = Sampler(hz=2)
     view = Monitor(sampler, {}, window_s=WINDOW_S, devices=None, live=False)
     drawn = []
@@ -122,16 +103,16 @@ def main() -> None:
     sampler.tick()  # sampler set up outside the timings (NVML init, GPU facts)
 
     results = {}
-    for kind in ("small", "large"):
-        step = make_loop(kind, device)
-        probe = timed(step, 10, device)
+    for kind in LOOPS:
+        loop = build_loop(kind, device)
+        probe = timed(loop, 10)
         steps = max(args.min_steps, int(args.seconds * 1e3 / probe))
         per = {v: [] for v in VARIANTS}
         cpu = {v: [0.0, 0.0] for v in VARIANTS}
         for r in range(args.rounds):
             order = VARIANTS[r % 3 :] + VARIANTS[: r % 3]
             for v in order:
-                ms, c, w = run_variant(v, sampler, step, steps, device)
+                ms, c, w = run_variant(v, sampler, loop, steps)
                 per[v].append(ms)
                 cpu[v][0] += c
                 cpu[v][1] += w
@@ -152,13 +133,15 @@ def main() -> None:
 
     info = {
         "date": time.strftime("%Y-%m-%d"),
-        "device": torch.cuda.get_device_name(0) if device == "cuda" else f"CPU ({platform.processor() or platform.machine()})",
+        "device": (torch.cuda.get_device_name(0) if device == "cuda"
+                   else f"CPU ({platform.processor() or platform.machine()})"),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "nvml_ok": sampler.status.ok,
         "gpus_sampled": len(sampler.gpus),
         "rounds": args.rounds,
         "window_s": WINDOW_S,
+        "loop_shapes": {kind: asdict(SHAPES[(kind, device)]) for kind in LOOPS},
         "panel_html_bytes": drawn[-1] if drawn else None,
         "sampler_ticks": sampler.ticks,
         "sampler_notes": list(sampler.notes),
@@ -168,10 +151,11 @@ def main() -> None:
 
     print(f"monitor overhead on {info['device']} (torch {info['torch']}, {args.rounds} interleaved rounds, "
           f"{info['gpus_sampled']} GPU(s) sampled, panel {info['panel_html_bytes']} bytes per draw)")
-    print(f"{'loop':6} {'monitor':8} {'step ms (median)':>17} {'min':>8} {'max':>8} {'slowdown':>9} {'sampler CPU/s':>14}")
+    print(f"{'loop':13} {'monitor':8} {'step ms (median)':>17} {'min':>8} {'max':>8} {'slowdown':>9} "
+          f"{'sampler CPU/s':>14}")
     for kind, res in results.items():
         for v, row in res["variants"].items():
-            print(f"{kind:6} {v:8} {row['step_ms_median']:17.3f} {row['step_ms_min']:8.3f} {row['step_ms_max']:8.3f} "
+            print(f"{kind:13} {v:8} {row['step_ms_median']:17.3f} {row['step_ms_min']:8.3f} {row['step_ms_max']:8.3f} "
                   f"{row['slowdown_vs_off_median_paired']:+9.2%} {row['sampler_cpu_s_per_s']:14.4f}")
     print(f"target: slowdown under 0.5 % at 2 Hz; written to {out / 'monitor_overhead.json'}")
 

@@ -45,7 +45,8 @@ def measure(n: int, fake: bool) -> dict:
     sampler = Sampler(session, hz=2)
     cases = {
         "direct nvmlDeviceGetTemperature": lambda: lib.nvmlDeviceGetTemperature(handle, 0),
-        "session.query nvmlDeviceGetTemperature (one hop)": lambda: session.device_query(0, "nvmlDeviceGetTemperature", 0),
+        "session.query nvmlDeviceGetTemperature (one hop)": lambda: session.device_query(
+            0, "nvmlDeviceGetTemperature", 0),
         "direct read_sample (14 calls)": lambda: read_sample(_Direct(lib, handle), 0),
         "session.run read_sample (one hop)": lambda: session.run(
             read_sample, session, 0, fallback=lambda why: unread_sample(0, 0.0, why)),

@@ -5,9 +5,11 @@ one-line mode runs in pre/post_run_cell) vs ``torch.profiler.profile()`` with de
 Two loops, each in its own fresh process (torch.profiler leaves CUPTI attached, and one
 loop's allocator state must not leak into the other):
 
-- launch-bound: an 8-layer 1024-wide MLP, batch 64, AdamW (the monitor benchmark's small
-  loop, ~2.3-2.6 ms/step on the H200 VM: host-bound, so every host cost shows in full);
+- launch-bound: an 8-layer 1024-wide MLP, batch 64, AdamW (~2.3-2.6 ms/step on the H200 VM:
+  host-bound, so every host cost shows in full);
 - compute-bound: four bf16 8192x8192 layers (GPU-bound: host costs hide behind the GPU).
+
+Both are built by ``training_loops.py``, which the monitor benchmark uses too.
 
 Every variant does identical work: the same model, optimizer and input tensors (made once,
 on the device, before any timing), one synchronize at the end of a cell's work, then the
@@ -60,52 +62,20 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-LOOPS = ("launch-bound", "compute-bound")
+from training_loops import LOOPS, build_loop, synchronize  # noqa: E402  (benchmarks/, beside this file)
+
 GPUNB_MODES = ("none", "gpuprofile", "one-line")
-MODES = GPUNB_MODES + ("torch.profiler",)
+MODES = (*GPUNB_MODES, "torch.profiler")
 TARGETS = {"gpuprofile": 1.0, "one-line": 0.2}  # % of the cell, from issue 4
 # --short: budgets for a ~3 minute run on an H200 (explicit options still win)
 SHORT = {"block_budget_s": 30.0, "toggle_budget_s": 20.0, "rounds": 4, "profiler_rounds": 1}
 FLOPS = True  # %%gpuprofile's FLOP count of step 2; --no-flops turns it off for every gpunb.profile() here
-
-
-# -- the loops ---------------------------------------------------------------------------
-def make_loop(kind: str, device: str):
-    import torch
-
-    torch.manual_seed(0)
-    cuda = device == "cuda"
-    if kind == "launch-bound":
-        width, depth, batch, dtype = (1024, 8, 64, torch.float32) if cuda else (32, 8, 16, torch.float32)
-    else:
-        width, depth, batch, dtype = (8192, 4, 8192, torch.bfloat16) if cuda else (256, 4, 256, torch.float32)
-    layers = []
-    for _ in range(depth):
-        layers += [torch.nn.Linear(width, width, bias=kind == "launch-bound"), torch.nn.ReLU()]
-    model = torch.nn.Sequential(*layers).to(device, dtype)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    x = torch.randn(batch, width, device=device, dtype=dtype)  # made once: no data work in the loop
-
-    def run(steps: int) -> None:
-        for _ in range(steps):
-            loss = model(x).float().pow(2).mean()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-
-    return run, opt
-
-
-def sync(device: str) -> None:
-    if device == "cuda":
-        import torch
-
-        torch.cuda.synchronize()
 
 
 @contextlib.contextmanager
@@ -138,7 +108,7 @@ def cell(mode: str, run, steps: int, device: str, collect: bool = True) -> dict:
     """One cell: enter, the steps, one synchronize, exit; each part timed."""
     if collect:
         gc.collect()
-    sync(device)
+    synchronize(device)
     t0 = time.perf_counter()
     ctx = context(mode)
     ctx.__enter__()
@@ -147,7 +117,7 @@ def cell(mode: str, run, steps: int, device: str, collect: bool = True) -> dict:
         c1 = time.thread_time()
         t1 = time.perf_counter()
         run(steps)
-        sync(device)
+        synchronize(device)
         t2 = time.perf_counter()
         c2 = time.thread_time()
     finally:
@@ -223,7 +193,7 @@ def toggled_pairs(run, device: str, toggle_steps: int, budget_s: float, seed: in
     finally:
         gc.enable()
         hooks(True)
-        sync(device)
+        synchronize(device)
         ctx.__exit__(None, None, None)
     return diffs
 
@@ -317,7 +287,7 @@ def counting_cost(run, device: str, repeats: int = 7) -> dict:
     plain, counted, seen = [], [], 0
     for _ in range(repeats):
         for measure in (plain, counted):
-            sync(device)
+            synchronize(device)
             counter = StepFlopCounter(torch) if measure is counted else None
             t0 = time.perf_counter()
             if counter is not None:
@@ -326,7 +296,7 @@ def counting_cost(run, device: str, repeats: int = 7) -> dict:
             if counter is not None:
                 counter.end()
                 seen = counter.result.ops
-            sync(device)
+            synchronize(device)
             measure.append((time.perf_counter() - t0) * 1e3)
     p, c = statistics.median(plain), statistics.median(counted)
     return {"plain_step_ms": p, "counted_step_ms": c, "extra_steps": (c - p) / p if p > 0 else None, "ops": seen}
@@ -335,14 +305,14 @@ def counting_cost(run, device: str, repeats: int = 7) -> dict:
 def call_costs(device: str, opt) -> dict:
     import torch
 
+    from gpunb.analysis.cell_meter import CellMeter
     from gpunb.analysis.instruments import Instruments
     from gpunb.analysis.profile import ProfileSession
-    from gpunb.analysis.cell_meter import CellMeter
+    from gpunb.readings import torch_state
     from gpunb.readings.devices import read_device_map, read_ownership
     from gpunb.readings.gpu_activity import now_us, read_util_since
     from gpunb.readings.nvml import default_session
     from gpunb.readings.process import read_process_usage, reset_peak_rss
-    from gpunb.readings import torch_state
 
     cuda = device == "cuda"
     costs: dict[str, float] = {}
@@ -356,7 +326,8 @@ def call_costs(device: str, opt) -> dict:
         ins._quiet = True
         costs["t.item() wrapped, passed through (a nested read)"] = per_call_us(lambda: t.item())
         ins._quiet = False
-        costs["timeline point (allocator read; NVML used is listed apart)"] = per_call_us(lambda: ins.sample_memory(force=True), max_n=500)
+        costs["timeline point (allocator read; NVML used is listed apart)"] = per_call_us(
+            lambda: ins.sample_memory(force=True), max_n=500)
     finally:
         ins.remove()
     if cuda:
@@ -421,7 +392,7 @@ def exit_breakdown(mode: str, run, steps: int, device: str) -> list[list]:
     ctx = context(mode)
     ctx.__enter__()
     run(steps)
-    sync(device)
+    synchronize(device)
     prof = cProfile.Profile()
     prof.enable()
     ctx.__exit__(None, None, None)
@@ -433,15 +404,16 @@ def exit_breakdown(mode: str, run, steps: int, device: str) -> list[list]:
 
 def measure(kind: str, device: str, cell_s: float, rounds: int, profiler_rounds: int,
             block_s: float, block_budget_s: float, toggle_steps: int, toggle_budget_s: float) -> dict:
-    run, opt = make_loop(kind, device)
+    loop = build_loop(kind, device)
+    run, opt = loop.run, loop.optimizer
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < min(1.0, cell_s):  # cuBLAS heuristics, allocator, clocks up
         run(5)
-        sync(device)
+        synchronize(device)
     done, t0 = 0, time.perf_counter()
     while done < 10 or time.perf_counter() - t0 < cell_s / 4:  # calibrate over a quarter cell
         run(5)
-        sync(device)
+        synchronize(device)
         done += 5
     step_s = (time.perf_counter() - t0) / done
     steps = max(10, round(cell_s / step_s))
@@ -460,8 +432,9 @@ def measure(kind: str, device: str, cell_s: float, rounds: int, profiler_rounds:
     none_ms = statistics.median(r["none"]["total_s"] for r in cells) / steps * 1e3
     cell_len = none_ms * steps / 1e3
     s, s_lo, s_hi = median_ci(pairs) if pairs else (None, None, None)
-    res = {"loop": kind, "host_bound": host_bound, "steps_per_cell": steps, "rounds": rounds,
-           "profiler_rounds": profiler_rounds, "steps_per_block": block_steps, "block_rounds": len(blocks),
+    res = {"loop": kind, "shape": asdict(loop.shape), "host_bound": host_bound, "steps_per_cell": steps,
+           "rounds": rounds, "profiler_rounds": profiler_rounds, "steps_per_block": block_steps,
+           "block_rounds": len(blocks),
            "toggle_steps": toggle_steps, "toggle_pairs": len(pairs), "cell_s": cell_len, "step_ms": none_ms,
            "steady_us": s, "steady_us_ci": [s_lo, s_hi], "in_situ_us_per_step": in_situ,
            "modes": {"none": {"ms_per_step": none_ms}}}
@@ -505,7 +478,8 @@ def print_table(results: list[dict], meta: dict) -> None:
                       f"on/off pairs of {res['toggle_steps']} steps")
         print(f"\n{res['loop']} · {res['step_ms']:.3f} ms/step · {res['cell_s']:.2f} s cells "
               f"({res['steps_per_cell']} steps) · {steady} · {res['block_rounds']} short-cell rounds of "
-              f"{res['steps_per_block']} steps · {res['rounds']} whole-cell rounds (+{res['profiler_rounds']} torch.profiler)")
+              f"{res['steps_per_block']} steps · {res['rounds']} whole-cell rounds "
+              f"(+{res['profiler_rounds']} torch.profiler)")
         fc = res.get("flop_counting")
         if fc:
             print(f"  FLOP count of one step ({'on' if res.get('flops_counted') else 'off'} in %%gpuprofile here): "
@@ -534,7 +508,8 @@ def print_table(results: list[dict], meta: dict) -> None:
             print(f"  {m:<15} {v['fixed_ms']:>7.2f} {e:>24} {v['startup_thread_cpu_ms']:>+13.2f} {o:>26} "
                   f"{spread:>28}{mark}")
         if "none_after_torch_profiler_ms_per_step" in res:
-            print(f"  (no profiler, after torch.profiler ran: {res['none_after_torch_profiler_ms_per_step']:.3f} ms/step)")
+            after = res["none_after_torch_profiler_ms_per_step"]
+            print(f"  (no profiler, after torch.profiler ran: {after:.3f} ms/step)")
         for m, rows in res["exit_breakdown_ms"].items():
             print(f"  {m} exit, costliest calls (cumulative ms): " + "; ".join(f"{n} {ms:.2f}" for n, ms in rows[:7]))
     print("\nper-call costs on this machine (µs, median)")
@@ -559,7 +534,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="directory for profile_overhead.json")
     ap.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when torch sees a GPU")
     ap.add_argument("--cell-s", type=float, default=None, help="seconds per whole cell (default 2 on CUDA, 0.2 on CPU)")
-    ap.add_argument("--rounds", type=int, default=None, help="whole-cell rounds of the gpunb variants (default 6, 2 on CPU)")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="whole-cell rounds of the gpunb variants (default 6, 2 on CPU)")
     ap.add_argument("--profiler-rounds", type=int, default=None,
                     help="rounds of torch.profiler vs none (default 2, 1 on CPU; 0 skips it)")
     ap.add_argument("--block-s", type=float, default=None, help="seconds per short cell (default 0.1, 0.02 on CPU)")

@@ -18,7 +18,8 @@ ISSUES_HINT = "Please report it to the gpunb maintainers with this message and `
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpunb", description="GPU training setup checks (the terminal side of gpunb).")
+    parser = argparse.ArgumentParser(prog="gpunb",
+                                     description="GPU training setup checks (the terminal side of gpunb).")
     parser.add_argument("--version", action="version", version=f"gpunb {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     check = sub.add_parser("check", help="run the setup checklist; exit code 1 if a check fails",

@@ -18,9 +18,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from collections.abc import Mapping, Set
+from collections.abc import Callable, Collection, Mapping, Set
 from os import PathLike
-from typing import Any, Callable, ClassVar, Collection
+from typing import Any, ClassVar
 
 Render = Callable[[Any], Any]  # record -> the data for one mimetype (None: not available this time)
 

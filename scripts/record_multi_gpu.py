@@ -75,7 +75,7 @@ def record_nvml():
     count = n.nvmlDeviceGetCount()
     handles = [n.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
     gpus = []
-    for i, h in enumerate(handles):
+    for h in handles:
         mem = nvml_value(n.nvmlDeviceGetMemoryInfo, h, n.nvmlMemory_v2)
         pci = nvml_value(n.nvmlDeviceGetPciInfo, h)
         facts = {
@@ -454,7 +454,8 @@ def main() -> int:
         record["torch"] = torch.__version__
     except Exception as exc:  # noqa: BLE001
         record["torch"] = repr(exc)
-    for key, cmd in (("nvidia_smi_topo", ["nvidia-smi", "topo", "-m"]), ("nvidia_smi_nvlink", ["nvidia-smi", "nvlink", "-s"])):
+    for key, cmd in (("nvidia_smi_topo", ["nvidia-smi", "topo", "-m"]),
+                     ("nvidia_smi_nvlink", ["nvidia-smi", "nvlink", "-s"])):
         try:
             smi = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
             record[key] = (smi.stdout + smi.stderr)[-6000:]
@@ -467,7 +468,7 @@ def main() -> int:
         t = time.perf_counter()
         try:
             record[name] = sections[name]()
-        except Exception as exc:  # noqa: BLE001 (one failed section must not lose the others)
+        except Exception:  # noqa: BLE001 (one failed section must not lose the others)
             import traceback
 
             record[name] = {"failed": traceback.format_exc()[-3000:]}

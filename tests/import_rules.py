@@ -72,7 +72,8 @@ class _Visitor(ast.NodeVisitor):
         self._type_only = 0
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
-        bases = {b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else "" for b in node.bases}
+        bases = {b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else ""
+                 for b in node.bases}
         self._classes.append(DISPLAY_BASE in bases)
         outer = self._functions
         self._functions = []  # a method is judged by its own class, not by an enclosing function
@@ -121,8 +122,8 @@ class _Visitor(ast.NodeVisitor):
 
     def _add(self, target: str, line: int) -> None:
         if target.split(".")[0] in SHELL_PACKAGES:
-            self.shell_imports.append(Import(self.module, target, line, self._functions[-1] if self._functions else None,
-                                             False, self._type_only > 0))
+            function = self._functions[-1] if self._functions else None
+            self.shell_imports.append(Import(self.module, target, line, function, False, self._type_only > 0))
             return
         # "from pkg.sub import name": name may be a submodule; else the edge goes to pkg.sub
         while target and target not in self.known:

@@ -22,9 +22,10 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -50,7 +51,8 @@ def missing() -> str:
         import playwright.sync_api  # noqa: F401
     except ImportError:
         return "Python Playwright is not installed (pip install playwright; no browser download needed)"
-    if shutil.which("jupyter-lab", path=os.path.dirname(sys.executable)) is None and shutil.which("jupyter-lab") is None:
+    beside_python = shutil.which("jupyter-lab", path=os.path.dirname(sys.executable))
+    if beside_python is None and shutil.which("jupyter-lab") is None:
         return "JupyterLab is not installed (pip install jupyterlab)"
     return ""
 
@@ -96,7 +98,7 @@ class JupyterServer:
         self.base = f"http://127.0.0.1:{self.port}"
         self.env = kernel_env(tmp, scenario)
         self._log_path = tmp / "server.log"
-        self._log = open(self._log_path, "w")
+        self._log = open(self._log_path, "w")  # noqa: SIM115 (the server writes to it until close())
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={self.port}",
              "--port-retries=0", f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={self.root}",

@@ -38,7 +38,8 @@ run = next(m for m in zoo["models"] if m["model"] == "transformer")["finders"]["
 run.setdefault("verified", run.get("max_batch"))  # recorded before the field got its present name
 known = lambda cls, d: {k: v for k, v in d.items() if k in {f.name for f in dataclasses.fields(cls)}}
 line = lambda d: Line(d["intercept_bytes"], d["slope_bytes_per_sample"]) if d else None
-fit = dataclasses.replace(BatchFit(**known(BatchFit, run)), trials=tuple(Trial(**known(Trial, t)) for t in run["trials"]),
+fit = dataclasses.replace(BatchFit(**known(BatchFit, run)),
+                          trials=tuple(Trial(**known(Trial, t)) for t in run["trials"]),
                           line_reserved=line(run["line_reserved"]), line_allocated=line(run["line_allocated"]))
 fit"""
 
@@ -61,7 +62,8 @@ CELLS: list[tuple[str, str, tuple[str, ...]]] = [
     ("oom", OOM_REPLAY, ("raises-exception",)),
     ("stop", "%gpumonitor --stop", ()),
     ("probe", f"from IPython.display import HTML\n"
-              f"HTML('<svg class=\"{PROBE_SVG}\" width=\"8\" height=\"8\"><rect width=\"8\" height=\"8\"/></svg>')", ()),
+              f"HTML('<svg class=\"{PROBE_SVG}\" width=\"8\" height=\"8\">"
+              f"<rect width=\"8\" height=\"8\"/></svg>')", ()),
 ]
 INDEX = {name: i for i, (name, _, _) in enumerate(CELLS)}
 

@@ -8,8 +8,9 @@ is the real (CPU) torch. The GPU tests under tests/gpu/ check the same paths on 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from types import SimpleNamespace
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -27,7 +28,7 @@ class HostClockEvent:
     def synchronize(self) -> None:
         pass
 
-    def elapsed_time(self, other: "HostClockEvent") -> float:
+    def elapsed_time(self, other: HostClockEvent) -> float:
         return (other.t - self.t) * 1000.0
 
 

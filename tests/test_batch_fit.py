@@ -140,7 +140,7 @@ def test_a_first_candidate_that_does_not_train_is_backed_off_then_bisected():
 
 
 def test_the_safety_is_taken_only_at_the_limit():
-    run, true_max = simulated_gpu(1 * GiB, 1 * MiB, 100 * GiB, 0.0)
+    run, _true_max = simulated_gpu(1 * GiB, 1 * MiB, 100 * GiB, 0.0)
     fit = search(run, capacity=100 * GiB, start=2, max_batch=512)
     assert fit.recommended == fit.verified == 512 and fit.safety == 0  # the cap, far below the limit
     assert any("max_batch=512" in n for n in fit.notes)

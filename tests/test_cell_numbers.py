@@ -67,7 +67,7 @@ def test_history_lists_the_profiled_cells_by_their_numbers(ip):
 def test_a_cell_kept_out_of_the_history_is_named_as_ipython_names_it(ip):
     """Without store_history IPython compiles the cell under ``execution_count`` (not
     incremented); the profile and the traceback use that same number."""
-    result, text = run(ip, "%%gpuprofile -o _gpunb_test\nraise ValueError('unstored')\n", store_history=False)
+    _result, text = run(ip, "%%gpuprofile -o _gpunb_test\nraise ValueError('unstored')\n", store_history=False)
     n = ip.execution_count
     assert ip.user_ns["_gpunb_test"].cell == n
     assert f"Cell In[{n}], line 2" in text

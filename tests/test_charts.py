@@ -46,7 +46,8 @@ def test_stacked_bar_parts_are_to_scale():
 
 
 def test_axis_words():
-    assert [chart.axis_number(v) for v in (0, 0.25, 1.5, 12.5, 140, 1980)] == ["0", "0.25", "1.5", "12.5", "140", "1980"]
+    numbers = (0, 0.25, 1.5, 12.5, 140, 1980)
+    assert [chart.axis_number(v) for v in numbers] == ["0", "0.25", "1.5", "12.5", "140", "1980"]
     assert [chart.span_words(s) for s in (30, 120, 300, 5400)] == ["30 s", "2 min", "5 min", "1.5 h"]
 
 

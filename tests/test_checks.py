@@ -204,4 +204,5 @@ def test_the_measured_matmul_peaks_are_kept_for_gpuprofile(h200_torch, private_p
     assert "GPU-12bebae7-3cb1-fcf7-294c-65779ece26ff" in json.loads(private_peak_cache.read_text())
     peak_cache.forget_this_process()
     run(quick=True)  # no probe: nothing new, the file still answers
-    assert peak_cache.lookup("GPU-12bebae7-3cb1-fcf7-294c-65779ece26ff").tflops["bf16"] == pytest.approx(784.872, rel=1e-5)
+    peaks = peak_cache.lookup("GPU-12bebae7-3cb1-fcf7-294c-65779ece26ff")
+    assert peaks.tflops["bf16"] == pytest.approx(784.872, rel=1e-5)

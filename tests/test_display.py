@@ -13,7 +13,6 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.lib.pretty import pretty
 
 import gpunb
-from gpunb.shells.kernel_state import STANDALONE_STATE
 from gpunb.analysis.batch_fit import search
 from gpunb.analysis.checks import check
 from gpunb.analysis.oom import diagnose
@@ -22,6 +21,7 @@ from gpunb.analysis.profile_records import HistoryReport
 from gpunb.display import DisplayMixin, jsonable
 from gpunb.readings.nvml import NvmlSession, Unavailable
 from gpunb.shells import monitor as monitor_module
+from gpunb.shells.kernel_state import STANDALONE_STATE
 from gpunb.testing import scenario
 from gpunb.testing.fake_nvml import load_trace
 from tests.test_batch_fit import GiB, MiB, simulated_gpu

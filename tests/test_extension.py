@@ -6,7 +6,6 @@ import textwrap
 
 import gpunb
 
-
 # The public surface, written out: adding, renaming or dropping a name must change this list.
 PUBLIC_API = [
     "__version__",

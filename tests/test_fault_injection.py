@@ -11,6 +11,7 @@ stays bounded. ``GPUNB_RESULTS=DIR`` writes what was tried to ``DIR/fault_inject
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 import math
 import os
@@ -223,7 +224,7 @@ def test_the_monitor_keeps_drawing_through_random_faults():
         session.stop_worker()
     t = [v for v in sampler.samples()["t_s"] if v is not None]
     period = 1 / hz
-    missing = sum(max(0, round((b - a) / period) - 1) for a, b in zip(t, t[1:]))
+    missing = sum(max(0, round((b - a) / period) - 1) for a, b in itertools.pairwise(t))
     hangs = faults.counts["hang"]
     assert len(draws) == sampler.ticks  # every tick reached the view
     assert missing <= hangs + 1, f"{missing} ticks missing for {hangs} hangs in {len(t)} ticks"

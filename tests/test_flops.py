@@ -4,6 +4,7 @@ training loops. Counts are checked against hand-computed formulas, exactly."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -130,10 +131,10 @@ def test_counting_changes_no_result_and_the_counted_step_is_left_out_of_the_timi
 def test_an_error_inside_the_counted_step_is_the_users_and_the_mode_is_gone():
     model, x = _mlp(8, 16, 16, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.raises(RuntimeError, match="mat1 and mat2 shapes cannot be multiplied") as caught:
-        with gpunb.profile(record=False, show=False) as p:
-            _train(model, x, steps=1, opt=opt)
-            model(torch.randn(8, 5))  # inside step 2, while counting
+    with pytest.raises(RuntimeError, match="mat1 and mat2 shapes cannot be multiplied") as caught, \
+            gpunb.profile(record=False, show=False) as p:
+        _train(model, x, steps=1, opt=opt)
+        model(torch.randn(8, 5))  # inside step 2, while counting
     assert "gpunb" not in type(caught.value).__module__
     assert torch._C._len_torch_dispatch_stack() == 0
     assert p.result.flops.count is None and "ended before step 2 finished" in p.result.flops.why_not
@@ -242,10 +243,12 @@ def test_ops_shares_lead_to_advice():
 
 
 @pytest.mark.parametrize("name, category", [
-    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1_execute_segment_k_off_kernel__5x_cublas", "matmul"),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1_execute_segment_k_off_kernel"
+     "__5x_cublas", "matmul"),
     ("nvjet_tst_256x128_64x4_1x2_h_bz_coopA_NTN", "matmul"),
     ("void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_32x32_128x2_tn_align8>(Params)", "matmul"),
-    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, std::array<char*, 1ul> >(int, ...)", "elementwise"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, std::array<char*, 1ul> >"
+     "(int, ...)", "elementwise"),
     ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<...>", "elementwise"),
     ("triton_poi_fused_add_relu_0", "elementwise"),
     ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4> >(Flash_fwd_params)", "attention"),
@@ -275,7 +278,7 @@ def test_ops_on_cpu_writes_a_json_trace_and_names_the_top_ops(tmp_path):
     r = p.result
     o = r.ops
     assert o.steps == (3, 4, 5) and not o.device_time and o.top_kernels == ()
-    trace = json.loads(open(o.trace_path).read())  # valid JSON, Chrome trace format
+    trace = json.loads(Path(o.trace_path).read_text())  # valid JSON, Chrome trace format
     assert any(e.get("name") == "aten::addmm" for e in trace["traceEvents"])
     assert o.trace_path.startswith(str(tmp_path)) and o.trace_bytes > 0
     assert "gpuprofile-" in o.trace_path and o.trace_path.endswith(".pt.trace.json")
@@ -308,7 +311,7 @@ def test_ops_trace_falls_back_to_the_temp_directory(tmp_path):
         _train(model, x, steps=7)
     o = p.result.ops
     assert o.trace_path and not o.trace_path.startswith(str(blocked)) and "temp directory" in o.note
-    json.loads(open(o.trace_path).read())
+    json.loads(Path(o.trace_path).read_text())
 
 
 # -- the magic, the history, the measured peaks --------------------------------------------------
@@ -318,7 +321,8 @@ def test_magic_ops_writes_the_trace_next_to_the_notebook(ip, tmp_path, monkeypat
     ip.run_cell("import torch\nmodel = torch.nn.Linear(32, 8)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
                 "x = torch.randn(16, 32)")
     r = ip.run_cell("%%gpuprofile --ops -o _gpunb_test\n"
-                    "for _ in range(8):\n    loss = model(x).pow(2).mean(); opt.zero_grad(); loss.backward(); opt.step()\n")
+                    "for _ in range(8):\n"
+                    "    loss = model(x).pow(2).mean(); opt.zero_grad(); loss.backward(); opt.step()\n")
     assert r.success
     prof = ip.user_ns["_gpunb_test"]
     files = list(tmp_path.glob("gpuprofile-cell*.pt.trace.json"))

@@ -28,7 +28,8 @@ NOW = 1_800_000_000.0
 DEV = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia-uvm")
 LESSON = KernelInfo("k-lesson", "python3", 100, "idle", NOW - 40 * 60, 0,
                     (SessionInfo("course/lesson3.ipynb", "lesson3.ipynb", "notebook"),))
-TRAIN = KernelInfo("k-train", "python3", 200, "busy", NOW - 5, 1, (SessionInfo("train.ipynb", "train.ipynb", "notebook"),))
+TRAIN = KernelInfo("k-train", "python3", 200, "busy", NOW - 5, 1,
+                   (SessionInfo("train.ipynb", "train.ipynb", "notebook"),))
 
 
 def facts_table(**extra: ProcessFacts):
@@ -105,7 +106,7 @@ def test_report_joins_fake_nvml_with_kernels_and_says_why_it_cannot_map():
 def test_missing_readings_are_null_with_a_reason_and_absent_from_the_metrics():
     r = gh.build_report(NvmlSession(scenario("power-not-supported")), (), facts_of=facts_table(), now=lambda: NOW)
     assert r.devices[0].power_w is None and "not supported" in r.devices[0].unavailable["power_w"]
-    body, content_type = metrics_text(r)
+    body, _content_type = metrics_text(r)
     families = {f.name: f for f in text_string_to_metric_families(body.decode())}
     assert families["gpunb_gpu_power_watts"].samples == []
     assert families["gpunb_gpu_temperature_celsius"].samples[0].value == 35.0

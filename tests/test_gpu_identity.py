@@ -25,8 +25,19 @@ from gpunb.analysis.sampler import MIB, Sampler  # noqa: E402
 from gpunb.readings import devices, torch_state  # noqa: E402
 from gpunb.readings import nvml as nvml_module  # noqa: E402
 from gpunb.readings.devices import (  # noqa: E402
-    MATCH_TORCH_UUID, OWN_BY_RESERVE, OWN_CHILD_PID, OWN_NOT_LISTED, OWN_PID, OWN_PID_AND_CHILDREN, OWN_UNKNOWN,
-    GpuIdentity, attribute_processes, map_devices, namespace_pids, read_device_map, read_identities,
+    MATCH_TORCH_UUID,
+    OWN_BY_RESERVE,
+    OWN_CHILD_PID,
+    OWN_NOT_LISTED,
+    OWN_PID,
+    OWN_PID_AND_CHILDREN,
+    OWN_UNKNOWN,
+    GpuIdentity,
+    attribute_processes,
+    map_devices,
+    namespace_pids,
+    read_device_map,
+    read_identities,
     read_ownership,
 )
 from gpunb.readings.gpu import GpuProcess, MigDevice  # noqa: E402

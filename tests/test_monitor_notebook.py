@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
-def _execute(cells: list[str], monkeypatch, tmp_path) -> "nbformat.NotebookNode":
+def _execute(cells: list[str], monkeypatch, tmp_path) -> nbformat.NotebookNode:
     monkeypatch.setenv("GPUNB_FAKE_NVML", "h200")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))

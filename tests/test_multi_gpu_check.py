@@ -12,14 +12,15 @@ import os
 import stat
 import textwrap
 import time
+from typing import ClassVar
 
 import pytest
 
 import gpunb.analysis.checks as checks_module
 from gpunb.analysis.checks import CheckOptionError, check
 from gpunb.readings.allreduce import AllReduceLaunch, AllReduceRun, AllReduceSize, run_allreduce
-from gpunb.readings.links import read_link_map
 from gpunb.readings.gpu import read_snapshot
+from gpunb.readings.links import read_link_map
 from gpunb.readings.nvml import NvmlSession
 from gpunb.readings.torch_build import TorchBuild
 from gpunb.testing import replay_allreduce, scenario
@@ -30,7 +31,7 @@ H200_TORCH = TorchBuild(True, "2.11.0+cu130", "13.0", None, "/site-packages/torc
 class ReplayedLaunch:
     """Stands in for the rank subprocesses: gives back a prepared run."""
 
-    made: list = []
+    made: ClassVar[list] = []
 
     def __init__(self, world_size, *, backend, environ, timeout_s, **kw):
         self.world_size, self.backend = world_size, backend
@@ -225,7 +226,8 @@ def test_deep_check_runs_real_rank_processes_over_gloo_with_the_fake_gpus(monkey
     report = run("h200x2-nvlink", deep=True)
     c = report["nccl_allreduce"]
     assert c.status == "ok", c.to_dict()
-    assert c.summary.startswith("2 ranks over gloo: busbw ") and "every element of the sum correct (2 sizes)" in c.summary
+    assert c.summary.startswith("2 ranks over gloo: busbw ")
+    assert "every element of the sum correct (2 sizes)" in c.summary
     assert "not GPU figures" in c.summary
     assert all(s["busbw_gbs"] > 0 and s["wrong"] == 0 for s in c.measured["sizes"])
 

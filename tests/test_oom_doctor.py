@@ -8,14 +8,20 @@ torch = pytest.importorskip("torch")
 
 from gpunb.analysis import oom as oom_mod  # noqa: E402
 from gpunb.analysis.oom import (  # noqa: E402
-    FRAGMENTATION, LEFTOVERS, OTHER_PROCESSES, TOO_LARGE_FOR_GPU, WORKING_SET, OtherProcess, diagnose,
+    FRAGMENTATION,
+    LEFTOVERS,
+    OTHER_PROCESSES,
+    TOO_LARGE_FOR_GPU,
+    WORKING_SET,
+    OtherProcess,
+    diagnose,
 )
 from gpunb.analysis.oom_message import find_oom, parse_oom_message, size_to_bytes  # noqa: E402
 from gpunb.analysis.tensor_census import EXCEPTION as EXCEPTION_SRC  # noqa: E402
 from gpunb.analysis.tensor_census import take_census  # noqa: E402
-from gpunb.readings.nvml import NvmlSession  # noqa: E402
 from gpunb.readings.devices import OWN_BY_RESERVE, OWN_PID, attribute_processes, read_ownership  # noqa: E402
 from gpunb.readings.gpu import read_processes  # noqa: E402
+from gpunb.readings.nvml import NvmlSession  # noqa: E402
 from gpunb.readings.torch_state import allocator_from_stats  # noqa: E402
 from gpunb.testing import scenario  # noqa: E402
 from gpunb.testing.fake_nvml import load_trace  # noqa: E402
@@ -73,7 +79,8 @@ def test_recognises_wrapped_and_library_errors_but_not_host_ram():
         assert find_oom(ctx) is not None and parse_oom_message(str(find_oom(ctx))).kind == "cudnn"
     assert find_oom(RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate")) is not None
     assert find_oom(RuntimeError("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED.")) is not None
-    assert find_oom(RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory")) is None
+    cpu_oom = "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory"
+    assert find_oom(RuntimeError(cpu_oom)) is None
     assert find_oom(RuntimeError("shape mismatch")) is None
     assert find_oom(None) is None
 
@@ -113,7 +120,8 @@ def test_fragmentation_is_named_and_expandable_segments_offered():
     fix = next(f for f in d.fixes if "expandable" in f.title)
     assert fix.severity == 2 and "expandable_segments:True" in fix.how
     # already on: not offered again
-    d2 = diagnose(message=_msg(4 * GiB, 1 * GiB, 40 * GiB, 20 * GiB, 1 * GiB), allocator_conf="expandable_segments:True")
+    d2 = diagnose(message=_msg(4 * GiB, 1 * GiB, 40 * GiB, 20 * GiB, 1 * GiB),
+                  allocator_conf="expandable_segments:True")
     assert not any("expandable" in f.title for f in d2.fixes)
 
 
@@ -241,8 +249,8 @@ def test_a_per_process_cap_is_the_limit_not_the_device():
 # The three OOMs of tests/gpu/test_oom_gpu.py on the H200 (run 2), messages verbatim. Another
 # process (the pytest runner, PID 429, 10.05 GiB) was on the GPU in each: it is real, but freeing
 # it could not have made any of these requests fit, so it must not come first.
-H200_TAIL = (" If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
-             "to avoid fragmentation.")
+H200_TAIL = (" If reserved but unallocated memory is large try setting "
+             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.")
 H200_TOO_LARGE_BATCH = (
     "CUDA out of memory. Tried to allocate 61.04 GiB. GPU 0 has a total capacity of 139.80 GiB of which 5.37 GiB is "
     "free. Process 429 has 10.05 GiB memory in use. Including non-PyTorch memory, this process has 124.36 GiB memory "

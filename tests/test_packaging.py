@@ -19,7 +19,8 @@ CONFIG = "etc/jupyter/jupyter_server_config.d/gpunb.json"
 def test_the_wheel_installs_the_server_extension_config(tmp_path):
     pytest.importorskip("hatchling", reason="the test extra installs hatchling to build the wheel offline")
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path),
+         str(ROOT)],
         capture_output=True, text=True, timeout=300,
     )
     assert build.returncode == 0, build.stderr[-2000:]

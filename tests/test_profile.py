@@ -183,12 +183,11 @@ def test_hooks_are_removed_after_the_block_even_when_it_raises():
     stdout_before = sys.stdout
     write_before = getattr(sys.stdout, "__dict__", {}).get("write")
     model, opt = _model()
-    with pytest.raises(RuntimeError, match="boom"):
-        with gpunb.profile() as p:
-            for i, (x, y) in enumerate(DataLoader(SlowDataset(), batch_size=8)):
-                _step(model, opt, x, y)
-                if i == 2:
-                    raise RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"), gpunb.profile() as p:
+        for i, (x, y) in enumerate(DataLoader(SlowDataset(), batch_size=8)):
+            _step(model, opt, x, y)
+            if i == 2:
+                raise RuntimeError("boom")
     assert p.result.steps.count == 3 and p.result.error == "RuntimeError: boom"
     assert "item" not in torch.Tensor.__dict__ and torch.Tensor.item is torch._C.TensorBase.item
     assert _BaseDataLoaderIter.__dict__["__next__"] is before_next
@@ -468,9 +467,8 @@ def test_nested_profiles_restore_each_other(capsys):
 
 def test_torch_warnings_still_point_at_the_users_line():
     loss = (torch.randn(3, requires_grad=True) * 2).sum()
-    with pytest.warns(UserWarning, match="requires_grad=True to a scalar") as record:
-        with gpunb.profile(record=False) as p:
-            value = float(loss)  # torch warns from C++ at the calling Python line
+    with pytest.warns(UserWarning, match="requires_grad=True to a scalar") as record, gpunb.profile(record=False) as p:
+        value = float(loss)  # torch warns from C++ at the calling Python line
     assert record[0].filename == __file__ and isinstance(value, float)
     assert p.result.shares.sync_by_method == {"__float__": 1}
 

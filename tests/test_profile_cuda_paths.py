@@ -19,8 +19,8 @@ torch = pytest.importorskip("torch")
 
 import gpunb  # noqa: E402
 from gpunb.analysis.step_events import READ_BACK_EVERY  # noqa: E402
-from gpunb.readings import torch_state  # noqa: E402
 from gpunb.readings import nvml as nvml_module  # noqa: E402
+from gpunb.readings import torch_state  # noqa: E402
 from gpunb.readings.nvml import NvmlSession  # noqa: E402
 from gpunb.testing import load_trace, scenario  # noqa: E402
 from gpunb.views.profile_view import fmt_bytes  # noqa: E402
@@ -43,7 +43,7 @@ class HostClockEvent:
     def synchronize(self) -> None:
         assert self.t is not None
 
-    def elapsed_time(self, other: "HostClockEvent") -> float:
+    def elapsed_time(self, other: HostClockEvent) -> float:
         return (other.t - self.t) * 1000.0
 
 

@@ -153,7 +153,8 @@ def test_uneven_step_counts_are_a_hang_risk_named_first(shell):
             for _ in range(steps[rank]):
                 model(torch.randn(4, 8)).sum().backward(); opt.step(); opt.zero_grad()
     """))
-    shell.run_cell_magic("gpuprofile", "-o p", "mp.start_processes(solo, args=([15, 11],), nprocs=2, start_method='fork')")
+    shell.run_cell_magic("gpuprofile", "-o p",
+                         "mp.start_processes(solo, args=([15, 11],), nprocs=2, start_method='fork')")
     p = shell.user_ns["p"]
     assert sorted(r.steps for r in p.ranks.ranks) == [11, 15]
     first = p.advice[0]
@@ -200,8 +201,9 @@ def test_a_killed_rank_keeps_what_it_wrote_and_the_report_says_so(shell):
 def _record(rank, steps, step_ms, **kw):
     base = {"version": 1, "pid": 1000 + rank, "rank": rank, "world_size": 2, "launcher": "fresh interpreter",
             "device": rank, "gpu": {"name": "NVIDIA H200", "nvml_index": rank, "total_bytes": 150 * 2**30},
-            "steps": steps, "step_ms": step_ms, "step_ms_offset": 0, "source": "CUDA events", "first_step_ms": step_ms[0],
-            "batches": steps, "data_wait_s": 0.0, "batch_size": 64, "first_batch_s": 0.5, "last_step_s": 0.5 + steps * 0.05,
+            "steps": steps, "step_ms": step_ms, "step_ms_offset": 0, "source": "CUDA events",
+            "first_step_ms": step_ms[0], "batches": steps, "data_wait_s": 0.0, "batch_size": 64, "first_batch_s": 0.5,
+            "last_step_s": 0.5 + steps * 0.05,
             "peak_allocated_bytes": 10 * 2**30, "peak_reserved_bytes": 12 * 2**30, "nvml_peak_bytes": 13 * 2**30,
             "ddp": None, "backend": "nccl", "final": True, "started_unix": 1.0}
     base.update(kw)
@@ -234,7 +236,8 @@ def test_on_nvlink_the_advice_is_to_hide_the_allreduce():
     assert part.link == "NVLink × 18 through NVSwitch, 478 GB/s per direction"
     _, advice = judge_ranks(part)
     assert any(a.title == "Hide more of the gradient all-reduce" and "bucket_cap_mb" in a.how for a in advice)
-    assert "NVLink traffic during the cell (NVML counters): GPU 0 12.00 GB, GPU 1 12.00 GB" in "\n".join(ranks_text(part))
+    traffic = "NVLink traffic during the cell (NVML counters): GPU 0 12.00 GB, GPU 1 12.00 GB"
+    assert traffic in "\n".join(ranks_text(part))
 
 
 def test_the_rank_the_others_wait_for_is_the_slowest_though_step_times_match():

@@ -30,8 +30,8 @@ def _gpu(**kw) -> GpuPart:
 
 def _profile(loop=10.0, data=0.0, sync_n=0, sync_s=0.0, output=0.0, gpu=None, steps=100, dtypes=("float32",),
              devices=("cuda",), precision="highest", visible="NVIDIA H200") -> CellProfile:
-    shares = TimeShares(loop, data, steps if data else 0, sync_n, sync_n, sync_s, sync_s, {"item": sync_n} if sync_n else {},
-                        output, 50, 5000, 0, False)
+    shares = TimeShares(loop, data, steps if data else 0, sync_n, sync_n, sync_s, sync_s,
+                        {"item": sync_n} if sync_n else {}, output, 50, 5000, 0, False)
     st = StepStats(steps, 1, 200.0, loop / steps * 1000, loop / steps * 1100, steps / loop, None, None, "CUDA events")
     p = CellProfile(label="", cell=3, started="", wall_s=loop, synced_wall_s=loop, gpu_time_s=loop, cpu_s=loop,
                     peak_rss_bytes=GIB, peak_rss_is_cell=True, steps=st, shares=shares,
@@ -85,7 +85,8 @@ def test_params_on_cpu_with_cuda_build_is_on_cpu():
 def test_input_and_output_bound():
     verdict, advice = judge(_profile(data=6.0))
     assert verdict.kind == "input-bound"
-    assert {"Load batches in worker processes", "Pin host memory for faster copies to the GPU"} <= {a.title for a in advice}
+    expected = {"Load batches in worker processes", "Pin host memory for faster copies to the GPU"}
+    assert expected <= {a.title for a in advice}
     verdict, advice = judge(_profile(output=3.0))
     assert verdict.kind == "output-bound" and advice[0].title == "Print/log less often"
 

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-from contextvars import ContextVar
 
 import pytest
 from IPython.utils.capture import capture_output
@@ -142,10 +141,10 @@ def test_1_hostile_objects_do_not_stop_the_oom_doctor(oom_shell):
 def test_6_debug_and_tb_after_a_release_give_ipythons_own_message(oom_shell, caplog):
     ip = oom_shell
     run(ip, FAILING_CELL)
-    result, out = run(ip, "%tb")
+    _result, out = run(ip, "%tb")
     assert "AttributeError" not in out and "No traceback available" in out
     with caplog.at_level("ERROR"):
-        result, out = run(ip, "%debug")
+        _result, out = run(ip, "%debug")
     assert "AttributeError" not in out + caplog.text
     assert "No traceback has been produced" in caplog.text
 

@@ -110,7 +110,7 @@ def lab(tmp_path):
     root = tmp_path / "root"
     (root / "course").mkdir(parents=True)
     _notebook(root / "monitor.ipynb")
-    log = open(tmp_path / "lab.log", "w")
+    log = open(tmp_path / "lab.log", "w")  # noqa: SIM115 (the server writes to it until teardown)
     proc = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--port-retries=0",
          f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", "--allow-root",

@@ -106,7 +106,7 @@ def test_no_server_says_why(tmp_path, stand_in, monkeypatch):
 
 
 def test_requests_never_go_through_a_proxy(tmp_path, stand_in, monkeypatch):
-    url, seen = stand_in
+    url, _seen = stand_in
     monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")  # a proxy that would get the token
     monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
     monkeypatch.delenv("no_proxy", raising=False)

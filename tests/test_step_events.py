@@ -38,7 +38,7 @@ class SimulatedGpu:
                 gpu.synchronized += 1
                 gpu.done_ms = max(gpu.done_ms, self.at_ms)
 
-            def elapsed_time(self, other: "Event") -> float:
+            def elapsed_time(self, other: Event) -> float:
                 if not (self.query() and other.query()):
                     raise RuntimeError("CUDA error: device not ready")
                 return other.at_ms - self.at_ms

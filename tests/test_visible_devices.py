@@ -1,8 +1,8 @@
 """CUDA_VISIBLE_DEVICES: indices, UUIDs (and prefixes), MIG forms, empty, invalid entries."""
 
-from gpunb.readings.visible_devices import resolve
 from gpunb.readings.gpu import read_snapshot
 from gpunb.readings.nvml import NvmlSession
+from gpunb.readings.visible_devices import resolve
 from gpunb.testing import scenario
 
 

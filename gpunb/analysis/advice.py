@@ -7,6 +7,7 @@ orders them the same way everywhere, so the most valuable fix is always first.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,7 @@ class Advice:
     severity: int = 1  # 2 = fixes a failure, 1 = improves, 0 = nice to know
     saving_bytes: int | None = None  # memory it saves, where that is what it is about (the OOM doctor)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "title": self.title,
             "reason": self.reason,

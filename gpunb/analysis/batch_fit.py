@@ -40,7 +40,8 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from gpunb.analysis.batch_fit_records import BatchFit, Line, Trial
 from gpunb.analysis.fit_trial import CudaMemory, DeviceMemory, run_trial
@@ -87,7 +88,10 @@ def fit_value(t: Trial, before_step: bool) -> float:
     """The memory that grows with the batch: forward+backward peak when the optimizer hook saw
     it (the optimizer step's own peak is batch-independent and can hide it at small batches),
     else the whole step's peak."""
-    return float(t.peak_before_step_bytes if before_step else t.peak_allocated_bytes)
+    value = t.peak_before_step_bytes if before_step else t.peak_allocated_bytes
+    if value is None:  # callers pass fitting trials, which carry the peaks they are asked for
+        raise ValueError(f"trial {t.index} (batch {t.batch}) has no peak memory reading")
+    return float(value)
 
 
 def lines_from(trials: list[Trial]) -> tuple[Line | None, Line | None]:
@@ -159,9 +163,10 @@ def reserved_target(fitting: list[Trial], opt: Line | None, capacity: int) -> fl
 def _reserved_bound_batch(t: Trial, capacity: int) -> float | None:
     """:func:`_bound_batch` for the peak *reserved* bytes: the batch that fits if reserved memory
     grows by at most (peak reserved - base) / batch per sample (the allocator's overhead included)."""
-    if t.base_allocated_bytes is None or t.peak_reserved_bytes is None or t.peak_reserved_bytes <= t.base_allocated_bytes:
+    base, peak = t.base_allocated_bytes, t.peak_reserved_bytes
+    if base is None or peak is None or peak <= base:
         return None
-    return (capacity - t.base_allocated_bytes) * t.batch / (t.peak_reserved_bytes - t.base_allocated_bytes)
+    return (capacity - base) * t.batch / (peak - base)
 
 
 def _trusted(ok: list[Trial], estimate: float, capacity: int, before: bool, tolerance: float) -> bool:
@@ -181,7 +186,9 @@ def _trusted(ok: list[Trial], estimate: float, capacity: int, before: bool, tole
     near = estimate - b.batch <= EXTRAPOLATE * (b.batch - a.batch)
     if len(ok) >= 3:  # three points on one line: straight, not bending up
         z = ok[-3]
-        slope = lambda p, q: (fit_value(q, before) - fit_value(p, before)) / (q.batch - p.batch)  # noqa: E731
+        def slope(p: Trial, q: Trial) -> float:
+            return (fit_value(q, before) - fit_value(p, before)) / (q.batch - p.batch)
+
         return near and abs(slope(a, b) - slope(z, a)) <= tolerance * slope(a, b)
     return near and bound is None  # two points: only without a bound that disagrees
 
@@ -229,9 +236,9 @@ def next_trial(trials: list[Trial], *, capacity: int, start: int, max_batch: int
     if lo >= upper:
         return None
     if len(fitting) == 1:
-        b = lo * 8 if hi is None else int(math.sqrt(lo * hi))
-        b = int(min(b, upper))
-        return (b, "probe") if b > lo else None
+        guess = lo * 8 if hi is None else int(math.sqrt(lo * hi))
+        guess = int(min(guess, upper))
+        return (guess, "probe") if guess > lo else None
     before = _use_before_step(fitting)
     a, b = fitting[-2], fitting[-1]
     if hi is None and (_flat(a, b, before) or (len(fitting) >= 3 and _flat(fitting[-3], a, before))):
@@ -249,7 +256,8 @@ def next_trial(trials: list[Trial], *, capacity: int, start: int, max_batch: int
             return safe, "probe (bound)"
     _, opt = lines_from(trials)
     line_estimate = opt.largest_batch(capacity) if opt else math.inf
-    if math.isinf(min(upper, line_estimate)):  # memory does not grow with the batch: keep growing
+    # (two fitting batches always give a line: ``opt is None`` only keeps the types honest)
+    if opt is None or math.isinf(min(upper, line_estimate)):  # memory does not grow with the batch: keep growing
         return int(min(lo * 4, upper)), "probe"
     informative = _informative(b, fitting[0], capacity)
     trusted = opt is not None and opt.slope > 0 and _trusted(fitting, line_estimate, capacity, before, tolerance)
@@ -333,7 +341,8 @@ def search(run: Callable[[int, str, int], Trial], *, capacity: int, start: int, 
         if opt is None:
             return None, None
         po, pr = opt.largest_batch(capacity), reserved_target(_fitting_trials(trials), opt, capacity)
-        return (None if math.isinf(po) else max(0, math.floor(po))), (None if math.isinf(pr) else max(0, math.floor(pr)))
+        return ((None if math.isinf(po) else max(0, math.floor(po))),
+                (None if math.isinf(pr) else max(0, math.floor(pr))))
 
     while True:
         step = next_trial(trials, capacity=capacity, start=start, max_batch=max_batch,
@@ -349,7 +358,7 @@ def search(run: Callable[[int, str, int], Trial], *, capacity: int, start: int, 
         trials.append(trial)
         if progress:
             progress(f"trial {trial.index}: batch {batch} {trial.verdict}" + (
-                f", peak {trial.peak_allocated_bytes / GiB:.2f} GiB allocated, "
+                f", peak {(trial.peak_allocated_bytes or 0) / GiB:.2f} GiB allocated, "
                 f"{(trial.peak_reserved_bytes or 0) / GiB:.2f} GiB reserved of {capacity / GiB:.2f} GiB"
                 if trial.fits else "") + f" ({trial.seconds:.1f} s)")
     if predicted is None and predicted_reserved is None:  # no candidate was run: the final lines
@@ -382,7 +391,8 @@ def search(run: Callable[[int, str, int], Trial], *, capacity: int, start: int, 
         result.recommended = verified.batch
         if len(trials) >= max_trials and not math.isinf(full):
             result.notes.append(f"the search used all {max_trials} trials below the limit (the line said "
-                                f"≈{math.floor(full)} fills the memory): --max-trials {max_trials + 2} searches further")
+                                f"≈{math.floor(full)} fills the memory): --max-trials {max_trials + 2} searches "
+                                "further")
     if cons is not None and cons.slope <= 0:
         result.notes.append("peak memory did not grow with the batch size: does step_fn use its batch-size argument?")
     if verified.at_edge:

@@ -9,6 +9,7 @@ from typing import Any
 
 from gpunb.display import DisplayMixin, Render
 
+
 @dataclass(frozen=True)
 class Trial:
     index: int
@@ -53,7 +54,7 @@ class Trial:
             why.append(f"cuDNN caught {self.caught_ooms} out-of-memory errors")
         return "fits" + (f" ({', '.join(why)})" if why else "")
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in (
             "index", "batch", "ok", "purpose", "peak_allocated_bytes", "peak_reserved_bytes", "non_torch_bytes",
             "seconds", "error", "peak_before_step_bytes", "base_allocated_bytes", "steps", "steps_done",
@@ -78,7 +79,7 @@ class Line:
             return math.inf
         return (capacity - self.intercept) / self.slope
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"intercept_bytes": self.intercept, "slope_bytes_per_sample": self.slope}
 
 
@@ -91,7 +92,7 @@ class BatchFit(DisplayMixin):
     recommended: int | None = None  # the batch to use: `verified`, less `safety` when that was at the limit
     verified: int | None = None  # the largest batch whose sustained run trained, below every batch that did not
     safety: float = 0.0  # the share taken off `verified` (fresh processes vary near the limit)
-    predicted: int | None = None  # the allocated-bytes line's batch at the capacity, when the first candidate was chosen
+    predicted: int | None = None  # the allocated-bytes line's batch at the capacity, when the first was chosen
     predicted_reserved: int | None = None  # the reserved-bytes line's, which the candidate aimed under
     capacity_bytes: int | None = None  # what the step may use (the cap, or free + torch's cache), less the margin
     margin: float = 0.0  # fraction of the memory kept free on request (--margin)

@@ -18,7 +18,6 @@ from gpunb.readings.gpu_activity import UtilWindow, now_us, read_util_since
 from gpunb.readings.nvml import NvmlSession, default_session
 from gpunb.readings.process import read_process_usage, reset_peak_rss
 
-
 # NVML keeps about 5 utilization samples a second on an H200 (research anchors §1.1) and
 # reading them costs ~2 ms at a cell's end (nvmlDeviceGetSamples; benchmarks/profile_overhead.py
 # on the H200). A cell shorter than this gets no utilization and no NVML call: then the

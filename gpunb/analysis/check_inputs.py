@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any
 
 from gpunb.readings.allreduce import AllReduceRun
 from gpunb.readings.cuda_probe import ProbeResult
 from gpunb.readings.devices import DeviceMap, GpuOwnership
-from gpunb.readings.gpu import GpuInfo, GpuSnapshot
+from gpunb.readings.gpu import GpuInfo, GpuProcess, GpuSample, GpuSnapshot
 from gpunb.readings.host import HostFacts
 from gpunb.readings.links import LinkMap
+from gpunb.readings.nvml import Unavailable
 from gpunb.readings.torch_build import KernelTorchState, TorchBuild
 from gpunb.readings.visible_devices import VisibleDevices
 
@@ -28,7 +30,7 @@ class CheckInputs:
     ownership: tuple[GpuOwnership, ...] = ()  # per NVML GPU: this kernel's processes and everyone else's
     probe: ProbeResult | None = None  # None with --quick
     probe_devices: tuple[int, ...] = ()  # CUDA ordinals measured by the probe, matching ``selected``
-    frameworks: dict = field(default_factory=dict)  # "jax"/"tensorflow" -> report
+    frameworks: dict[str, Any] = field(default_factory=dict)  # "jax"/"tensorflow" -> report
     quick: bool = False
     deep: bool = False  # the slow multi-GPU measurements (the NCCL all-reduce)
     links: LinkMap | None = None  # NVLink and PCIe between the GPUs (NVML)
@@ -47,8 +49,8 @@ class CheckInputs:
     def has_gpu(self) -> bool:
         return bool(self.snapshot.gpus)
 
-    def sample(self, index: int):
+    def sample(self, index: int) -> GpuSample:
         return self.snapshot.samples[index]
 
-    def processes(self, index: int):
+    def processes(self, index: int) -> tuple[GpuProcess, ...] | Unavailable:
         return self.snapshot.processes[index]

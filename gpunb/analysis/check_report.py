@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 from gpunb.display import DisplayMixin, Render, jsonable
 
@@ -72,7 +73,7 @@ class CheckReport(DisplayMixin):
         counts = self.counts
         return " · ".join(f"{counts[s]} {s}" for s in STATUSES if counts[s])
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         # the documented JSON of `%gpucheck --json` / `gpunb check --json`: counts first
         return {
             "summary": self.counts,

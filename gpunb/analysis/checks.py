@@ -11,12 +11,14 @@ import os
 import queue
 import threading
 import time
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from gpunb.analysis import checks_gpu, checks_host, checks_multi_gpu, checks_torch
 from gpunb.analysis.check_inputs import CheckInputs
 from gpunb.analysis.check_report import CheckReport, CheckResult
 from gpunb.readings import torch_state
+from gpunb.readings.allreduce import SIZES_MIB as ALLREDUCE_SIZES_MIB
 from gpunb.readings.allreduce import TIMEOUT_S as ALLREDUCE_TIMEOUT_S
 from gpunb.readings.allreduce import AllReduceLaunch
 from gpunb.readings.cuda_probe import run_probe
@@ -112,7 +114,9 @@ def _keep_matmul_peaks(inputs: CheckInputs, env: Mapping[str, str]) -> None:
     """The probe's matmul TFLOP/s per GPU, kept for %%gpuprofile's MFU (readings/peak_cache.py)."""
     probe = inputs.probe
     facts = probe.facts if probe is not None else None
-    for dev in (facts or {}).get("devices", []):
+    if probe is None or facts is None:
+        return
+    for dev in facts.get("devices", []):
         result = probe.result("matmul", dev.get("index"))
         if result and dev.get("uuid"):
             remember_matmul_peaks(dev["uuid"], str(dev.get("name", "")), result,
@@ -170,7 +174,7 @@ def check(
                 + "".join(f"; GPU{g.index} is {'lost (NVML: GPU is lost)' if g.lost else 'unreadable: ' + str(g.uuid)}"
                           ", so CUDA cannot use it until it is reset (see `gpunb check` without --device)"
                           for g in unusable))
-        selected = (chosen,)
+        selected: tuple[int, ...] = (chosen,)
     else:
         selected = tuple(g.index for g in snapshot.gpus)
     build = read_torch_build()
@@ -178,8 +182,8 @@ def check(
     # The slow parts start first, and run while the rest is read: the CUDA probe (a subprocess
     # importing torch, ~4 s of its time) and, for --deep, the all-reduce ranks (importing torch
     # too, then waiting until the probe has left the GPUs).
-    probe_events: queue.Queue = queue.Queue()
-    probe_box: dict = {}
+    probe_events: queue.Queue[tuple[str, int | None]] = queue.Queue()
+    probe_box: dict[str, Any] = {}
     prober = None
     if not quick and build.installed and visible.visible:
         def probe() -> None:
@@ -206,7 +210,7 @@ def check(
     backend = _allreduce_backend(inputs, nvml) if deep else None
     if backend is not None:
         launch = AllReduceLaunch(len(devices.devices), backend=backend, environ=env, timeout_s=allreduce_timeout_s,
-                                 **({"sizes_mib": GLOO_SIZES_MIB} if backend == "gloo" else {})).start()
+                                 sizes_mib=GLOO_SIZES_MIB if backend == "gloo" else ALLREDUCE_SIZES_MIB).start()
     try:
         me = kernel_pids()
         inputs.ownership = tuple(attribute_processes(g.index, procs, me, torch_reserved_on(torch, devices, g.index))
@@ -225,7 +229,7 @@ def check(
                 progress(CheckReport(tuple(fast.values()), time.monotonic() - t0, quick, device, message, deep))
 
         # JAX/TF answer from their own subprocesses while the CUDA probe runs (seconds each).
-        frameworks: dict = {}
+        frameworks: dict[str, Any] = {}
         asker = None
         if checks_host.frameworks_installed():
             asker = threading.Thread(target=lambda: frameworks.update(checks_host.probe_frameworks(quick)),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from gpunb.analysis.check_inputs import CheckInputs
 from gpunb.analysis.check_report import CheckResult, Status, worst
 from gpunb.readings.gpu import SLOWDOWN_BITS, clock_event_explanations, clock_event_names
@@ -43,7 +45,8 @@ def check_driver(inputs: CheckInputs) -> CheckResult:
         f"{g.pci_bus_id if not g.lost else ''}".strip()
         for g in inputs.snapshot.gpus
     )
-    summary = f"driver {driver.driver_version} (CUDA {driver.cuda_driver_version}) · {driver.gpu_count} GPU(s): {listing}"
+    summary = (f"driver {driver.driver_version} (CUDA {driver.cuda_driver_version}) · "
+               f"{driver.gpu_count} GPU(s): {listing}")
     if lost:
         ids = ", ".join(f"GPU{g.index}" for g in lost)
         return CheckResult("driver", title, "fail", summary, measured,
@@ -107,7 +110,9 @@ def check_temperature(inputs: CheckInputs) -> CheckResult:
     skipped = _no_nvml("temperature", title, inputs)
     if skipped:
         return skipped
-    statuses, parts, measured = [], [], {}
+    statuses: list[Status] = []
+    parts: list[str] = []
+    measured: dict[str, Any] = {}
     for g in inputs.gpus:
         temp, limit = inputs.sample(g.index).temp_c, g.temp_slowdown_c
         measured[f"gpu{g.index}"] = {"temp_c": temp, "slowdown_c": limit, "shutdown_c": g.temp_shutdown_c}
@@ -126,7 +131,8 @@ def check_temperature(inputs: CheckInputs) -> CheckResult:
     bad = status in ("warn", "fail")
     return CheckResult("temperature", title, status, "; ".join(parts), measured,
                        "The GPU is at or near its slowdown temperature: clocks drop and training slows." if bad else "",
-                       "Check cooling (fans, airflow, data-centre inlet temperature); tell the administrator." if bad else "",
+                       "Check cooling (fans, airflow, data-centre inlet temperature); tell the administrator."
+                       if bad else "",
                        NVML_DOC)
 
 
@@ -135,7 +141,10 @@ def check_power(inputs: CheckInputs) -> CheckResult:
     skipped = _no_nvml("power", title, inputs)
     if skipped:
         return skipped
-    parts, measured, statuses, at_limit = [], {}, [], False
+    parts: list[str] = []
+    measured: dict[str, Any] = {}
+    statuses: list[Status] = []
+    at_limit = False
     for g in inputs.gpus:
         draw = inputs.sample(g.index).power_w
         at_limit |= is_available(draw) and is_available(g.power_limit_w) and draw >= 0.95 * g.power_limit_w
@@ -153,7 +162,10 @@ def check_clock_events(inputs: CheckInputs) -> CheckResult:
     skipped = _no_nvml("clock_events", title, inputs)
     if skipped:
         return skipped
-    parts, measured, statuses, causes = [], {}, [], []
+    parts: list[str] = []
+    measured: dict[str, Any] = {}
+    statuses: list[Status] = []
+    causes: list[str] = []
     for g in inputs.gpus:
         mask = inputs.sample(g.index).clock_event_reasons
         if not is_available(mask):
@@ -181,7 +193,9 @@ def check_ecc(inputs: CheckInputs) -> CheckResult:
     skipped = _no_nvml("ecc", title, inputs)
     if skipped:
         return skipped
-    parts, measured, statuses = [], {}, []
+    parts: list[str] = []
+    measured: dict[str, Any] = {}
+    statuses: list[Status] = []
     for g in inputs.gpus:
         errors = g.ecc_uncorrected_volatile
         measured[f"gpu{g.index}"] = {"ecc_enabled": g.ecc_enabled, "uncorrected_volatile": errors}
@@ -214,8 +228,10 @@ def check_persistence(inputs: CheckInputs) -> CheckResult:
     if skipped:
         return skipped
     off = [g for g in inputs.gpus if g.persistence_mode is False]
-    parts = [f"GPU{g.index}: {'on' if g.persistence_mode is True else 'off' if g.persistence_mode is False else g.persistence_mode}"
-             for g in inputs.gpus]
+    def mode(value: Any) -> Any:
+        return "on" if value is True else "off" if value is False else value
+
+    parts = [f"GPU{g.index}: {mode(g.persistence_mode)}" for g in inputs.gpus]
     read = [g for g in inputs.gpus if is_available(g.persistence_mode)]
     return CheckResult("persistence_mode", title, "warn" if off else "ok" if read else "skip", "; ".join(parts),
                        {f"gpu{g.index}": g.persistence_mode for g in inputs.gpus},
@@ -252,13 +268,15 @@ def check_compute_mode(inputs: CheckInputs) -> CheckResult:
     skipped = _no_nvml("compute_mode", title, inputs)
     if skipped:
         return skipped
-    statuses, parts = [], []
+    statuses: list[Status] = []
+    parts: list[str] = []
     for g in inputs.gpus:
         parts.append(f"GPU{g.index}: {g.compute_mode}")
         if not is_available(g.compute_mode):
             statuses.append("skip")
             continue
-        statuses.append({"exclusive-process": "warn", "prohibited": "fail"}.get(g.compute_mode, "ok"))
+        by_mode: dict[str, Status] = {"exclusive-process": "warn", "prohibited": "fail"}
+        statuses.append(by_mode.get(g.compute_mode, "ok"))
     status = worst(statuses)
     cause = fix = ""
     if status == "warn":
@@ -275,7 +293,7 @@ def check_visible_devices(inputs: CheckInputs) -> CheckResult:
     title = "CUDA_VISIBLE_DEVICES matches the GPUs"
     vis: VisibleDevices = inputs.visible
     raw = None if vis.raw is None else shown(vis.raw, 80)  # the value may be huge: shown cut short
-    measured = {"value": vis.raw if vis.raw is None or len(vis.raw) <= 200 else raw,
+    measured: dict[str, Any] = {"value": vis.raw if vis.raw is None or len(vis.raw) <= 200 else raw,
                 "visible": list(vis.visible), "nvml_indices": list(vis.nvml_indices)}
     link = "https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#cuda-environment-variables"
     if not inputs.snapshot.driver.nvml.ok:
@@ -296,7 +314,8 @@ def check_visible_devices(inputs: CheckInputs) -> CheckResult:
                            " ".join(vis.notes), "See the driver check: a lost GPU needs a reset; until then "
                            "CUDA_VISIBLE_DEVICES=<the others> keeps programs off it.", link)
     if vis.raw is None:
-        summary = f"unset: CUDA sees all {len(vis.visible)} GPU(s)" + (f" ({pairs})" if len(devices.devices) > 1 else "")
+        summary = f"unset: CUDA sees all {len(vis.visible)} GPU(s)" + (
+            f" ({pairs})" if len(devices.devices) > 1 else "")
     else:
         summary = f"CUDA_VISIBLE_DEVICES={raw}: CUDA sees {pairs}"
     if devices.confirmed_by_torch:

@@ -6,9 +6,10 @@ import importlib.metadata
 import importlib.util
 import subprocess
 import sys
+from typing import Any
 
 from gpunb.analysis.check_inputs import CheckInputs
-from gpunb.analysis.check_report import CheckResult
+from gpunb.analysis.check_report import CheckResult, Status
 from gpunb.units import gib
 
 DATALOADER_DOC = "https://pytorch.org/docs/stable/data.html#multi-process-data-loading"
@@ -77,7 +78,7 @@ def frameworks_installed() -> list[str]:
     return [name for name in _FRAMEWORK_PROBES if importlib.util.find_spec(name) is not None]
 
 
-def probe_frameworks(quick: bool, timeout_s: float = 90.0) -> dict:
+def probe_frameworks(quick: bool, timeout_s: float = 90.0) -> dict[str, Any]:
     """JAX/TensorFlow: installed version, and (unless quick) the devices each sees, in a subprocess."""
     found = {}
     for name in frameworks_installed():
@@ -86,14 +87,14 @@ def probe_frameworks(quick: bool, timeout_s: float = 90.0) -> dict:
             version = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             version = "?"
-        entry = {"version": version}
+        entry: dict[str, Any] = {"version": version}
         if not quick:
             try:
                 done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s)
                 lines = done.stdout.strip().splitlines()
                 entry["devices"] = lines[-1] if done.returncode == 0 and lines else None
                 if done.returncode != 0:
-                    entry["error"] = (done.stderr.strip().splitlines() or ["exit code %d" % done.returncode])[-1]
+                    entry["error"] = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
             except subprocess.TimeoutExpired:
                 entry["error"] = f"no answer within {timeout_s:.0f} s"
         found[name] = entry
@@ -128,8 +129,9 @@ def check_nvml_package(inputs: CheckInputs) -> CheckResult:
         deprecated = True
     except importlib.metadata.PackageNotFoundError:
         deprecated = False
-    summary = f"nvidia-ml-py {version or 'missing'}" + (" · deprecated `pynvml` package also installed" if deprecated else "")
-    status = "warn" if deprecated or version is None else "ok"
+    summary = f"nvidia-ml-py {version or 'missing'}" + (
+        " · deprecated `pynvml` package also installed" if deprecated else "")
+    status: Status = "warn" if deprecated or version is None else "ok"
     return CheckResult("nvml_package", title, status, summary, {"nvidia_ml_py": version, "pynvml_dist": deprecated},
                        "The deprecated `pynvml` distribution prints FutureWarnings at `import torch` and can shadow "
                        "NVIDIA's module." if deprecated else ("nvidia-ml-py is missing." if version is None else ""),

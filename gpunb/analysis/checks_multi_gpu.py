@@ -8,6 +8,9 @@ defines it, which is compared with what the slowest link between the GPUs should
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 from gpunb.analysis.check_inputs import CheckInputs
 from gpunb.analysis.check_report import CheckResult, Status, worst
 from gpunb.analysis.gpu_specs import pcie_gbps
@@ -42,7 +45,7 @@ def size_text(n_bytes: int) -> str:
     return f"{n_bytes} B"
 
 
-def _gpu_names(indices) -> str:
+def _gpu_names(indices: Iterable[int]) -> str:
     return "↔".join(f"GPU{i}" for i in indices)
 
 
@@ -122,7 +125,8 @@ def check_gpu_links(inputs: CheckInputs) -> CheckResult:
     title = "How the GPUs are joined: NVLink or PCIe, and peer access"
     if not inputs.snapshot.driver.nvml.ok or len(inputs.gpus) < 2:
         return CheckResult("gpu_links", title, "skip",
-                           "one GPU: no link between GPUs to check" if len(inputs.gpus) == 1 else "needs two or more GPUs")
+                           "one GPU: no link between GPUs to check" if len(inputs.gpus) == 1
+                           else "needs two or more GPUs")
     links = inputs.links
     selected = {g.index for g in inputs.gpus}
     pairs = [p for p in (links.pairs if links else ()) if p.a in selected and p.b in selected]
@@ -192,19 +196,21 @@ def _nccl_skip(inputs: CheckInputs, title: str) -> CheckResult | None:
 def check_nccl(inputs: CheckInputs) -> CheckResult:
     title = "NCCL all-reduce across the GPUs (subprocesses)"
     skipped = _nccl_skip(inputs, title)
-    if skipped:
-        return skipped
     run = inputs.allreduce
+    if skipped or run is None:
+        return skipped or CheckResult("nccl_allreduce", title, "skip", "the all-reduce did not run")
     n = run.world_size
     backend = "NCCL" if run.backend == "nccl" else run.backend
-    measured = {"backend": run.backend, "world_size": n, "nccl_version": run.nccl_version, "init_ms": run.init_ms,
-                "sizes": [s.__dict__ for s in run.sizes], "last_step": run.last_step, "error": run.error}
+    measured: dict[str, Any] = {
+        "backend": run.backend, "world_size": n, "nccl_version": run.nccl_version, "init_ms": run.init_ms,
+        "sizes": [s.__dict__ for s in run.sizes], "last_step": run.last_step, "error": run.error}
     if run.error and not run.sizes:
         if run.timed_out:
             return CheckResult("nccl_allreduce", title, "fail", f"{n} ranks did not finish: killed", measured,
                                f"The all-reduce hung: {run.error}.", HANG_ADVICE, NCCL_ENV_DOC)
         return CheckResult("nccl_allreduce", title, "fail", f"{n} ranks: the all-reduce failed", measured,
-                           run.error, "Rerun in a terminal with NCCL_DEBUG=INFO to see NCCL's own message. " + HANG_ADVICE,
+                           run.error,
+                           "Rerun in a terminal with NCCL_DEBUG=INFO to see NCCL's own message. " + HANG_ADVICE,
                            NCCL_ENV_DOC)
     largest = run.largest
     version = f" {run.nccl_version}" if run.nccl_version else ""
@@ -236,9 +242,9 @@ def check_nccl(inputs: CheckInputs) -> CheckResult:
     if share < LOW_SHARE:
         return CheckResult(
             "nccl_allreduce", title, "warn", summary, measured,
-            f"At {size_text(largest.bytes)} the all-reduce reached only {share:.0%} of the link's rate: NCCL is not using "
-            "the link it should (peer-to-peer disabled, NCCL_P2P_DISABLE/NCCL_P2P_LEVEL set, IOMMU/ACS), or another "
-            "job is using these GPUs.",
+            f"At {size_text(largest.bytes)} the all-reduce reached only {share:.0%} of the link's rate: "
+            "NCCL is not using the link it should (peer-to-peer disabled, NCCL_P2P_DISABLE/NCCL_P2P_LEVEL set, "
+            "IOMMU/ACS), or another job is using these GPUs.",
             "Run with NCCL_DEBUG=INFO and look for the transport NCCL chose ('via P2P/CUMEM', 'via SHM'); compare with "
             "`nvidia-smi topo -m`; check the other-processes check.", NCCL_ENV_DOC, HANG_ADVICE)
     return CheckResult("nccl_allreduce", title, "ok", summary, measured, link=NCCL_TESTS_DOC, tip=HANG_ADVICE)

@@ -4,6 +4,8 @@ measurements, this kernel's CUDA state, precision settings and allocator configu
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from typing import Any
 
 from gpunb.analysis.check_inputs import CheckInputs
 from gpunb.analysis.check_report import CheckResult, Status, worst
@@ -23,7 +25,7 @@ def _version_tuple(text: str | None) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", text or "")[:2])
 
 
-def _facts(inputs: CheckInputs) -> dict | None:
+def _facts(inputs: CheckInputs) -> dict[str, Any] | None:
     return inputs.probe.facts if inputs.probe is not None else None
 
 
@@ -53,7 +55,7 @@ def _cuda_ordinal(inputs: CheckInputs, gpu: GpuInfo) -> int | None:
     DESIGN asks), else by the device map (a MIG slice's UUID is not its parent's)."""
     for dev in (_facts(inputs) or {}).get("devices", []):
         if dev.get("uuid") and isinstance(gpu.uuid, str) and uuid_key(dev["uuid"]) == uuid_key(gpu.uuid):
-            return dev["index"]
+            return int(dev["index"])
     found = inputs.devices.cuda_indices(gpu.index)
     return found[0] if found else None
 
@@ -86,7 +88,8 @@ def check_torch_build(inputs: CheckInputs) -> CheckResult:
                            "Update the driver or install a torch built for an older CUDA (" + INSTALL_DOC + ").",
                            COMPAT_DOC)
     if not is_available(driver_cuda):
-        return CheckResult("torch_cuda", title, "ok" if inputs.probe and facts and facts.get("cuda_available") else "skip",
+        ran = inputs.probe and facts and facts.get("cuda_available")
+        return CheckResult("torch_cuda", title, "ok" if ran else "skip",
                            f"torch {t.version} built for CUDA {t.cuda}; driver CUDA version unknown", measured)
     need, have = _version_tuple(t.cuda), _version_tuple(driver_cuda)
     if have[:1] < need[:1]:
@@ -136,7 +139,8 @@ def check_torch_arch(inputs: CheckInputs) -> CheckResult:
     arch = _arch_list(inputs)
     if arch is None:
         return CheckResult("torch_arch", title, "skip", NEEDS_PROBE)
-    statuses, parts = [], []
+    statuses: list[Status] = []
+    parts: list[str] = []
     for g in inputs.gpus:
         cc = g.compute_capability
         if not is_available(cc):
@@ -145,7 +149,8 @@ def check_torch_arch(inputs: CheckInputs) -> CheckResult:
         support = _arch_support(arch, tuple(cc))
         parts.append(f"GPU{g.index} sm_{cc[0]}{cc[1]}: " + {"native": "native kernels", "ptx": "PTX only (JIT)",
                                                          "none": "NO kernels"}[support])
-        statuses.append({"native": "ok", "ptx": "warn", "none": "fail"}[support])
+        verdicts: dict[str, Status] = {"native": "ok", "ptx": "warn", "none": "fail"}
+        statuses.append(verdicts[support])
     status = worst(statuses)
     cause = fix = ""
     if status == "fail":
@@ -183,25 +188,38 @@ def check_cudnn_nccl(inputs: CheckInputs) -> CheckResult:
                        {"cudnn_version": cudnn, "nccl_version": nccl},
                        (f"{' and '.join(missing)} not available in this torch: "
                         + ("convolutions fall back to slow kernels. " if "cuDNN" in missing else "")
-                        + ("multi-GPU DistributedDataParallel with the nccl backend is impossible." if "NCCL" in missing else ""))
+                        + ("multi-GPU DistributedDataParallel with the nccl backend is impossible."
+                           if "NCCL" in missing else ""))
                        if missing else "",
-                       "Install the official CUDA build of torch, which bundles both: " + INSTALL_DOC if missing else "",
+                       ("Install the official CUDA build of torch, which bundles both: " + INSTALL_DOC)
+                       if missing else "",
                        "https://pytorch.org/docs/stable/distributed.html#backends")
 
 
-def _per_device(check_id: str, title: str, inputs: CheckInputs, step: str, judge) -> CheckResult:
+# (status, measured part, cause, fix, tip) of one GPU's probe result
+Judgement = tuple[Status, str, str, str, str]
+
+
+def _per_device(check_id: str, title: str, inputs: CheckInputs, step: str,
+                judge: Callable[[GpuInfo, dict[str, Any], CheckInputs], Judgement]) -> CheckResult:
     missing = _probe_missing(check_id, title, inputs)
-    if missing:
-        return missing
-    statuses, parts, measured, causes, fixes, tips = [], [], {}, [], [], []
+    if missing or inputs.probe is None:  # (a missing probe is one of the reasons it gives)
+        return missing or CheckResult(check_id, title, "skip", NEEDS_PROBE)
+    probe = inputs.probe
+    statuses: list[Status] = []
+    parts: list[str] = []
+    measured: dict[str, Any] = {}
+    causes: list[str] = []
+    fixes: list[str] = []
+    tips: list[str] = []
     for g in inputs.gpus:
         ordinal = _cuda_ordinal(inputs, g)
         if ordinal is None:
             statuses.append("skip")
             parts.append(f"GPU{g.index}: not visible to CUDA")
             continue
-        error = inputs.probe.step_error(step, ordinal)
-        result = inputs.probe.result(step, ordinal)
+        error = probe.step_error(step, ordinal)
+        result = probe.result(step, ordinal)
         if error or result is None:
             statuses.append("fail")
             parts.append(f"GPU{g.index}: failed")
@@ -220,7 +238,7 @@ def _per_device(check_id: str, title: str, inputs: CheckInputs, step: str, judge
                        " ".join(dict.fromkeys(fixes)), tip=" ".join(dict.fromkeys(tips)))
 
 
-def _first_step_words(r: dict) -> str:
+def _first_step_words(r: dict[str, Any]) -> str:
     """The first step's cost and, where the probe timed its parts, what it went to."""
     parts = [(label, r.get(key)) for label, key in (("forward", "first_forward_ms"), ("backward", "first_backward_ms"),
                                                     ("AdamW", "first_optimizer_step_ms"))]
@@ -233,14 +251,16 @@ def _first_step_words(r: dict) -> str:
     return words
 
 
-def _judge_smoke(g, r, inputs):
+def _judge_smoke(g: GpuInfo, r: dict[str, Any], inputs: CheckInputs) -> Judgement:
     context = f"CUDA context {num(r['context_ms'], 'ms')}, " if "context_ms" in r else ""
-    part = f"forward+backward+AdamW step ok: {context}{_first_step_words(r)}, then {num(r['step_ms_median'], 'ms', 2)}/step"
+    part = (f"forward+backward+AdamW step ok: {context}{_first_step_words(r)}, "
+            f"then {num(r['step_ms_median'], 'ms', 2)}/step")
     tip = ""
     if r.get("optimizer_import_ms"):
-        tip = (f"torch.optim's first optimizer imports torch._dynamo: {num(r['optimizer_import_ms'] / 1000, 's', 1)} of "
-               "Python, once per process (the probe overlapped it with the GPU measurements); in a notebook the "
-               "first cell that creates an optimizer pays it.")
+        tip = (f"torch.optim's first optimizer imports torch._dynamo: "
+               f"{num(r['optimizer_import_ms'] / 1000, 's', 1)} of Python, once per process (the probe "
+               "overlapped it with the GPU measurements); in a notebook the first cell that creates an optimizer "
+               "pays it.")
     if not r.get("params_on_gpu"):
         return "fail", part, "Model parameters did not land on the GPU.", "Check `.to('cuda')` support.", tip
     if not r.get("loss_finite"):
@@ -254,11 +274,13 @@ def check_smoke(inputs: CheckInputs) -> CheckResult:
                        _judge_smoke)
 
 
-def _judge_matmul(g, r, inputs):
+def _judge_matmul(g: GpuInfo, r: dict[str, Any], inputs: CheckInputs) -> Judgement:
     peak = peak_for(g.name if isinstance(g.name, str) else "")
     labels = (("bf16", "bf16_tflops", "bf16_tflops"), ("TF32", "tf32_tflops", "tf32_tflops"),
               ("fp32", "fp32_tflops", "fp32_tflops"))
-    bits, status, cause = [], "ok", ""
+    bits: list[str] = []
+    status: Status = "ok"
+    cause = ""
     for label, key, peak_key in labels:
         value = r.get(key)
         if value is None:
@@ -290,7 +312,7 @@ def check_matmul(inputs: CheckInputs) -> CheckResult:
                        _judge_matmul)
 
 
-def _judge_copy(g, r, inputs):
+def _judge_copy(g: GpuInfo, r: dict[str, Any], inputs: CheckInputs) -> Judgement:
     pinned, pageable = r.get("pinned_gbps"), r.get("pageable_gbps")
     link_max = (pcie_gbps(g.pcie_gen_max, g.pcie_width_max)
                 if is_available(g.pcie_gen_max) and is_available(g.pcie_width_max) else None)
@@ -306,7 +328,8 @@ def _judge_copy(g, r, inputs):
     if link_max and pinned and pinned < 0.5 * link_max:
         cause = (f"Host-to-device copies reach {pinned / link_max:.0%} of the link's theoretical bandwidth: the "
                  "link trained below its maximum, or the GPU sits behind a slow switch/NUMA node.")
-        return "warn", part, cause, "Compare `nvidia-smi -q -d PCI` with the slot's rating; tell the administrator.", tip
+        fix = "Compare `nvidia-smi -q -d PCI` with the slot's rating; tell the administrator."
+        return "warn", part, cause, fix, tip
     return "ok", part, "", "", tip
 
 
@@ -334,10 +357,12 @@ def check_kernel_cuda_state(inputs: CheckInputs) -> CheckResult:
         return CheckResult("kernel_cuda", title, "warn", "CUDA is already initialized in this kernel",
                            {"cuda_initialized": True},
                            "Fork-based multi-GPU launchers (accelerate.notebook_launcher, "
-                           "torch.multiprocessing with fork) fail with 'Cannot re-initialize CUDA in forked subprocess'.",
+                           "torch.multiprocessing with fork) fail with 'Cannot re-initialize CUDA in forked "
+                           "subprocess'.",
                            "Launch multi-GPU training from a fresh kernel before any cell touches CUDA; single-GPU "
                            "work is unaffected.", link)
-    return CheckResult("kernel_cuda", title, "ok", "torch imported, CUDA not initialized yet", {"cuda_initialized": False})
+    return CheckResult("kernel_cuda", title, "ok", "torch imported, CUDA not initialized yet",
+                       {"cuda_initialized": False})
 
 
 def check_precision(inputs: CheckInputs) -> CheckResult:
@@ -406,7 +431,8 @@ def check_alloc_conf(inputs: CheckInputs) -> CheckResult:
     tip = ("If OOM messages show much 'reserved but unallocated' memory, "
            "`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` (set before torch starts CUDA) reduces fragmentation.")
     if name is None:
-        return CheckResult("alloc_conf", title, "ok", "unset: torch's default caching allocator", {}, link=link, tip=tip)
+        return CheckResult("alloc_conf", title, "ok", "unset: torch's default caching allocator", {}, link=link,
+                           tip=tip)
     raw = inputs.environ[name]
     settings, problems = parse_alloc_conf(raw)
     # Shown cut short: the value (and so its keys and problems) may be huge.

@@ -28,7 +28,8 @@ from __future__ import annotations
 import gc
 import time
 import traceback
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from gpunb.analysis.batch_fit_records import Trial
 from gpunb.analysis.fresh_state import FreshStart

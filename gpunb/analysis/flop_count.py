@@ -42,7 +42,7 @@ _CONV_OPS = ("convolution", "_convolution", "cudnn_convolution", "convolution_ov
              "_slow_conv2d_forward", "convolution_backward")
 
 
-def _precision_of(dtype_name: str, on_cuda: bool, kind: str, tf32: dict) -> str:
+def _precision_of(dtype_name: str, on_cuda: bool, kind: str, tf32: dict[str, bool]) -> str:
     if dtype_name in ("bfloat16", "float16"):
         return "bf16" if dtype_name == "bfloat16" else "fp16"
     if dtype_name.startswith("float8"):
@@ -57,7 +57,7 @@ def _precision_of(dtype_name: str, on_cuda: bool, kind: str, tf32: dict) -> str:
 class _OpInfo:
     """What counting needs to know about one operator, worked out once from its schema."""
 
-    __slots__ = ("packet", "kind", "hop", "moves", "tensor_args", "fresh_out", "name")
+    __slots__ = ("fresh_out", "hop", "kind", "moves", "name", "packet", "tensor_args")
 
     def __init__(self, func: Any, hop_type: Any) -> None:
         self.hop = isinstance(func, hop_type)
@@ -87,15 +87,15 @@ class _OpInfo:
             self.moves = False
 
 
-def _tensor_bytes(value: Any, tensor: type) -> int:
+def _tensor_bytes(value: Any, tensor: Any) -> int:
     if isinstance(value, tensor):
-        return value.nbytes
+        return int(value.nbytes)
     if isinstance(value, (list, tuple)):
-        return sum(v.nbytes for v in value if isinstance(v, tensor))
+        return sum(int(v.nbytes) for v in value if isinstance(v, tensor))
     return 0
 
 
-def _first_tensor(args: tuple, tensor: type) -> Any:
+def _first_tensor(args: tuple[Any, ...], tensor: type) -> Any:
     for a in args:
         if isinstance(a, tensor):
             return a
@@ -124,8 +124,8 @@ def _mode_class(torch: Any) -> type:
         def ignore_compile_internals(cls) -> bool:  # compiled code stays compiled (see module doc)
             return True
 
-        def __init__(self, tf32: dict) -> None:
-            super().__init__()
+        def __init__(self, tf32: dict[str, bool]) -> None:
+            super().__init__()  # type: ignore[no-untyped-call]  # torch leaves TorchDispatchMode.__init__ unannotated
             self.tf32 = tf32
             self.inert = False  # set when the mode could not be left: it then only passes calls on
             self.flops = 0
@@ -138,8 +138,9 @@ def _mode_class(torch: Any) -> type:
             self.failures = 0
             self.first_failure = ""
 
-        def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-            __tracebackhide__ = True  # noqa: F841 (IPython hides this frame in the user's tracebacks)
+        def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                               kwargs: dict[str, Any] | None = None) -> Any:
+            __tracebackhide__ = True  # IPython hides this frame in the user's tracebacks
             # The user's operation first, exactly as called: its errors are the user's.
             out = func(*args, **kwargs) if kwargs else func(*args)
             if self.inert:
@@ -152,7 +153,7 @@ def _mode_class(torch: Any) -> type:
                     self.first_failure = f"{func}: {type(exc).__name__}: {exc}"[:300]
             return out
 
-        def _count(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        def _count(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
             info = infos.get(func)
             if info is None:
                 info = infos[func] = _OpInfo(func, hop_type)
@@ -205,7 +206,7 @@ def _compiled_code_would_change(torch: Any) -> bool:
     return bool(stats.get("unique_graphs"))
 
 
-def _tf32_flags(torch: Any) -> dict:
+def _tf32_flags(torch: Any) -> dict[str, bool]:
     flags = {"matmul": False, "conv": False}
     try:
         flags["matmul"] = bool(torch.backends.cuda.matmul.allow_tf32)
@@ -253,8 +254,8 @@ class StepFlopCounter:
 
     def end(self, complete: bool = True) -> None:
         """Stop counting (at the next step's end; ``complete=False``: the cell ended first)."""
-        mode = self.mode
-        if mode is None or self.result is not None:
+        mode, step = self.mode, self.step
+        if mode is None or step is None or self.result is not None:  # (begin sets both)
             return
         if mode.inert:  # an earlier end could not take it off the stack: try again (the cell's end)
             if self._leave(mode):
@@ -268,7 +269,7 @@ class StepFlopCounter:
             return
         self.mode = None  # off the stack
         if not complete:
-            self.why_not = (f"not counted: the cell ended before step {self.step + 1} finished "
+            self.why_not = (f"not counted: the cell ended before step {step + 1} finished "
                             "(FLOPs are counted on the second optimizer step)")
             return
         notes = []
@@ -276,7 +277,7 @@ class StepFlopCounter:
             notes.append(f"{mode.hops} higher-order operations (compiled regions, cond) ran uncounted")
         if mode.failures:
             notes.append(f"{mode.failures} operations could not be counted ({mode.first_failure})")
-        self.result = FlopCount(self.step, mode.flops, dict(mode.by_precision), dict(mode.by_op), mode.bytes,
+        self.result = FlopCount(step, mode.flops, dict(mode.by_precision), dict(mode.by_op), mode.bytes,
                                 mode.ops, host_ms, "; ".join(notes), mode.gpu_flops)
 
     def _leave(self, mode: Any) -> bool:
@@ -285,9 +286,10 @@ class StepFlopCounter:
         try:
             from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-            if _get_current_dispatch_mode() is not mode:
+            current = _get_current_dispatch_mode()
+            if current is None or current is not mode:
                 return False
-            mode.__exit__(None, None, None)
+            current.__exit__(None, None, None)
             return True
         except Exception:
             return False

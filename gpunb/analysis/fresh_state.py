@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import copy
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 HOST_SHARE = 0.5  # set state aside only if it takes at most this share of the free host memory
 MAX_OPTIMIZERS = 8  # a step that builds a new optimizer each call has fresh state anyway
@@ -38,7 +39,7 @@ class _Saved:
     """One optimizer's state on the host ({parameter: {key: _OnHost or a copy}}) and its groups'
     hyperparameters."""
 
-    optimizer: "weakref.ref[Any]"
+    optimizer: weakref.ref[Any]
     state: dict[Any, dict[str, Any]]
     groups: list[dict[str, Any]]
 
@@ -52,7 +53,7 @@ class FreshStart:
     device: Any = None  # the device whose memory is fitted (None: any but the CPU)
     saved: list[_Saved] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)  # why an optimizer's state stayed in place
-    _seen: list["weakref.ref[Any]"] = field(default_factory=list)
+    _seen: list[weakref.ref[Any]] = field(default_factory=list)
 
     def saw(self, opt: Any) -> None:
         """An optimizer is about to step (called from the optimizer pre-step hook): the first time
@@ -90,6 +91,8 @@ class FreshStart:
         dropped = 0
         for s in self._alive():
             opt = s.optimizer()
+            if opt is None:  # collected since _alive() looked
+                continue
             dropped += sum(v.nbytes for st in opt.state.values() for v in st.values() if self._on_device(v))
             opt.state.clear()
             for p in self._params(opt):
@@ -107,6 +110,8 @@ class FreshStart:
         grads = []
         for s in alive:
             opt = s.optimizer()
+            if opt is None:  # collected since _alive() looked
+                continue
             for p in self._params(opt):
                 if p.grad is not None:
                     grads.append((p, self._to_host(p.grad)))
@@ -116,6 +121,8 @@ class FreshStart:
         with self.torch.no_grad():
             for s in alive:
                 opt = s.optimizer()
+                if opt is None:
+                    continue
                 for p, st in s.state.items():
                     opt.state[p] = {k: self._back(v) for k, v in st.items()}
                 for group, saved in zip(opt.param_groups, s.groups):
@@ -147,7 +154,7 @@ class FreshStart:
     def _on_device(self, v: Any) -> bool:
         if not isinstance(v, self.torch.Tensor):
             return False
-        return v.device.type != "cpu" if self.device is None else v.device.type == self.device.type
+        return bool(v.device.type != "cpu" if self.device is None else v.device.type == self.device.type)
 
     def _to_host(self, v: Any) -> Any:
         if isinstance(v, self.torch.Tensor):

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from gpunb.readings.gpu import GpuInfo, clock_event_names, read_info, read_processes, read_sample
 from gpunb.readings.nvml import NvmlSession, Unavailable, is_available
@@ -66,7 +67,7 @@ class GpuHolder:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "GpuHolder":
+    def from_dict(cls, d: dict[str, Any]) -> GpuHolder:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
 
@@ -168,12 +169,12 @@ def classify(pid: int, gpu_index: int, used_bytes: int | None, kernels: Iterable
     NVML means stays unmapped, with the reason."""
     by_pid = {k.pid: k for k in kernels if k.pid}
     f = facts_of(pid)
-    base = dict(gpu_index=gpu_index, pid=pid, used_bytes=used_bytes)
+    base: dict[str, Any] = dict(gpu_index=gpu_index, pid=pid, used_bytes=used_bytes)
     if not f.exists:
         return GpuHolder(kind=NOT_VISIBLE, **base, note=(
             "no process with this PID is visible here: it runs in another PID namespace (NVML reports "
             "host PIDs inside a container) or /proc hides other users' processes (hidepid)"))
-    who = dict(process_name=f.name, username=f.username, script=f.script)
+    who: dict[str, Any] = dict(process_name=f.name, username=f.username, script=f.script)
     if f.holds_nvidia_device is False:
         return GpuHolder(kind=PID_MISMATCH, **base, **who, note=(
             f"PID {pid} here is {f.name or 'a process'} without any NVIDIA device open, so it is not the "
@@ -262,7 +263,7 @@ def build_report(
         for info in infos:
             sample = read_sample(nvml, info.index)
             procs = read_processes(nvml, info.index)
-            if is_available(procs):
+            if not isinstance(procs, Unavailable):
                 holders = tuple(classify(p.pid, info.index, p.used_bytes if isinstance(p.used_bytes, int) else None,
                                          kernels, facts) for p in procs)
                 devices.append(_device(info, sample, holders, ""))

@@ -13,8 +13,9 @@ more than a CUDA context's worth stand in, and the finding says so.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any
 
 WINDOW_S = 30.0  # how much history is judged
 MIN_COVERED_S = 10.0  # ...and at least this much of it must be there
@@ -36,16 +37,17 @@ class Imbalance:
     gpus: tuple[int, ...]
     text: str
     seconds: float  # the span of readings judged
-    detail: dict = field(default_factory=dict)
+    detail: dict[str, Any] = field(default_factory=dict)
 
 
-def _known(values: Sequence) -> list:
+def _known(values: Sequence[Any]) -> list[Any]:
     return [v for v in values if v is not None]
 
 
-def _participants(gpus: Sequence, rows: slice) -> tuple[list, str]:
+def _participants(gpus: Sequence[Any], rows: slice) -> tuple[list[Any], str]:
     """The GPUs this kernel's work runs on, and how they were told apart."""
-    owned, unknown = [], True
+    owned: list[Any] = []
+    unknown = True
     for g in gpus:
         own = _known(g.columns.get("mem_own_mib", [])[rows])
         if own:
@@ -59,7 +61,7 @@ def _participants(gpus: Sequence, rows: slice) -> tuple[list, str]:
     return in_use, "GPUs in use (NVML cannot say whose processes hold them here)"
 
 
-def find_imbalance(t_s: Sequence[float], gpus: Sequence, window_s: float = WINDOW_S) -> list[Imbalance]:
+def find_imbalance(t_s: Sequence[float], gpus: Sequence[Any], window_s: float = WINDOW_S) -> list[Imbalance]:
     """Findings over the last ``window_s`` of the readings (``t_s`` and each GPU's ``columns``, as
     the sampler's :class:`~gpunb.analysis.sampler.GpuSeries` hold them). Empty when balanced,
     when fewer than two GPUs take part, or when too little has been read yet."""
@@ -84,7 +86,7 @@ def find_imbalance(t_s: Sequence[float], gpus: Sequence, window_s: float = WINDO
         idle = sum(1 for u, others in judged if u <= IDLE_PCT and any(o is not None and o >= BUSY_PCT for o in others))
         if idle / len(judged) >= IDLE_SHARE:
             idle_gpus.append((g.index, idle / len(judged)))
-    medians = {i: statistics.median(_known(v)) for i, v in util.items() if _known(v)}
+    medians: dict[int, float] = {i: statistics.median(_known(v)) for i, v in util.items() if _known(v)}
     if idle_gpus and len(idle_gpus) < len(gpus):
         ids = tuple(i for i, _ in idle_gpus)
         busy = [i for i in medians if i not in ids]
@@ -93,21 +95,21 @@ def find_imbalance(t_s: Sequence[float], gpus: Sequence, window_s: float = WINDO
                 + ", ".join(f"GPU {i} {medians[i]:.0f}%" for i in sorted(medians)) + ")")
         found.append(Imbalance("idle", ids, text, span, {"median_util_pct": medians, "whose": whose}))
     elif len(medians) >= 2:
-        hi = max(medians, key=medians.get)
-        lo = min(medians, key=medians.get)
+        hi = max(medians, key=lambda i: medians[i])
+        lo = min(medians, key=lambda i: medians[i])
         if medians[hi] - medians[lo] >= UTIL_GAP_PCT:
             text = (f"GPU {lo} busy {medians[lo]:.0f}% vs GPU {hi} {medians[hi]:.0f}% (medians of the last "
                     f"{span:.0f} s): the ranks do unequal work")
             found.append(Imbalance("utilization", (lo,), text, span, {"median_util_pct": medians, "whose": whose}))
-    memory = {}
+    memory: dict[int, float] = {}
     for g in gpus:
         own = _known(g.columns.get("mem_own_mib", [])[rows])
         values = own if own and whose == "this kernel's processes" else _known(g.columns.get("mem_used_mib", [])[rows])
         if values:
             memory[g.index] = statistics.median(values)
     if len(memory) >= 2:
-        hi = max(memory, key=memory.get)
-        lo = min(memory, key=memory.get)
+        hi = max(memory, key=lambda i: memory[i])
+        lo = min(memory, key=lambda i: memory[i])
         if memory[hi] >= MEMORY_RATIO * max(memory[lo], 1.0) and memory[hi] - memory[lo] >= MEMORY_GAP_MIB:
             text = (f"GPU {hi} holds {memory[hi] / max(memory[lo], 1.0):.1f}x GPU {lo}'s memory "
                     f"({memory[hi] / 1024:.1f} vs {memory[lo] / 1024:.1f} GiB, medians of the last {span:.0f} s)")

@@ -32,7 +32,9 @@ import importlib
 import sys
 import time
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from functools import partial
+from typing import Any
 
 from gpunb.analysis.step_events import StepEvents
 from gpunb.readings import torch_state
@@ -62,7 +64,8 @@ def batch_length(batch: Any) -> int | None:
     return None
 
 
-def _call_warning_at_caller(original: Callable, tensor: Any, args: tuple, kwargs: dict) -> Any:
+def _call_warning_at_caller(original: Callable[..., Any], tensor: Any, args: tuple[Any, ...],
+                            kwargs: dict[str, Any]) -> Any:
     """Call ``original`` and re-issue its warnings at the user's line, not this module's
     (torch attributes C++ warnings to the innermost Python frame, which is our wrapper)."""
     with warnings.catch_warnings(record=True) as caught:
@@ -76,13 +79,18 @@ def _call_warning_at_caller(original: Callable, tensor: Any, args: tuple, kwargs
     return result
 
 
-def _restore_write(stream: Any, timed: Callable, previous: Callable | None) -> None:
+def _restore_write(stream: Any, timed: Callable[..., Any], previous: Callable[..., Any] | None) -> None:
     if stream.__dict__.get("write") is not timed:
         return  # someone replaced it after us: leave theirs
     if previous is None:
         del stream.write
     else:
         stream.write = previous
+
+
+def _restore_stream(attr: str, stream: Any, proxy: Any) -> None:
+    if getattr(sys, attr) is proxy:  # unless someone replaced our proxy since
+        setattr(sys, attr, stream)
 
 
 class _TimedStream:
@@ -101,7 +109,7 @@ class Instruments:
 
     def __init__(self, torch: Any | None, *, memory_every_s: float | None = TIMELINE_EVERY_S,
                  clock: Callable[[], float] = time.perf_counter) -> None:
-        self.torch = torch
+        self.torch: Any = torch  # the module; None only without torch, where no CUDA path runs
         self.clock = clock
         # None (no timeline) as an interval never reached: the per-step test stays one comparison
         self._memory_every = float("inf") if memory_every_s is None else memory_every_s
@@ -274,7 +282,7 @@ class Instruments:
         recorder = self
 
         def __next__(it: Any) -> Any:
-            __tracebackhide__ = True  # noqa: F841 (IPython hides this frame in tracebacks)
+            __tracebackhide__ = True  # IPython hides this frame in the user's tracebacks
             t0 = recorder.clock()
             batch = original(it)  # StopIteration passes through uncounted
             recorder.fetch_s += recorder.clock() - t0
@@ -289,14 +297,14 @@ class Instruments:
                 recorder.batch_size = recorder.batch_size or n
             return batch
 
-        _BaseDataLoaderIter.__next__ = __next__
+        _BaseDataLoaderIter.__next__ = __next__  # type: ignore[method-assign, assignment]  # wrapped for the cell
         self._undo.append(lambda: setattr(_BaseDataLoaderIter, "__next__", original))
 
     # -- host syncs -------------------------------------------------------------------------
     def _wrap_tensor_syncs(self, torch: Any) -> None:
         tensor = torch.Tensor
         self._tensor = tensor
-        self._wrapped: dict[str, Callable] = {}
+        self._wrapped: dict[str, Callable[..., Any]] = {}
         self._own: dict[str, Any] = {}
         # Every assignment to a Tensor attribute invalidates the attribute cache of Tensor and
         # its subclasses; from CPython 3.13 a class gets at most 1000 new cache versions, after
@@ -315,7 +323,7 @@ class Instruments:
         if originals["item"] is not None:
             self._bypass_optimizer_item(torch, originals["item"])
 
-    def _bypass_optimizer_item(self, torch: Any, item: Callable) -> None:
+    def _bypass_optimizer_item(self, torch: Any, item: Callable[..., Any]) -> None:
         """Adam, AdamW, NAdam, RAdam, Adamax, Adagrad and ASGD read each parameter's step
         counter with ``torch.optim.optimizer._get_value`` (``.item()`` on a CPU tensor): twice
         per parameter per step in the foreach versions. Through the wrapper each read costs
@@ -333,7 +341,7 @@ class Instruments:
                 return x
             return item(x) if isinstance(x, tensor) else x
 
-        patched = [m for name, m in list(sys.modules.items())
+        patched: list[Any] = [m for name, m in list(sys.modules.items())
                    if name.startswith("torch.optim") and getattr(m, "_get_value", None) is original]
         for module in patched:
             module._get_value = _get_value
@@ -354,13 +362,13 @@ class Instruments:
             elif name in tensor.__dict__:
                 delattr(tensor, name)
 
-    def _sync_wrapper(self, name: str, original: Callable) -> Callable:
+    def _sync_wrapper(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         recorder = self
         # float(t)/int(t) warn about requires_grad from C++, at the calling Python frame
         reattribute = name in ("__float__", "__int__")
 
         def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-            __tracebackhide__ = True  # noqa: F841
+            __tracebackhide__ = True  # IPython hides this frame in the user's tracebacks
             if recorder._quiet:  # __format__ calling item(): one read, counted once
                 return original(self, *args, **kwargs)
             caller = sys._getframe(1).f_globals.get("__name__", "")
@@ -403,17 +411,15 @@ class Instruments:
             except (AttributeError, TypeError):
                 proxy = _TimedStream(stream, timed)
                 setattr(sys, attr, proxy)
-                self._undo.append(lambda attr=attr, stream=stream, proxy=proxy:
-                                  getattr(sys, attr) is proxy and setattr(sys, attr, stream))
+                self._undo.append(partial(_restore_stream, attr, stream, proxy))
             else:
-                self._undo.append(lambda stream=stream, timed=timed, previous=previous:
-                                  _restore_write(stream, timed, previous))
+                self._undo.append(partial(_restore_write, stream, timed, previous))
 
     def _timed_write(self, original: Callable[[str], int]) -> Callable[[str], int]:
         recorder = self
 
         def write(text: str) -> int:
-            __tracebackhide__ = True  # noqa: F841
+            __tracebackhide__ = True  # IPython hides this frame in the user's tracebacks
             t0 = recorder.clock()
             try:
                 return original(text)

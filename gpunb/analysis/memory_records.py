@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpunb.analysis.release import MemoryPoint
 from gpunb.analysis.tensor_census import Census
@@ -29,7 +30,7 @@ class GpuMemoryRow:
             return None
         return max(0, self.process_bytes - self.torch_reserved_bytes)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "index": self.index, "name": self.name, "total_bytes": self.total_bytes, "used_bytes": self.used_bytes,
             "process_bytes": self.process_bytes, "torch_allocated_bytes": self.torch_allocated_bytes,
@@ -47,7 +48,7 @@ class FreedVariables:
     after: MemoryPoint
     freed_tensor_bytes: int  # census before minus after (works on CPU too)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"names": list(self.names), "missing": list(self.missing), "before": self.before.to_dict(),
                 "after": self.after.to_dict(), "freed_tensor_bytes": self.freed_tensor_bytes}
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import gc
 import sys
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from gpunb.analysis.memory_records import FreedVariables, GpuMemoryRow, MemoryReport
 from gpunb.analysis.release import measure
 from gpunb.analysis.tensor_census import Census, take_census
-
 
 NVML_BUDGET_S = 1.0  # what %gpumem may spend on NVML: a hung driver costs the cell at most this (plus one call)
 
@@ -73,7 +73,8 @@ def _gpu_rows(torch: Any, nvml: Any) -> tuple[tuple[GpuMemoryRow, ...], list[str
     return tuple(rows), problems
 
 
-def free_variables(names: Iterable[str], namespace: dict, *, shell: Any = None, torch: Any = None) -> FreedVariables:
+def free_variables(names: Iterable[str], namespace: dict[str, Any], *, shell: Any = None,
+                   torch: Any = None) -> FreedVariables:
     """Delete ``names`` from the namespace (and the output history), collect, empty the cache."""
     torch = torch if torch is not None else sys.modules.get("torch")
     device = 0 if torch is not None and _cuda(torch) else None
@@ -109,7 +110,7 @@ def memory(
     free: Iterable[str] = (),
     top: int = 20,
     all_devices: bool = False,
-    namespace: dict | None = None,
+    namespace: dict[str, Any] | None = None,
     shell: Any = None,
     nvml: Any = None,
 ) -> MemoryReport:

@@ -156,7 +156,8 @@ def diagnose(
         if requested is not None and free is not None:
             summary += f"; asked {gib(requested)} with {gib(free)} free"
         causes.append(Cause(WORKING_SET, summary, working))
-    sufficient = {code: None if g is None or requested is None else free + g >= requested for code, g in gives.items()}
+    sufficient = {code: None if g is None or requested is None or free is None else free + g >= requested
+                  for code, g in gives.items()}
     causes = _ranked_causes(causes, sufficient)
 
     fixes = _fixes(causes, needed=needed, requested=requested, free=free, unalloc=unalloc, params=params, grads=grads,
@@ -186,7 +187,7 @@ def _ranked_causes(causes: list[Cause], sufficient: dict[str, bool | None]) -> l
     have let the request fit (largest first); then those we cannot tell about (in the order found);
     then the cell's own working set (a smaller batch always helps); last, causes too small to
     suffice alone (largest first): they are real, but removing them would not have been enough."""
-    def key(ic: tuple[int, Cause]) -> tuple:
+    def key(ic: tuple[int, Cause]) -> tuple[Any, ...]:
         i, c = ic
         if c.code == TOO_LARGE_FOR_GPU:
             return (0, 0, i)
@@ -201,7 +202,7 @@ def _ranked_causes(causes: list[Cause], sufficient: dict[str, bool | None]) -> l
 
 def _fixes(causes: list[Cause], *, needed: int | None, requested: int | None, free: int | None,
            unalloc: int | None, params: int, grads: int, opt_state: int, allocated: int | None,
-           leftover_entries: list, fp32_params: bool | None, others: list[OtherProcess],
+           leftover_entries: list[Any], fp32_params: bool | None, others: list[OtherProcess],
            expandable_on: bool, batch_size: tuple[str, int] | None = None,
            gives: dict[str, int | None] | None = None, sufficient: dict[str, bool | None] | None = None,
            ) -> list[Advice]:
@@ -211,7 +212,7 @@ def _fixes(causes: list[Cause], *, needed: int | None, requested: int | None, fr
     codes = {c.code for c in causes}
     short = None if requested is None or free is None else max(0, requested - free)
     gives, sufficient = gives or {}, sufficient or {}
-    out: list[tuple[tuple, Advice]] = []  # (rank key, fix)
+    out: list[tuple[tuple[Any, ...], Advice]] = []  # (rank key, fix)
     order = {c.code: i for i, c in enumerate(causes)}
 
     def add(title: str, reason: str, how: str, saving: int | None, link: str = "", covers: bool | None = None,
@@ -223,7 +224,7 @@ def _fixes(causes: list[Cause], *, needed: int | None, requested: int | None, fr
         fix = Advice(title, reason, how, _frac(saving, needed), link, severity=2 if covers else 1,
                      saving_bytes=None if saving is None else int(saving))
         if group < 2:  # in the order added (the issue's order for a working-set failure), covering first
-            key: tuple = (group, not covers, len(out))
+            key: tuple[Any, ...] = (group, not covers, len(out))
         else:  # covering first, sure before estimated, the cause's rank, then the larger saving
             key = (group, not covers, not sure, order.get(cause, len(order)), -(saving or 0))
         out.append((key, fix))
@@ -353,7 +354,7 @@ def name_holders(others: tuple[OtherProcess, ...]) -> tuple[OtherProcess, ...]:
     return tuple(replace(p, holder=names.get(p.pid, "")) for p in others)
 
 
-def relabel_earlier(census: Census, before_ids: dict[str, int] | None, namespace: dict | None) -> Census:
+def relabel_earlier(census: Census, before_ids: dict[str, int] | None, namespace: dict[str, Any] | None) -> Census:
     """Mark namespace tensors that are not model/optimizer state and whose variable already
     held the same object before the failing cell started: leftovers from earlier cells."""
     from dataclasses import replace
@@ -377,9 +378,9 @@ PREVIOUS_ERROR = "older error (sys.last_value)"  # census label of tensors an ea
 def gather_readings(
     exc: BaseException,
     *,
-    namespace: dict | None = None,
+    namespace: dict[str, Any] | None = None,
     nvml: Any = None,
-    output_history: dict | None = None,
+    output_history: dict[int, Any] | None = None,
     before_ids: dict[str, int] | None = None,
     devices: set[str] | None = None,
 ) -> OomDiagnosis:
@@ -431,11 +432,11 @@ def gather_readings(
 BATCH_NAMES = ("batch_size", "bs", "batch", "micro_batch_size", "per_device_train_batch_size")
 
 
-def batch_size_hint(exc: BaseException, namespace: dict | None = None) -> tuple[str, int] | None:
+def batch_size_hint(exc: BaseException, namespace: dict[str, Any] | None = None) -> tuple[str, int] | None:
     """The batch size the failing code used, if a frame (or the notebook) names it plainly."""
     from gpunb.analysis.tensor_census import exception_holders
 
-    def pick(values: dict) -> tuple[str, int] | None:
+    def pick(values: dict[str, Any]) -> tuple[str, int] | None:
         for name in BATCH_NAMES:
             v = values.get(name)
             if type(v) is int and v > 1:  # type(), not isinstance(): a proxy's __class__ may raise

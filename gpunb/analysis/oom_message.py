@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 _UNITS = {"bytes": 1, "byte": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
           "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
@@ -63,7 +65,7 @@ def _kind(text: str) -> str | None:
 
 
 def size_to_bytes(number: str, unit: str) -> int:
-    return int(round(float(number) * _UNITS[unit.lower()]))
+    return round(float(number) * _UNITS[unit.lower()])
 
 
 @dataclass(frozen=True)
@@ -95,7 +97,7 @@ class OomMessage:
             return None
         return max(0, self.process_bytes - reserved)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in (
             "kind", "device", "requested_bytes", "total_bytes", "free_bytes", "process_bytes",
             "allocated_bytes", "reserved_unallocated_bytes", "reserved_bytes", "allowed_bytes")}
@@ -140,7 +142,8 @@ def parse_oom_message(text: str) -> OomMessage | None:
         for pid, num, unit in re.findall(
             r"Process" + _GAP + r"(\d{1,10})(?!\d)" + _GAP + "has" + _GAP + _SIZE + _GAP + "memory in use", text)
     )
-    return OomMessage(kind, text, device, requested, total, free, process, allocated, unalloc, reserved, allowed, others)
+    return OomMessage(kind, text, device, requested, total, free, process, allocated, unalloc, reserved, allowed,
+                      others)
 
 
 def _oom_types() -> tuple[type, ...]:
@@ -153,10 +156,10 @@ def _oom_types() -> tuple[type, ...]:
     return tuple(types)
 
 
-def exception_chain(exc: BaseException, limit: int = 32):
+def exception_chain(exc: BaseException, limit: int = 32) -> Iterator[BaseException]:
     """``exc``, then its causes/contexts, each once (cycles happen)."""
     seen: set[int] = set()
-    todo = [exc]
+    todo: list[BaseException | None] = [exc]
     while todo and len(seen) < limit:
         e = todo.pop(0)
         if e is None or id(e) in seen:

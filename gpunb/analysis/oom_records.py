@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpunb import units
 from gpunb.analysis.advice import Advice
@@ -19,7 +20,7 @@ class Cause:
     summary: str  # one line, with the numbers
     bytes: int | None = None  # how much memory this cause accounts for
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"code": self.code, "summary": self.summary, "bytes": self.bytes}
 
 
@@ -34,7 +35,7 @@ class OtherProcess:
     def label(self) -> str:
         return self.holder or f"PID {self.pid}{' (' + self.name + ')' if self.name else ''}"
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"pid": self.pid, "used_bytes": self.used_bytes, "name": self.name, "holder": self.holder}
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -111,11 +112,12 @@ class OpTrace:
         if self.done:
             return False
         try:
-            if self.prof is None:
+            started = self.started_at
+            if self.prof is None or started is None:  # (both are set together, by _start)
                 self._start(index)
                 return True
             self.prof.step()
-            k = index - self.started_at - WAIT - WARMUP  # 1.. for the recorded steps
+            k = index - started - WAIT - WARMUP  # 1.. for the recorded steps
             if 1 <= k <= ACTIVE:
                 self.traced.append(index)
             if k >= ACTIVE:
@@ -187,17 +189,18 @@ class OpTrace:
             top_kernels = tuple(OpRow(_short(name), kernel_category(name), round(calls / n), us / 1000 / n,
                                       us / window_us)
                                 for name, (calls, us) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:TOP])
-            time_of = lambda a: getattr(a, "self_device_time_total", None) or getattr(a, "self_cuda_time_total", 0)  # noqa: E731
+            time_of: Callable[[Any], Any] = lambda a: (  # noqa: E731
+                getattr(a, "self_device_time_total", None) or getattr(a, "self_cuda_time_total", 0))
         else:
             # Self times partition the recorded host time; the "ProfilerStep" ranges' own self time
             # is the host time outside any operator (Python, the data loader).
-            by_category = defaultdict(float)
+            by_category: defaultdict[str, float] = defaultdict(float)
             for e in events:
                 if e.device_type == cpu_type:
                     key = "idle" if e.name.startswith("ProfilerStep") else op_category(e.name)
                     by_category[key] += e.self_cpu_time_total
             window_us = max(sum(by_category.values()), 1e-9)
-            shares = {c: by_category[c] / window_us for c in CATEGORIES + ("idle",) if by_category.get(c)}
+            shares = {c: by_category[c] / window_us for c in (*CATEGORIES, "idle") if by_category.get(c)}
             top_kernels = ()
             time_of = lambda a: a.self_cpu_time_total  # noqa: E731
         averages = [a for a in prof.key_averages()
@@ -226,7 +229,8 @@ class OpTrace:
         return "", None, f"no trace file: {problem}"
 
 
-def device_summary(events: list, steps: list, cpu_type: Any) -> tuple[float, dict, dict]:
+def device_summary(events: list[Any], steps: list[Any],
+                   cpu_type: Any) -> tuple[float, dict[str, float], dict[str, Any]]:
     """GPU side of a trace: (window µs, category shares with "idle", kernel name -> [calls, µs]).
 
     Only the recorded steps' kernels count. A GPU-bound loop's host runs ahead of the GPU, so
@@ -248,7 +252,7 @@ def device_summary(events: list, steps: list, cpu_type: Any) -> tuple[float, dic
         start = first if earlier else min([first] + [e.time_range.start for e in steps])
     end = max([k.time_range.end for k in kernels] + [e.time_range.end for e in steps])
     window_us = max(end - start, 1e-9)
-    by_name: dict[str, list] = defaultdict(lambda: [0, 0.0])
+    by_name: dict[str, list[Any]] = defaultdict(lambda: [0, 0.0])
     by_category: dict[str, float] = defaultdict(float)
     for k in kernels:
         us = k.time_range.elapsed_us()

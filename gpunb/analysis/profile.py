@@ -20,17 +20,20 @@ step times.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import statistics
 import time
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from gpunb.analysis.advice import ranked
 from gpunb.analysis.instruments import TIMELINE_EVERY_S, Instruments
+from gpunb.analysis.profile_records import CellProfile, GpuPart, StepStats, TimeShares
 from gpunb.analysis.rank_channel import RankChannel
 from gpunb.analysis.ranks import TrafficMeter, build_ranks, judge_ranks
-from gpunb.analysis.profile_records import CellProfile, GpuPart, StepStats, TimeShares
 from gpunb.analysis.step_events import per_step_ms
 from gpunb.analysis.step_plan import StepPlan
 from gpunb.analysis.throughput import assess
@@ -57,7 +60,7 @@ class ProfileSession:
 
     def __init__(self, *, label: str = "", cell: int | None = None, warmup_steps: int = 1,
                  reset_peak: bool = True, timeline: bool = True, nvml: NvmlSession | None = None,
-                 flops: bool = True, ops: bool = False, trace_dir: str | os.PathLike | None = None,
+                 flops: bool = True, ops: bool = False, trace_dir: str | os.PathLike[str] | None = None,
                  environ: Mapping[str, str] | None = None, ranks: bool = True) -> None:
         if not isinstance(warmup_steps, int) or isinstance(warmup_steps, bool) or warmup_steps < 0:
             raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
@@ -83,8 +86,9 @@ class ProfileSession:
         self.instruments: Instruments | None = None
         self.result: CellProfile | None = None
 
-    def start(self) -> "ProfileSession":
-        self.torch = torch = torch_state.imported_torch()
+    def start(self) -> ProfileSession:
+        torch: Any = torch_state.imported_torch()  # the module, or None (then cuda is False)
+        self.torch = torch
         self.cuda_at_start = cuda = torch_state.cuda_initialized(torch)
         self.started = time.strftime("%Y-%m-%d %H:%M:%S")
         self.rss_reset = reset_peak_rss()
@@ -253,13 +257,14 @@ class ProfileSession:
             measured = measured_peaks(torch_state.device_uuid(torch, gpu.device), self.environ)
         # the GPU's peaks apply when the counted FLOPs ran on it (not a model left on the CPU)
         on_gpu = gpu is not None and count is not None and (
-            count.gpu_flops * 2 >= count.flops if count.flops else "cuda" in self.instruments.param_device_types)
-        return assess(count, plan.flops_why_not, steps.median_ms, gpu.name if on_gpu else None, measured)
+            count.gpu_flops * 2 >= count.flops if count.flops
+            else self.instruments is not None and "cuda" in self.instruments.param_device_types)
+        return assess(count, plan.flops_why_not, steps.median_ms, gpu.name if on_gpu and gpu else None, measured)
 
-    def _steps(self, ins: Instruments, excluded: set[int] = frozenset()) -> StepStats:
+    def _steps(self, ins: Instruments, excluded: AbstractSet[int] = frozenset()) -> StepStats:
         n = len(ins.step_t)
-        marks = [self.t0] + ins.step_t
-        host = [(b - a) * 1000.0 for a, b in zip(marks, marks[1:])]
+        marks = [self.t0, *ins.step_t]
+        host = [(b - a) * 1000.0 for a, b in itertools.pairwise(marks)]
         spans = ins.step_spans
         if spans:
             times = per_step_ms(spans, host)
@@ -310,13 +315,15 @@ class ProfileSession:
         reset = self.reset_peak and before is not None
         if not self.reset_peak and before is not None:
             # the counter still holds an older peak: it is the cell's only if the cell raised it
-            peak_alloc = peak_alloc if peak_alloc > before.peak_allocated_bytes else None
-            peak_res = peak_res if peak_res > before.peak_reserved_bytes else None
+            if stats.peak_allocated_bytes <= before.peak_allocated_bytes:
+                peak_alloc = None
+            if stats.peak_reserved_bytes <= before.peak_reserved_bytes:
+                peak_res = None
         nvml_index = read_device_map(nvml, torch=torch).nvml_index(dev) if nvml.device_count() else None
         # PIDs and bytes only: the process names would cost one more driver call per process
         own = read_ownership(nvml, nvml_index, torch=torch, names=False) if nvml_index is not None else None
         util = read_util_since(nvml, nvml_index, self.util_since_us) if nvml_index is not None else None
-        util_ok = isinstance(util, UtilWindow)
+        window = util if isinstance(util, UtilWindow) else None
         cc = (props.major, props.minor) if hasattr(props, "major") else None
         total = int(getattr(props, "total_memory", 0) or 0)
         if not total and nvml_index is not None:
@@ -336,9 +343,9 @@ class ProfileSession:
             other_processes_bytes=own.others_bytes if own is not None else None,
             alloc_retries=stats.alloc_retries - (before.alloc_retries if before else 0),
             ooms=stats.ooms - (before.ooms if before else 0),
-            util_mean_pct=util.mean_pct if util_ok else None,
-            util_idle_share=util.idle_share if util_ok else None,
-            util_samples=len(util.samples_pct) if util_ok else 0,
+            util_mean_pct=window.mean_pct if window is not None else None,
+            util_idle_share=window.idle_share if window is not None else None,
+            util_samples=len(window.samples_pct) if window is not None else 0,
             compute_capability=cc,
             peak_reset=reset or before is None,
             child_processes_bytes=own.children_bytes if own is not None else None,

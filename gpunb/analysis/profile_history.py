@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 MAX_ENTRIES = 500  # a day of profiling; each entry is a few KB
 
@@ -96,14 +97,14 @@ def _memory(m: Measures) -> tuple[float | None, str]:
 
 def compare(earlier: Any, later: Any) -> Comparison:
     """How ``later`` did against ``earlier`` (profiled cells or one-line cells)."""
-    e, l = measures(earlier), measures(later)
-    (s0, b0), (s1, b1) = _speed(e), _speed(l)
-    if e.samples_per_s and l.samples_per_s and e.batch_size != l.batch_size:
+    e0, e1 = measures(earlier), measures(later)
+    (s0, b0), (s1, b1) = _speed(e0), _speed(e1)
+    if e0.samples_per_s and e1.samples_per_s and e0.batch_size != e1.batch_size:
         # Throughput is the fair measure across batch sizes; as a time ratio: earlier/later.
-        s0, s1, b1 = 1 / e.samples_per_s, 1 / l.samples_per_s, "samples/s"
+        s0, s1, b1 = 1 / e0.samples_per_s, 1 / e1.samples_per_s, "samples/s"
     elif b0 != b1:  # one has steps, the other not: compare wall time
-        s0, s1, b1 = e.wall_s, l.wall_s, "wall time"
-    (m0, c0), (m1, c1) = _memory(e), _memory(l)
+        s0, s1, b1 = e0.wall_s, e1.wall_s, "wall time"
+    (m0, c0), (m1, c1) = _memory(e0), _memory(e1)
     speed = s0 / s1 if s0 and s1 else None
     memory = m1 / m0 if m0 and m1 and c0 == c1 else None
     mfu, precisions = _mfu_pair(earlier, later)
@@ -126,7 +127,7 @@ class ProfileHistory:
     """The profiled cells of one kernel, oldest first (``KernelState.profile_history``)."""
 
     def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
-        self._entries: deque = deque(maxlen=max_entries)
+        self._entries: deque[Any] = deque(maxlen=max_entries)  # CellProfile or CellLine records
         self._lock = threading.Lock()
 
     def add(self, profile: Any) -> None:
@@ -137,13 +138,13 @@ class ProfileHistory:
         with self._lock:
             self._entries.clear()
 
-    def entries(self) -> list:
+    def entries(self) -> list[Any]:
         with self._lock:
             return list(self._entries)
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def __iter__(self) -> Iterator:
+    def __iter__(self) -> Iterator[Any]:
         return iter(self.entries())
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpunb.analysis.advice import Advice
 from gpunb.analysis.rank_records import RanksPart
@@ -60,7 +61,7 @@ class TimeShares:
     sync_gpu_n: int
     sync_s: float
     sync_gpu_s: float
-    sync_by_method: dict
+    sync_by_method: dict[str, int]
     output_s: float
     output_writes: int
     output_chars: int
@@ -74,7 +75,8 @@ class TimeShares:
 
 @dataclass(frozen=True)
 class Verdict:
-    kind: str  # input-bound | sync-bound | compute-bound | memory-bound | on-cpu | output-bound | host-bound | multi-gpu | none
+    # input-bound | sync-bound | compute-bound | memory-bound | on-cpu | output-bound | host-bound | multi-gpu | none
+    kind: str
     headline: str
     reason: str
 
@@ -110,7 +112,7 @@ class CellProfile(DisplayMixin):
     error: str = ""  # "ValueError: ..." when the cell raised
     verdict: Verdict = Verdict("none", "", "")
     advice: tuple[Advice, ...] = ()
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
     flops: Throughput | None = None  # FLOPs of one counted step, TFLOP/s, MFU (None: not asked for, no steps)
     ops: OpsReport | None = None  # --ops: top operators and kernels of a few traced steps
     driver_cuda: str | None = None  # the newest CUDA the driver supports ("13.0"), from NVML

@@ -16,8 +16,9 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import MutableMapping
 from pathlib import Path
-from typing import Any, MutableMapping
+from typing import Any
 
 from gpunb.analysis import rank_recorder
 from gpunb.analysis.rank_recorder import ENV_CHANNEL
@@ -32,7 +33,7 @@ class RankChannel:
         self._saved: dict[str, str | None] = {}
         self._set: dict[str, str] = {}
 
-    def open(self, kernel_instruments: Any = None) -> "RankChannel":
+    def open(self, kernel_instruments: Any = None) -> RankChannel:
         """Start listening; ``kernel_instruments`` are the cell's own hooks, which a forked
         child takes out before it records its own steps."""
         self.path = tempfile.mkdtemp(prefix="gpunb-ranks-")
@@ -44,7 +45,7 @@ class RankChannel:
         rank_recorder.set_kernel_instruments(kernel_instruments)
         return self
 
-    def close(self) -> list[dict]:
+    def close(self) -> list[dict[str, Any]]:
         """Stop listening and return the workers' records (oldest worker first)."""
         rank_recorder.set_kernel_instruments(None)
         for key, ours in self._set.items():
@@ -69,7 +70,7 @@ class RankChannel:
         return records
 
 
-def read_records(path: str) -> list[dict]:
+def read_records(path: str) -> list[dict[str, Any]]:
     out = []
     for name in sorted(os.listdir(path)):
         if not (name.startswith("rank-") and name.endswith(".json")):

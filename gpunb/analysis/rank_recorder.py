@@ -35,6 +35,7 @@ import socket
 import threading
 import time
 import weakref
+from itertools import pairwise
 from typing import Any
 
 from gpunb.analysis.instruments import Instruments
@@ -46,7 +47,7 @@ FLUSH_AT_STEP = 12  # DDP times iterations 1-10 (and every 100th): their figures
 KEEP_STEPS = 4096  # step times kept per rank (the most recent ones)
 NVML_EVERY_S = 1.0
 
-_active: "RankRecorder | None" = None  # this process's recorder
+_active: RankRecorder | None = None  # this process's recorder
 _kernel_instruments: Instruments | None = None  # a profiled cell's hooks in the kernel (rank_channel.py)
 _fork_handler_registered = False
 
@@ -55,7 +56,7 @@ class RankInstruments(Instruments):
     """The step hook and the DataLoader wait of :class:`Instruments`; no tensor-sync or output
     wrappers (the report of a multi-GPU cell does not use them). Flushes the record as due."""
 
-    def __init__(self, torch: Any, recorder: "RankRecorder") -> None:
+    def __init__(self, torch: Any, recorder: RankRecorder) -> None:
         super().__init__(torch, memory_every_s=None)
         self.recorder = recorder
 
@@ -94,7 +95,7 @@ class RankInstruments(Instruments):
         seen = self.recorder.ddp
 
         def __init__(module: Any, *args: Any, **kwargs: Any) -> None:
-            __tracebackhide__ = True  # noqa: F841 (the user's error shows as without gpunb)
+            __tracebackhide__ = True
             original(module, *args, **kwargs)
             seen.add(module)
 
@@ -103,7 +104,7 @@ class RankInstruments(Instruments):
         self._undo.append(lambda: setattr(ddp, "__init__", original))
 
 
-def _rank_from_env() -> dict:
+def _rank_from_env() -> dict[str, Any]:
     def num(name: str) -> int | None:
         try:
             return int(os.environ[name])
@@ -124,13 +125,13 @@ class RankRecorder:
         self.path = os.path.join(channel, f"rank-{self.pid}.json")
         self.t0 = time.perf_counter()
         self.flushed_at = self.t0
-        self.ddp: "weakref.WeakSet[Any]" = weakref.WeakSet()
-        self.ddp_stats: dict | None = None
-        self.ddp_samples: dict[int, dict] = {}  # DDP iteration -> its timing
+        self.ddp: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.ddp_stats: dict[str, Any] | None = None
+        self.ddp_samples: dict[int, dict[str, Any]] = {}  # DDP iteration -> its timing
         self.identity = _rank_from_env()
         self.backend: str | None = None
         self.device: int | None = None
-        self.gpu: dict = {}
+        self.gpu: dict[str, Any] = {}
         self.nvml_peak: int | None = None
         self._nvml_thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -211,7 +212,11 @@ class RankRecorder:
             iteration = data.get("iteration")
             if not iteration:
                 continue
-            ms = lambda key: (data[key] / 1e6) if isinstance(data.get(key), (int, float)) else None  # noqa: E731
+
+            def ms(key: str, data: Any = data) -> float | None:
+                value = data.get(key)
+                return value / 1e6 if isinstance(value, (int, float)) else None
+
             self.ddp_samples[int(iteration)] = {
                 "forward_ms": ms("forward_compute_time"), "backward_compute_ms": ms("backward_compute_time"),
                 "backward_comm_ms": ms("backward_comm_time"), "overlap_ms": ms("backward_compute_comm_overlap_time")}
@@ -240,9 +245,9 @@ class RankRecorder:
             from gpunb.readings.nvml import default_session
 
             nvml = default_session()
-            if "nvml_index" not in self.gpu:
+            if "nvml_index" not in self.gpu and self.device is not None:
                 self.gpu["nvml_index"] = read_device_map(nvml, torch=self.torch).nvml_index(self.device)
-            index = self.gpu["nvml_index"]
+            index = self.gpu.get("nvml_index")
             if index is None:
                 return
             own = read_ownership(nvml, index, torch=self.torch, pids=kernel_pids(), names=False)
@@ -263,8 +268,8 @@ class RankRecorder:
         ins = self.instruments
         n = len(ins.step_t)
         first = max(0, n - KEEP_STEPS)
-        marks = [ins.step_t[first - 1] if first else self.t0] + ins.step_t[first:]
-        host_ms = [(b - a) * 1e3 for a, b in zip(marks, marks[1:])]
+        marks = [ins.step_t[first - 1] if first else self.t0, *ins.step_t[first:]]
+        host_ms = [(b - a) * 1e3 for a, b in pairwise(marks)]
         spans = []
         for lo, hi, ms in reversed(ins.step_spans):  # in step order: stop at the first one too old
             if lo < first:
@@ -279,7 +284,7 @@ class RankRecorder:
         first_ms = spans0[2] if spans0[:2] == (0, 0) else (step_ms[0] if not first else None)
         return step_ms, first_ms, "CUDA events"
 
-    def record(self, final: bool) -> dict:
+    def record(self, final: bool) -> dict[str, Any]:
         ins = self.instruments
         self._learn_identity()
         self.read_ddp()
@@ -333,7 +338,11 @@ def start(channel: str, launcher: str) -> RankRecorder | None:
     if torch is None:
         from gpunb.readings.import_watch import when_imported
 
-        when_imported("torch", lambda module: start(channel, launcher))
+
+        def start_then(module: Any) -> None:
+            start(channel, launcher)
+
+        when_imported("torch", start_then)
         return None
     if _active is not None and not _active.finished and _active.pid == os.getpid():
         return _active

@@ -87,7 +87,7 @@ class RanksPart(DisplayMixin):
     balanced: bool = True  # the difference is within timing noise: no rank is named the slowest
     link: str = ""  # "NVLink × 18 through NVSwitch", "PCIe (NODE), no peer access", ...
     link_is_pcie: bool = False
-    nvlink_traffic: dict = field(default_factory=dict)  # NVML index -> bytes sent+received during the cell
+    nvlink_traffic: dict[int, int] = field(default_factory=dict)  # NVML index -> bytes sent+received during the cell
     notes: tuple[str, ...] = ()
 
     def _repr_views_(self) -> dict[str, Render]:

@@ -10,7 +10,8 @@ with the backward pass is what communication adds to each step.
 from __future__ import annotations
 
 import statistics
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from gpunb.analysis.advice import Advice
 from gpunb.analysis.profile_records import Verdict
@@ -43,7 +44,7 @@ def _ddp(raw: Any) -> DdpTiming | None:
                      raw.get("backward_comm_ms"), raw.get("overlap_ms"), tuple(raw.get("iterations") or ()))
 
 
-def rank_stats(record: dict, warmup_steps: int = 1, nvml_index: int | None = None) -> RankStats:
+def rank_stats(record: dict[str, Any], warmup_steps: int = 1, nvml_index: int | None = None) -> RankStats:
     """One worker's record (``rank_recorder.RankRecorder.record``) as numbers to compare."""
     times = [float(x) for x in record.get("step_ms") or []]
     skip = max(0, warmup_steps - int(record.get("step_ms_offset") or 0))
@@ -69,8 +70,7 @@ def rank_stats(record: dict, warmup_steps: int = 1, nvml_index: int | None = Non
 def _link_words(links: LinkMap | None, indices: Sequence[int]) -> tuple[str, bool]:
     if links is None or len(indices) < 2:
         return "", False
-    pairs = [links.pair(a, b) for i, a in enumerate(indices) for b in indices[i + 1:]]
-    pairs = [p for p in pairs if p is not None]
+    pairs = [p for i, a in enumerate(indices) for b in indices[i + 1:] if (p := links.pair(a, b)) is not None]
     if not pairs:
         return "", False
     weakest = min(pairs, key=lambda p: (p.nvlinks, p.nvlink_gbps or 0.0))
@@ -92,7 +92,7 @@ class TrafficMeter:
         self.start = {i: read_nvlink_traffic(nvml, i) for i in range(count)} if count > 1 else {}
 
     def moved(self) -> dict[int, int]:
-        out = {}
+        out: dict[int, int] = {}
         for i, before in self.start.items():
             after = read_nvlink_traffic(self.nvml, i) if before is not None else None
             if before is not None and after is not None:
@@ -100,7 +100,7 @@ class TrafficMeter:
         return out
 
 
-def build_ranks(records: Sequence[dict], *, warmup_steps: int = 1, nvml: NvmlSession | None = None,
+def build_ranks(records: Sequence[dict[str, Any]], *, warmup_steps: int = 1, nvml: NvmlSession | None = None,
                 traffic: dict[int, int] | None = None) -> RanksPart | None:
     """The ranks of one cell from their records; None when no worker took a step."""
     ranks = [rank_stats(r, warmup_steps) for r in records if r.get("steps")]
@@ -132,19 +132,20 @@ def _slowest(ranks: Sequence[RankStats]) -> tuple[int | None, int | None, float 
     the others wait for is the one whose all-reduce took least (DDP's timing of the same
     iteration), and the others' extra all-reduce time is their wait. Without DDP's timing the
     ranks' median steps are compared."""
-    with_ddp = [i for i, r in enumerate(ranks) if r.ddp is not None and r.ddp.backward_comm_ms is not None]
-    if len(with_ddp) > 1 and len({ranks[i].ddp.iterations for i in with_ddp}) == 1:
-        slow = min(with_ddp, key=lambda i: ranks[i].ddp.backward_comm_ms)
-        fast = max(with_ddp, key=lambda i: ranks[i].ddp.backward_comm_ms)
-        wait = ranks[fast].ddp.backward_comm_ms - ranks[slow].ddp.backward_comm_ms
+    timings = {i: r.ddp for i, r in enumerate(ranks) if r.ddp is not None}
+    comm = {i: ms for i, t in timings.items() if (ms := t.backward_comm_ms) is not None}
+    if len(comm) > 1 and len({timings[i].iterations for i in comm}) == 1:
+        slow = min(comm, key=lambda i: comm[i])
+        fast = max(comm, key=lambda i: comm[i])
+        wait = comm[fast] - comm[slow]
         step = ranks[slow].median_ms
         return slow, fast, (wait / step if step else None), "all-reduce wait", wait
-    timed = [i for i, r in enumerate(ranks) if r.median_ms]
-    if len(timed) < 2:
+    medians = {i: ms for i, r in enumerate(ranks) if (ms := r.median_ms)}
+    if len(medians) < 2:
         return None, None, None, "", None
-    slow = max(timed, key=lambda i: ranks[i].median_ms)
-    fast = min(timed, key=lambda i: ranks[i].median_ms)
-    return slow, fast, ranks[slow].median_ms / ranks[fast].median_ms - 1.0, "median step", None
+    slow = max(medians, key=lambda i: medians[i])
+    fast = min(medians, key=lambda i: medians[i])
+    return slow, fast, medians[slow] / medians[fast] - 1.0, "median step", None
 
 
 def judge_ranks(part: RanksPart) -> tuple[Verdict, list[Advice]]:
@@ -167,12 +168,14 @@ def judge_ranks(part: RanksPart) -> tuple[Verdict, list[Advice]]:
         advice.append(Advice("Use the same per-GPU batch size on every rank",
                              f"batch sizes differ ({listing}): every step waits for the rank with the largest",
                              "one DataLoader(batch_size=B, sampler=DistributedSampler(...)) per rank"))
-    if not part.balanced and part.spread >= SLOWER_SHARE:
+    if (not part.balanced and part.spread is not None and part.spread >= SLOWER_SHARE
+            and part.slowest is not None and part.fastest is not None):
         slow, fast = ranks[part.slowest], ranks[part.fastest]
         where = f" on GPU {slow.nvml_index}" if slow.nvml_index is not None else ""
         if part.slowest_by == "all-reduce wait":
-            why = (f"at each all-reduce the other ranks wait for {slow.name}{where}: {fast.name} waited {part.wait_ms:.2f} ms "
-                   f"more than it ({part.spread:.0%} of a step; DDP's timing of {slow.ddp.sampled})")
+            why = (f"at each all-reduce the other ranks wait for {slow.name}{where}: "
+                   f"{fast.name} waited {part.wait_ms or 0.0:.2f} ms more than it ({part.spread:.0%} of a step; "
+                   f"DDP's timing of {slow.ddp.sampled if slow.ddp is not None else 'its iterations'})")
         else:
             why = (f"{slow.name}{where} takes {slow.median_ms:.2f} ms per step (median), {part.spread:.0%} more "
                    f"than {fast.name}'s {fast.median_ms:.2f} ms")
@@ -184,16 +187,18 @@ def judge_ranks(part: RanksPart) -> tuple[Verdict, list[Advice]]:
         share = r.data_share
         if share is not None and share >= DATA_SHARE:
             advice.append(Advice(f"Feed {r.name} faster",
-                                 f"{r.name} waited {r.data_wait_s:.2f} s ({share:.0%} of its loop) for {r.batches} batches",
+                                 f"{r.name} waited {r.data_wait_s:.2f} s ({share:.0%} of its loop) "
+                                 f"for {r.batches} batches",
                                  "DataLoader(..., num_workers=k, pin_memory=True, persistent_workers=True) per rank; "
                                  "cores per rank = CPU cores / ranks", gain=share))
             break
     comm = _comm(ranks, part.slowest)
-    if comm is not None:
+    if comm is not None and comm[0].ddp is not None:
         r, exposed, share = comm
-        measured = (f"DDP's timing of {r.ddp.sampled} on {r.name} (the rank the others wait for, so its "
-                    f"all-reduce is communication only): {r.ddp.backward_comm_ms:.2f} ms, {exposed:.2f} ms of it not "
-                    f"hidden behind the backward pass ({share:.0%} of the step)")
+        timing = comm[0].ddp
+        measured = (f"DDP's timing of {timing.sampled} on {r.name} (the rank the others wait for, so its "
+                    f"all-reduce is communication only): {timing.backward_comm_ms or 0.0:.2f} ms, "
+                    f"{exposed:.2f} ms of it not hidden behind the backward pass ({share:.0%} of the step)")
         if share >= COMM_SHARE:
             if part.link_is_pcie:
                 how = ("gradient accumulation with `with model.no_sync():` on all but every k-th batch; bf16 gradients "
@@ -211,18 +216,22 @@ def judge_ranks(part: RanksPart) -> tuple[Verdict, list[Advice]]:
         lo = min(mems, key=lambda m: m[1])
         if hi[1] >= MEMORY_RATIO * lo[1] and hi[1] - lo[1] >= MEMORY_GAP_BYTES:
             advice.append(Advice(f"Even out memory: {hi[0].name} holds more",
-                                 f"peak allocated {hi[1] / 2**30:.1f} GiB on {hi[0].name} vs {lo[1] / 2**30:.1f} GiB on "
-                                 f"{lo[0].name}: the largest batch that fits is set by the fullest GPU",
+                                 f"peak allocated {hi[1] / 2**30:.1f} GiB on {hi[0].name} "
+                                 f"vs {lo[1] / 2**30:.1f} GiB on {lo[0].name}: "
+                                 "the largest batch that fits is set by the fullest GPU",
                                  "evaluate, log and checkpoint on every rank's share (or free it after); the same "
                                  "batch per rank", severity=0))
 
     if part.slowest is not None and not part.balanced:
         slow = ranks[part.slowest]
-        head = f"{n} ranks trained, {slow.median_ms:.2f} ms per step; the slowest: {slow.name}"
+        spread = part.spread or 0.0
+        head = f"{n} ranks trained, {slow.median_ms or 0.0:.2f} ms per step; the slowest: {slow.name}"
         if part.slowest_by == "all-reduce wait":
-            reason = f"the other ranks wait {part.wait_ms:.2f} ms for it at each all-reduce ({part.spread:.0%} of a step)"
+            reason = (f"the other ranks wait {part.wait_ms or 0.0:.2f} ms for it at each all-reduce "
+                      f"({spread:.0%} of a step)")
         else:
-            reason = f"{part.spread:.0%} slower than {ranks[part.fastest].name}"
+            faster = ranks[part.fastest].name if part.fastest is not None else "the others"
+            reason = f"{spread:.0%} slower than {faster}"
     elif part.slowest is not None:
         head = f"{n} ranks trained, {ranks[part.slowest].median_ms:.2f} ms per step"
         reason = "the ranks keep the same pace (" + (
@@ -239,10 +248,10 @@ def judge_ranks(part: RanksPart) -> tuple[Verdict, list[Advice]]:
 def _comm(ranks: Sequence[RankStats], slowest: int | None) -> tuple[RankStats, float, float] | None:
     """(rank, exposed all-reduce ms, share of its median step) of the rank the others wait
     for: its all-reduce is communication only, a faster rank's also holds its wait."""
-    timed = [r for r in ranks if r.ddp is not None and r.ddp.exposed_comm_ms is not None and r.median_ms]
+    timed = {id(r): (r, exposed, step) for r in ranks
+             if r.ddp is not None and (exposed := r.ddp.exposed_comm_ms) is not None and (step := r.median_ms)}
     if not timed:
         return None
-    r = ranks[slowest] if slowest is not None and ranks[slowest] in timed else min(
-        timed, key=lambda x: x.ddp.exposed_comm_ms / x.median_ms)
-    exposed = r.ddp.exposed_comm_ms
-    return r, exposed, min(1.0, exposed / r.median_ms)
+    chosen = timed.get(id(ranks[slowest])) if slowest is not None else None
+    r, exposed, step = chosen or min(timed.values(), key=lambda t: t[1] / t[2])
+    return r, exposed, min(1.0, exposed / step)

@@ -15,8 +15,10 @@ import gc
 import inspect
 import os
 import sys
+from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from gpunb import units
 from gpunb.analysis.oom_message import exception_chain
@@ -37,7 +39,7 @@ class MemoryPoint:
     torch_reserved_bytes: int | None
     nvml_process_bytes: int | None  # this process on the GPU, all libraries
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "torch_allocated_bytes": self.torch_allocated_bytes,
             "torch_reserved_bytes": self.torch_reserved_bytes,
@@ -78,7 +80,7 @@ class ReleaseReport:
             return None
         return max(0.0, freed / self.pinned_bytes)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "before": self.before.to_dict(),
             "after": self.after.to_dict(),
@@ -147,7 +149,7 @@ def clear_frame(frame: Any) -> bool:
     return True
 
 
-def holds_tensor(value: Any, torch: Any, devices: set[str] | None, depth: int = 2) -> bool:
+def holds_tensor(value: Any, torch: Any, devices: AbstractSet[str] | None, depth: int = 2) -> bool:
     """Does an output-history value hold a tensor (on ``devices``), looking ``depth`` deep?
     A value that raises when looked at (an unbound proxy, say) counts as holding none."""
     if torch is None:
@@ -158,7 +160,7 @@ def holds_tensor(value: Any, torch: Any, devices: set[str] | None, depth: int = 
         return False
 
 
-def _holds_tensor(value: Any, torch: Any, devices: set[str] | None, depth: int) -> bool:
+def _holds_tensor(value: Any, torch: Any, devices: AbstractSet[str] | None, depth: int) -> bool:
     if isinstance(value, torch.Tensor):
         return devices is None or value.device.type in devices
     if depth <= 0:
@@ -170,7 +172,7 @@ def _holds_tensor(value: Any, torch: Any, devices: set[str] | None, depth: int) 
     return False
 
 
-def drop_output_history(shell: Any, torch: Any, devices: set[str] | None) -> list[str]:
+def drop_output_history(shell: Any, torch: Any, devices: AbstractSet[str] | None) -> list[str]:
     """Remove output-history entries that hold tensors; returns their names (``Out[3]``)."""
     if shell is None:
         return []
@@ -202,7 +204,7 @@ def release_failure(
     device: int | None = None,
     keep_traceback: bool = False,
     drop_outputs: bool = True,
-    devices: set[str] | None = frozenset({"cuda"}),
+    devices: AbstractSet[str] | None = frozenset({"cuda"}),
     nvml_process_bytes: Callable[[], int | None] | None = None,
     pinned_bytes: int | None = None,
     held_bytes: dict[str, int] | None = None,
@@ -218,7 +220,9 @@ def release_failure(
     held = held_bytes or {}
 
     def amount(key: str) -> str:
-        return f" ({units.gib(held[key], digits=2)} of tensors)" if held.get(key) else " (no tensors)" if key in held else ""
+        if key not in held:
+            return ""
+        return f" ({units.gib(held[key], digits=2)} of tensors)" if held.get(key) else " (no tensors)"
 
     torch = torch if torch is not None else sys.modules.get("torch")
     before = measure(torch, device, nvml_process_bytes)

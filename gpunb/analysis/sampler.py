@@ -18,8 +18,9 @@ import threading
 import time
 from array import array
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from gpunb.analysis.imbalance import WINDOW_S as IMBALANCE_WINDOW_S
 from gpunb.analysis.imbalance import Imbalance, find_imbalance
@@ -116,8 +117,8 @@ class RingColumns:
             raise ValueError("capacity must be at least 1")
         self.capacity = capacity
         self.spec = tuple(spec)
-        self._arrays = {name: array(code) for name, code in self.spec}
-        self._gap = {name: (math.nan if code in "fd" else _GAP_INT[code]) for name, code in self.spec}
+        self._arrays: dict[str, array[Any]] = {name: array(code) for name, code in self.spec}
+        self._gap: dict[str, float] = {name: (math.nan if code in "fd" else _GAP_INT[code]) for name, code in self.spec}
         self._head = 0  # where the next row goes once full
         self.appended = 0  # rows ever appended
 
@@ -138,7 +139,7 @@ class RingColumns:
             return gap
         if isinstance(gap, float):
             return number if number <= _FLOAT_MAX else gap
-        whole = int(round(number))
+        whole = round(number)
         return whole if whole < gap else gap
 
     def append(self, row: dict[str, Any]) -> None:
@@ -164,7 +165,7 @@ class RingColumns:
             self._arrays[name] = array(code, [gap]) * len(next(iter(self._arrays.values()), ()))
         self.spec = tuple((name, arr.typecode) for name, arr in self._arrays.items())
 
-    def _ordered(self, arr: array, n: int) -> array:
+    def _ordered(self, arr: array[Any], n: int) -> array[Any]:
         if self.appended <= self.capacity:
             return arr[len(arr) - n :]
         head = self._head
@@ -172,7 +173,7 @@ class RingColumns:
             return arr[head - n : head]
         return arr[self.capacity - (n - head) :] + arr[:head]
 
-    def tail(self, n: int | None = None, names: Iterable[str] | None = None) -> dict[str, list]:
+    def tail(self, n: int | None = None, names: Iterable[str] | None = None) -> dict[str, list[Any]]:
         """The last ``n`` rows (all when None), oldest first; gaps are ``None``."""
         size = len(self)
         n = size if n is None else max(0, min(n, size))
@@ -205,7 +206,7 @@ class GpuSeries:
     memory_total_mib: float | None
     power_limit_w: float | None
     lost: bool
-    columns: dict[str, list]
+    columns: dict[str, list[Any]]
     max_sm_clock_mhz: float | None = None
     temp_slowdown_c: float | None = None  # NVML's slowdown threshold: clocks drop above it
 
@@ -218,7 +219,7 @@ class Window:
     seconds: float
     hz: float
     gpus: tuple[GpuSeries, ...]
-    host: dict[str, list]
+    host: dict[str, list[Any]]
     ram_total_mib: float | None
     cpu_count: int | None
     nvml: NvmlStatus
@@ -293,7 +294,7 @@ class Sampler:
         self._own_mib: dict[int, float | None] = {}  # from the last process list
         self._other_mib: dict[int, float] = {}  # other processes at that moment
         self._used_at_list: dict[int, float] = {}  # used memory at that moment
-        self.processes: dict[int, tuple] = {}  # GPU index -> the last process list (GpuProcess)
+        self.processes: dict[int, tuple[Any, ...]] = {}  # GPU index -> the last process list (GpuProcess)
         self.kernel_processes: dict[int, frozenset[int]] = {}  # GPU index -> PIDs of this kernel's processes there
         self._last_process_t: float | None = None
         self._host_thread: int | None = None
@@ -356,12 +357,12 @@ class Sampler:
         self._max_hz = max(self._max_hz, self.hz)
         return message
 
-    def add_listener(self, fn: Callable[["Sampler"], None]) -> None:
+    def add_listener(self, fn: Callable[[Sampler], None]) -> None:
         with self._thread_lock:
             if fn not in self._listeners:
                 self._listeners.append(fn)
 
-    def remove_listener(self, fn: Callable[["Sampler"], None]) -> None:
+    def remove_listener(self, fn: Callable[[Sampler], None]) -> None:
         with self._thread_lock:
             if fn in self._listeners:
                 self._listeners.remove(fn)
@@ -425,7 +426,9 @@ class Sampler:
         t = self._clock()
         s = self.nvml.run(read_sample, self.nvml, index, self._clock, grace_s=TICK_GRACE_S,
                           fallback=lambda why: unread_sample(index, t, why))
-        col = lambda name: gpu_column(index, name)  # noqa: E731
+        def col(name: str) -> str:
+            return gpu_column(index, name)
+
         used = _mib(s.memory_used_bytes)
         row[col("mem_used_mib")] = used
         row[col("mem_free_mib")] = _mib(s.memory_free_bytes)
@@ -590,12 +593,12 @@ class Sampler:
     def capacity(self) -> int:
         return self._store.capacity
 
-    def _rows(self, seconds: float | None) -> dict[str, list]:
+    def _rows(self, seconds: float | None) -> dict[str, list[Any]]:
         with self._data_lock:
             if seconds is None:
                 return self._store.tail()
             # Enough rows for the window even if the rate was higher earlier.
-            n = int(math.ceil(seconds * self._max_hz)) + 2
+            n = math.ceil(seconds * self._max_hz) + 2
             rows = self._store.tail(n)
         t = rows["t_s"]
         if t:
@@ -603,7 +606,7 @@ class Sampler:
             rows = {k: v[first:] for k, v in rows.items()}
         return rows
 
-    def samples(self, seconds: float | None = None) -> dict[str, list]:
+    def samples(self, seconds: float | None = None) -> dict[str, list[Any]]:
         """All buffered readings (or the last ``seconds``) as flat columns: ``t_s``
         (seconds since the first tick), ``gpu<i>_<name>`` per GPU including
         ``gpu<i>_mem_other_mib``, and the host columns. Gaps are ``None``."""
@@ -614,7 +617,7 @@ class Sampler:
             rows[gpu_column(info.index, "mem_other_mib")] = _other(used, own)
         return rows
 
-    def _gpu_series(self, rows: dict[str, list], devices: Iterable[int] | None) -> tuple[GpuSeries, ...]:
+    def _gpu_series(self, rows: dict[str, list[Any]], devices: Iterable[int] | None) -> tuple[GpuSeries, ...]:
         wanted = None if devices is None else set(devices)
         gpus = []
         for info in self.gpus:
@@ -632,7 +635,7 @@ class Sampler:
             ))
         return tuple(gpus)
 
-    def rows_since(self, index: int) -> tuple[int, dict[str, list]]:
+    def rows_since(self, index: int) -> tuple[int, dict[str, list[Any]]]:
         """Rows from global row number ``index`` on (as many as are still buffered), for
         views that draw incrementally: returns the number of the first row given and the
         columns (as ``samples()``, without derived columns)."""
@@ -684,5 +687,5 @@ def _wait_for_stopped_threads(timeout: float = 1.0) -> None:
         thread.join(max(0.0, end - time.monotonic()))
 
 
-def _other(used: list, own: list) -> list:
+def _other(used: list[Any], own: list[Any]) -> list[Any]:
     return [None if u is None or o is None else max(0.0, u - o) for u, o in zip(used, own)]

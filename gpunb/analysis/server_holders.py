@@ -8,7 +8,8 @@ an older server) it falls back to what NVML alone says: PIDs and process names.
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from gpunb.analysis.gpu_holders import GpuHolder, describe
 from gpunb.readings.server_sessions import ServerReading, default_sessions
@@ -19,7 +20,7 @@ MAX_LINES = 6  # per GPU; the rest is summed in one more line
 
 def server_holders(reading: ServerReading) -> list[GpuHolder]:
     """Every GPU process the server reported (none when ``reading`` is empty)."""
-    if not reading:
+    if reading.data is None:  # (what ``not reading`` means)
         return []
     out = []
     for gpu in reading.data.get("gpus", ()):
@@ -32,7 +33,7 @@ def server_holders(reading: ServerReading) -> list[GpuHolder]:
 
 
 def _now(reading: ServerReading) -> float:
-    t = reading.data.get("t_unix") if reading else None
+    t = reading.data.get("t_unix") if reading.data is not None else None
     return t if isinstance(t, (int, float)) else time.time()
 
 

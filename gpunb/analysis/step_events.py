@@ -22,7 +22,8 @@ gap is set for ~10x that: 0.14 %).
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 READ_BACK_EVERY = 64  # events between read-backs (a read-back costs ~1 µs per event)
 FIRST_READ_BACK = 8  # the first one comes early: it decides how often to record
@@ -53,14 +54,14 @@ class StepEvents:
     then ``spans``: (first step, last step, GPU ms) covering those steps."""
 
     def __init__(self, torch: Any, device: int, start_event: Any = None, min_gap_s: float | None = None) -> None:
-        self._new = lambda: torch.cuda.Event(enable_timing=True)
+        self._new: Callable[[], Any] = lambda: torch.cuda.Event(enable_timing=True)
         self._record = _recorder(torch, device)
         self._start = start_event  # recorded when the cell began: step 0's GPU time starts there
         self.min_gap_s = MIN_GAP_S if min_gap_s is None else min_gap_s
         self._gap = 0.0  # every step until a read-back sees the GPU keeping up
         self._last_t = float("-inf")
         self._free: list[Any] = []
-        self._pending: deque = deque()  # (step index, event) recorded, not yet read back
+        self._pending: deque[tuple[int, Any]] = deque()  # (step index, event) recorded, not yet read back
         self.spans: list[tuple[int, int, float]] = []
         self.recorded = 0
         self._read_back_at = FIRST_READ_BACK

@@ -23,8 +23,9 @@ import itertools
 import sys
 import types
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 ROLES = ("parameter", "gradient", "optimizer state", "other")
 GROUP_TITLES = {
@@ -58,7 +59,7 @@ class TensorEntry:
     def leftover(self) -> bool:
         return self.source != NAMESPACE
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "nbytes": self.nbytes,
@@ -104,7 +105,7 @@ class Census:
     def find(self, name: str) -> TensorEntry | None:
         return next((e for e in self.entries if e.name == name), None)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "entries": [e.to_dict() for e in self.entries],
             "by_role": self.by_role(),
@@ -135,9 +136,7 @@ def _top_name(path: str) -> str:
 
 
 def _skip_name(name: str) -> bool:
-    if name in _IPYTHON_NAMES or name.startswith("_"):
-        return True  # _, __, _5, _i3, _oh, _dh, __builtins__ ...
-    return False
+    return name in _IPYTHON_NAMES or name.startswith("_")  # _, __, _5, _i3, _oh, _dh, __builtins__ ...
 
 
 class _Walker:
@@ -157,7 +156,7 @@ class _Walker:
         self.entries: list[TensorEntry] = []
         self.param_names: dict[int, str] = {}  # id(param) -> first name
         self.optimizers: list[tuple[str, Any, str]] = []
-        self.queue: deque = deque()
+        self.queue: deque[tuple[Any, str, int, str, str]] = deque()  # (object, name, depth, source, role)
         self.skipped: dict[str, None] = {}  # top names that could not be inspected, in order
         self.skipped_count = 0
         self.skipped_reason = ""
@@ -322,7 +321,7 @@ class _Walker:
                         self.add_tensor(value, f"{name}.state[{pname}].{key}", "optimizer state", source)
 
 
-def _frames(tb: Any) -> Iterable[tuple[str, dict]]:
+def _frames(tb: Any) -> Iterable[tuple[str, dict[str, Any]]]:
     while tb is not None:
         frame = tb.tb_frame
         code = frame.f_code
@@ -334,9 +333,9 @@ def _frames(tb: Any) -> Iterable[tuple[str, dict]]:
         tb = tb.tb_next
 
 
-def exception_holders(exc: BaseException | None) -> list[tuple[str, dict]]:
+def exception_holders(exc: BaseException | None) -> list[tuple[str, dict[str, Any]]]:
     """``(function, locals)`` for every frame an exception (and its chain) keeps alive."""
-    out: list[tuple[str, dict]] = []
+    out: list[tuple[str, dict[str, Any]]] = []
     seen: set[int] = set()
     todo = [exc]
     while todo:
@@ -350,11 +349,11 @@ def exception_holders(exc: BaseException | None) -> list[tuple[str, dict]]:
 
 
 def take_census(
-    namespace: dict | None,
+    namespace: dict[str, Any] | None,
     *,
     torch: Any = None,
     devices: set[str] | None = None,
-    output_history: dict | None = None,
+    output_history: dict[int, Any] | None = None,
     exceptions: Iterable[tuple[str, BaseException | None]] = (),
     max_depth: int = 4,
     max_nodes: int = 200_000,

@@ -31,7 +31,7 @@ MEMCPY_SHARE = 0.10
 def _ideal_s(count: FlopCount, peaks: dict[str, float | None]) -> float | None:
     """Seconds the step's FLOPs take at ``peaks`` (TFLOP/s per precision); None when FLOPs of a
     precision without a figure are more than negligible."""
-    total, unknown = 0.0, 0
+    total, unknown = 0.0, 0.0
     for precision, flops in count.by_precision.items():
         peak = peaks.get(precision)
         if peak:

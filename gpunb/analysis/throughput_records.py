@@ -14,8 +14,8 @@ class FlopCount:
 
     step: int  # 0-based index of the counted optimizer step (1: the cell's second step)
     flops: int  # matmul, convolution and attention FLOPs (torch.utils.flop_counter's formulas)
-    by_precision: dict  # "bf16" | "fp16" | "tf32" | "fp32" | "fp8" | "fp64" | "other" -> FLOPs
-    by_op: dict  # "aten.mm" -> FLOPs
+    by_precision: dict[str, float]  # "bf16" | "fp16" | "tf32" | "fp32" | "fp8" | "fp64" | "other" -> FLOPs
+    by_op: dict[str, float]  # "aten.mm" -> FLOPs
     bytes_moved: int  # estimate: bytes every operation read and wrote (see flop_count.py)
     ops: int  # operations seen
     host_ms: float  # the counted step on the host clock (counting slows it; it is left out of the step times)
@@ -68,7 +68,8 @@ class OpsReport:
     device_time: bool  # True: shares are of GPU time (kernels); False: CPU time of operators
     steps: tuple[int, ...]  # 0-based indices of the traced (active) steps
     window_ms: float  # per traced step: the span the shares are of
-    shares: dict  # category -> share of the window ("idle": GPU idle, or host time outside operators on a CPU)
+    # category -> share of the window ("idle": GPU idle, or host time outside operators on a CPU)
+    shares: dict[str, float]
     top_ops: tuple[OpRow, ...]
     top_kernels: tuple[OpRow, ...]  # empty on a CPU-only run
     trace_path: str  # the Chrome/Perfetto trace ("" when it could not be written)

@@ -53,9 +53,11 @@ def judge(p: CellProfile) -> tuple[Verdict, list[Advice]]:
         cores = os.cpu_count() or 2
         suggest = max(2, min(8, cores // 2))
         if not workers:
-            title, how = "Load batches in worker processes", f"DataLoader(..., num_workers={suggest}, persistent_workers=True)"
+            title = "Load batches in worker processes"
+            how = f"DataLoader(..., num_workers={suggest}, persistent_workers=True)"
         else:
-            title, how = f"Use more DataLoader workers (now {workers})", f"DataLoader(..., num_workers={min(cores, workers * 2)})"
+            title = f"Use more DataLoader workers (now {workers})"
+            how = f"DataLoader(..., num_workers={min(cores, workers * 2)})"
         advice.append(Advice(title, f"the loop waited {s.data_wait_s:.2f} s ({_pct(data)}) for {s.batches} batches",
                              how, gain=data))
         if gpu is not None and s.loader_pin_memory is False:
@@ -74,7 +76,8 @@ def judge(p: CellProfile) -> tuple[Verdict, list[Advice]]:
                              gain=syncs))
     if output >= ADVICE_SHARE:
         advice.append(Advice("Print/log less often",
-                             f"{s.output_writes} writes ({s.output_chars:,} characters) took {s.output_s:.2f} s ({_pct(output)})",
+                             f"{s.output_writes} writes ({s.output_chars:,} characters) took {s.output_s:.2f} s "
+                             f"({_pct(output)})",
                              "log every N steps; keep per-step values in a list and show a summary", gain=output))
 
     on_cpu = bool(p.gpu_visible) and steps > 0 and p.param_devices == ("cpu",)
@@ -95,26 +98,32 @@ def judge(p: CellProfile) -> tuple[Verdict, list[Advice]]:
                                  severity=2))
         else:
             advice.append(Advice("Move the model and each batch to the GPU",
-                                 f"the optimizer's {p.param_count:,} parameters are on the CPU although NVML sees an {p.gpu_visible}",
+                                 f"the optimizer's {p.param_count:,} parameters are on the CPU although NVML sees "
+                                 f"an {p.gpu_visible}",
                                  "model.to('cuda') before creating the optimizer; x, y = x.to('cuda'), y.to('cuda')",
                                  severity=2))
     if gpu is not None and (at_ceiling or retries):
         why = (f"{retries} cudaMalloc retries (each flushes the allocator cache)" if retries
-               else f"peak reserved {peak_res / 2**30:.1f} GiB of {total / 2**30:.1f} GiB")
+               else f"peak reserved {(peak_res or 0) / 2**30:.1f} GiB of {(total or 0) / 2**30:.1f} GiB")
         advice.append(Advice("Use a smaller batch with gradient accumulation", why,
                              "loss = loss / k; loss.backward(); step every k batches"))
-        advice.append(Advice("Checkpoint activations", why, "torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)"))
+        advice.append(Advice("Checkpoint activations", why,
+                             "torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)"))
         if retries:
             advice.append(Advice("Let the allocator grow segments instead of fragmenting", why,
                                  "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (set before CUDA starts)"))
-    mix = dict(p.flops.count.precision_mix()) if p.flops is not None and p.flops.count is not None else None
+    flops = p.flops
+    count = flops.count if flops is not None else None
+    mix = dict(count.precision_mix()) if count is not None else None
     low_precision = mix is not None and mix.get("bf16", 0) + mix.get("fp16", 0) + mix.get("fp8", 0) >= 0.5
-    if gpu is not None and fp32 and ampere_plus and not low_precision:  # the FLOP count saw no autocast
+    # (ampere_plus implies a compute capability)
+    if gpu is not None and fp32 and ampere_plus and cc is not None and not low_precision:  # no autocast seen
         ratio = peak.bf16_tflops / peak.tf32_tflops if peak and peak.bf16_tflops and peak.tf32_tflops else None
-        if mix:
+        if mix and flops is not None and count is not None:
             fp32_share = mix.get("fp32", 0) + mix.get("tf32", 0)
-            mfu = f" at {100 * p.flops.mfu:.0f}% MFU" if p.flops.mfu is not None else ""
-            why = f"{100 * fp32_share:.0f}% of step {p.flops.count.step + 1}'s FLOPs ran in fp32/TF32{mfu} on {gpu.name}"
+            mfu = f" at {100 * flops.mfu:.0f}% MFU" if flops.mfu is not None else ""
+            why = (f"{100 * fp32_share:.0f}% of step {count.step + 1}'s FLOPs ran in fp32/TF32{mfu} "
+                   f"on {gpu.name}")
             title = "Train in bf16 with autocast"
         else:
             why = f"parameters are float32 on {gpu.name}"
@@ -152,7 +161,8 @@ def judge(p: CellProfile) -> tuple[Verdict, list[Advice]]:
         elif gpu is None:
             where = p.gpu_absent or "no GPU"
             verdict = Verdict("compute-bound", "compute-bound on the CPU",
-                              f"the loop spent its time computing ({where}); data wait {_pct(data)}, output {_pct(output)}")
+                              f"the loop spent its time computing ({where}); data wait {_pct(data)}, "
+                              f"output {_pct(output)}")
         elif gpu.util_mean_pct is not None and gpu.util_mean_pct < 50:
             verdict = Verdict("host-bound", "the GPU waits for Python",
                               f"GPU busy only {gpu.util_mean_pct:.0f}% of the time with no data or sync wait: "

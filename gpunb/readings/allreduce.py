@@ -19,9 +19,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import IO, Any
 
 SCRIPT = Path(__file__).with_name("allreduce_script.py")
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -67,7 +68,7 @@ class AllReduceRun:
 
 
 class _Rank:
-    def __init__(self, rank: int, proc: subprocess.Popen, stderr: object) -> None:
+    def __init__(self, rank: int, proc: subprocess.Popen[str], stderr: IO[str]) -> None:
         self.rank = rank
         self.proc = proc
         self.stderr = stderr
@@ -75,7 +76,7 @@ class _Rank:
         self.ready = threading.Event()
         self.error: str | None = None
         self.done = False
-        self.lines: list[dict] = []
+        self.lines: list[dict[str, Any]] = []
         self.reader: threading.Thread | None = None
 
 
@@ -96,12 +97,12 @@ class AllReduceLaunch:
         self.iters, self.warmup = iters, warmup
         self.python = python or sys.executable
         self._ranks: list[_Rank] = []
-        self._dir: tempfile.TemporaryDirectory | None = None
+        self._dir: tempfile.TemporaryDirectory[str] | None = None
         self._go_at: float | None = None
         self._start_error: str | None = None
 
     # -- life cycle --------------------------------------------------------------------------
-    def start(self) -> "AllReduceLaunch":
+    def start(self) -> AllReduceLaunch:
         self._dir = tempfile.TemporaryDirectory(prefix="gpunb-allreduce-")
         rendezvous = Path(self._dir.name) / "rendezvous"
         env = {**self.environ, **NO_MULTICAST, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -111,7 +112,7 @@ class AllReduceLaunch:
                    "--sizes=" + ",".join(map(str, self.sizes_mib)), f"--iters={self.iters}",
                    f"--warmup={self.warmup}", f"--timeout={max(10.0, self.timeout_s - 5.0):.0f}"]
             # stderr to a file: a chatty NCCL must not fill a pipe and stall the rank
-            stderr = tempfile.TemporaryFile(mode="w+")
+            stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed when the rank is reaped)
             try:
                 # its own session: a kill reaches everything the rank started
                 proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True,
@@ -147,7 +148,8 @@ class AllReduceLaunch:
             return run
         if self._go_at is None:
             self.go()
-        deadline = self._go_at + self.timeout_s
+        go_at = self._go_at if self._go_at is not None else time.monotonic()
+        deadline = go_at + self.timeout_s
         while True:
             codes = [r.proc.poll() for r in self._ranks]
             if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
@@ -163,7 +165,7 @@ class AllReduceLaunch:
         for r in self._ranks:  # the last lines may still sit in the pipe after the exit
             if r.reader is not None:
                 r.reader.join(timeout=5.0)
-        run.duration_s = time.monotonic() - self._go_at
+        run.duration_s = time.monotonic() - go_at
         self._fold(run)
         self._cleanup()
         return run
@@ -251,6 +253,6 @@ class AllReduceLaunch:
             self._dir = None
 
 
-def run_allreduce(world_size: int, **kwargs) -> AllReduceRun:
+def run_allreduce(world_size: int, **kwargs: Any) -> AllReduceRun:
     """Start the ranks, measure at once, and return the record (see :class:`AllReduceLaunch`)."""
     return AllReduceLaunch(world_size, **kwargs).start().wait()

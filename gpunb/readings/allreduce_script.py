@@ -25,11 +25,12 @@ import inspect
 import json
 import sys
 import time
+from typing import Any
 
 PATTERN = 251  # element k of rank r holds (k % 251) + r + 1: a shifted or lost chunk shows up
 
 
-def emit(**obj) -> None:
+def emit(**obj: Any) -> None:
     sys.stdout.write(json.dumps(obj) + "\n")
     sys.stdout.flush()
 
@@ -47,11 +48,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def pattern(torch, n: int, rank: int, device) -> object:
+def pattern(torch: Any, n: int, rank: int, device: Any) -> Any:
     return torch.arange(n, device=device, dtype=torch.int32).remainder_(PATTERN).to(torch.float32).add_(rank + 1)
 
 
-def measure(torch, dist, args, device, cuda: bool, n_bytes: int) -> dict:
+def measure(torch: Any, dist: Any, args: argparse.Namespace, device: Any, cuda: bool, n_bytes: int) -> dict[str, Any]:
     n = n_bytes // 4
     x = pattern(torch, n, args.rank, device)
     for _ in range(args.warmup):

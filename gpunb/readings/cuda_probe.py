@@ -14,9 +14,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Any
 
 SCRIPT = Path(__file__).with_name("cuda_probe_script.py")
 
@@ -25,14 +26,15 @@ SCRIPT = Path(__file__).with_name("cuda_probe_script.py")
 class ProbeResult:
     """What the child process reported; ``error`` says why it could not finish."""
 
-    facts: dict | None = None
-    results: dict = field(default_factory=dict)  # (step, device) -> numbers
-    errors: dict = field(default_factory=dict)  # (step, device) -> message
+    facts: dict[str, Any] | None = None
+    results: dict[tuple[str, int | None], dict[str, Any]] = field(default_factory=dict)  # (step, device) -> numbers
+    errors: dict[tuple[str, int | None], str] = field(default_factory=dict)  # (step, device) -> message
     error: str | None = None
     duration_s: float = 0.0
-    timeline: list = field(default_factory=list)  # (event, step, device, seconds since the child started)
+    # (event, step, device, seconds since the child started)
+    timeline: list[tuple[Any, ...]] = field(default_factory=list)
 
-    def result(self, step: str, device: int | None) -> dict | None:
+    def result(self, step: str, device: int | None) -> dict[str, Any] | None:
         return self.results.get((step, device))
 
     def step_error(self, step: str, device: int | None) -> str | None:
@@ -92,7 +94,7 @@ def _handle(line: str, out: ProbeResult, on_step: Callable[[str, int | None], No
         msg = json.loads(line)
     except json.JSONDecodeError:
         return False  # a library printed to stdout; not ours
-    event = msg.pop("event", None)
+    event: str | None = msg.pop("event", None)
     step, device = msg.pop("step", None), msg.pop("device", None)
     elapsed = msg.pop("elapsed_s", None)
     if elapsed is not None:

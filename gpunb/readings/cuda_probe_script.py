@@ -19,19 +19,20 @@ import os
 import sys
 import threading
 import time
-
+from collections.abc import Callable
+from typing import Any
 
 _START = time.perf_counter()
 
 
-def emit(**obj) -> None:
+def emit(**obj: Any) -> None:
     obj["elapsed_s"] = round(time.perf_counter() - _START, 3)
     sys.stdout.write(json.dumps(obj) + "\n")
     sys.stdout.flush()
 
 
-def torch_facts(torch) -> dict:
-    facts = {
+def torch_facts(torch: Any) -> dict[str, Any]:
+    facts: dict[str, Any] = {
         "torch_version": torch.__version__,
         "cuda_runtime": torch.version.cuda,
         "hip": getattr(torch.version, "hip", None),
@@ -120,10 +121,10 @@ class GpuClock:
     whether it ended before everything was queued, and then the measurement is repeated with
     a longer spin."""
 
-    def __init__(self, torch, dev) -> None:
+    def __init__(self, torch: Any, dev: Any) -> None:
         self.torch = torch
-        self.sleep = getattr(torch.cuda, "_sleep", None)
-        self.cycles_per_ms = None
+        self.sleep: Any = getattr(torch.cuda, "_sleep", None)
+        self.cycles_per_ms: float | None = None
         if self.sleep is not None:  # how many spin cycles make a millisecond on this GPU
             with torch.cuda.device(dev):
                 for lead in (50_000_000, 400_000_000):  # a lead spin (~20 ms at 2.5 GHz) covers the queueing
@@ -140,19 +141,21 @@ class GpuClock:
                         break
                 self.cycles_per_ms = 1_000_000 / max(a.elapsed_time(b), 1e-3)
 
-    def time(self, fn, iters: int, warmup: int = 1, busy: bool = False) -> float:
+    def time(self, fn: Callable[[], Any], iters: int, warmup: int = 1, busy: bool = False) -> float:
         """Milliseconds per call of ``fn``, ``iters`` calls back to back. ``busy``: another
         thread of this process competes for the GIL (a longer spin from the start)."""
         torch = self.torch
         for _ in range(warmup):
             fn()
         torch.cuda.synchronize()
-        spin_ms = (10.0 + (6.0 * iters if busy else 0.0)) if self.cycles_per_ms else 0.0
+        cycles = self.cycles_per_ms
+        spin_ms = (10.0 + (6.0 * iters if busy else 0.0)) if cycles else 0.0
+        ms = 0.0
         for _ in range(4):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             guard = torch.cuda.Event()
-            if spin_ms:
-                self.sleep(int(spin_ms * self.cycles_per_ms))
+            if spin_ms and cycles:
+                self.sleep(int(spin_ms * cycles))
             guard.record()
             start.record()
             for _ in range(iters):
@@ -160,19 +163,19 @@ class GpuClock:
             end.record()
             starved = bool(spin_ms) and guard.query()  # the spin ended before all was queued
             end.synchronize()
-            ms = start.elapsed_time(end) / iters
+            ms = float(start.elapsed_time(end)) / iters
             if not starved:
                 break
             spin_ms *= 4
         return ms
 
 
-def smoke(torch, dev, clock: GpuClock, optimizer_import: OptimizerImport | None) -> dict:
+def smoke(torch: Any, dev: Any, clock: GpuClock, optimizer_import: OptimizerImport | None) -> dict[str, Any]:
     """One small success: a model and a batch on the GPU, forward, backward, optimizer step.
     The first step is timed part by part, each part synchronized: what it costs is cuBLAS
     setting up and CUDA loading each kernel on its first use (CUDA_MODULE_LOADING=LAZY, torch's
     default), not the training itself."""
-    out: dict = {"module_loading": os.environ.get("CUDA_MODULE_LOADING", "LAZY (torch's default)")}
+    out: dict[str, Any] = {"module_loading": os.environ.get("CUDA_MODULE_LOADING", "LAZY (torch's default)")}
     if optimizer_import is not None:
         out["optimizer_import_wait_ms"] = optimizer_import.join()
         out["optimizer_import_ms"] = optimizer_import.ms
@@ -187,7 +190,7 @@ def smoke(torch, dev, clock: GpuClock, optimizer_import: OptimizerImport | None)
     torch.cuda.synchronize(dev)
     out["model_build_ms"] = (time.perf_counter() - t0) * 1e3
 
-    def phase(name: str, fn):
+    def phase(name: str, fn: Callable[[], Any]) -> Any:
         t = time.perf_counter()
         value = fn()
         torch.cuda.synchronize(dev)
@@ -199,7 +202,7 @@ def smoke(torch, dev, clock: GpuClock, optimizer_import: OptimizerImport | None)
     phase("first_optimizer_step_ms", opt.step)
     out["first_step_ms"] = out["first_forward_ms"] + out["first_backward_ms"] + out["first_optimizer_step_ms"]
 
-    def step():
+    def step() -> Any:
         opt.zero_grad(set_to_none=True)
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
@@ -213,10 +216,10 @@ def smoke(torch, dev, clock: GpuClock, optimizer_import: OptimizerImport | None)
     return out
 
 
-def matmul(torch, dev, clock: GpuClock, busy: bool, n: int = 8192) -> dict:
+def matmul(torch: Any, dev: Any, clock: GpuClock, busy: bool, n: int = 8192) -> dict[str, Any]:
     """Dense matmul throughput in TFLOP/s: bf16, fp32 with TF32 tensor cores, strict fp32.
     Few calls are enough: 8192-wide matmuls vary by well under 1 % once warm."""
-    out = {"n": n}
+    out: dict[str, Any] = {"n": n}
     flop = 2 * n**3
     old_tf32 = torch.backends.cuda.matmul.allow_tf32
     try:
@@ -228,7 +231,7 @@ def matmul(torch, dev, clock: GpuClock, busy: bool, n: int = 8192) -> dict:
             torch.backends.cuda.matmul.allow_tf32 = tf32
             a = torch.randn(n, n, device=dev, dtype=dtype)
             b = torch.randn(n, n, device=dev, dtype=dtype)
-            ms = clock.time(lambda: a @ b, iters=iters, busy=busy)
+            ms = clock.time(lambda: a @ b, iters=iters, busy=busy)  # noqa: B023 (called in this iteration)
             out[label + "_tflops"] = flop / (ms * 1e-3) / 1e12
             a = b = None  # free before the next dtype's pair
     finally:
@@ -237,12 +240,12 @@ def matmul(torch, dev, clock: GpuClock, busy: bool, n: int = 8192) -> dict:
     return out
 
 
-def copy_bandwidth(torch, dev, clock: GpuClock, busy: bool, mib: int = 64) -> dict:
+def copy_bandwidth(torch: Any, dev: Any, clock: GpuClock, busy: bool, mib: int = 64) -> dict[str, Any]:
     """Host-to-device copy GB/s from pinned and from pageable host memory (64 MiB copies run
     at the link's full rate already). Pinned copies are timed on the GPU; pageable ones are
     staged by the host thread, so the host clock times them."""
     n_bytes = mib * 2**20
-    out = {"bytes": n_bytes}
+    out: dict[str, Any] = {"bytes": n_bytes}
     dst = torch.empty(n_bytes, dtype=torch.uint8, device=dev)
     pinned = torch.empty(n_bytes, dtype=torch.uint8, pin_memory=True).fill_(1)
     ms = clock.time(lambda: dst.copy_(pinned, non_blocking=True), iters=8, busy=busy)
@@ -296,9 +299,13 @@ def main(argv: list[str]) -> int:
             continue
         # The GPU measurements first, while the optimizer import runs beside them; then the smoke
         # test, whose optimizer needs that import.
-        for name, fn in (("matmul", lambda: matmul(torch, dev, clock, busy=_busy(optimizer_import))),
-                         ("copy", lambda: copy_bandwidth(torch, dev, clock, busy=_busy(optimizer_import))),
-                         ("smoke", lambda: {"context_ms": context_ms, **smoke(torch, dev, clock, optimizer_import)})):
+        # (each lambda is called in this iteration of the loop over devices: noqa B023)
+        steps: tuple[tuple[str, Callable[[], dict[str, Any]]], ...] = (
+            ("matmul", lambda: matmul(torch, dev, clock, busy=_busy(optimizer_import))),  # noqa: B023
+            ("copy", lambda: copy_bandwidth(torch, dev, clock, busy=_busy(optimizer_import))),  # noqa: B023
+            ("smoke", lambda: {"context_ms": context_ms, **smoke(torch, dev, clock, optimizer_import)}),  # noqa: B023
+        )
+        for name, fn in steps:
             emit(event="step", step=name, device=i)
             try:
                 emit(event="result", step=name, device=i, **fn())

@@ -29,8 +29,9 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from gpunb.readings import torch_state
 from gpunb.readings.gpu import GpuProcess, MigDevice, read_mig_devices, read_processes
@@ -186,9 +187,9 @@ def map_devices(gpus: Sequence[Any], environ: Mapping[str, str],
     if torch_uuids is None:
         return DeviceMap(tuple(guessed), vis, len(gpus), "; ".join(reasons))
     confirmed = []
-    for i, uuid in enumerate(torch_uuids):
+    for i, torch_uuid in enumerate(torch_uuids):
         entry = guessed[i].visible_entry if i < len(guessed) else None
-        hit = _by_uuid(gpus, uuid) if uuid else None
+        hit = _by_uuid(gpus, torch_uuid) if torch_uuid else None
         if hit is not None:
             confirmed.append(CudaDevice(i, hit[0], hit[1], hit[2], entry, MATCH_TORCH_UUID, True))
         elif i < len(guessed):  # NVML does not know torch's UUID (a lost GPU): keep the guess, unsure
@@ -210,7 +211,7 @@ def torch_device_uuids(torch: Any) -> tuple[str | None, ...] | None:
 
 
 _cache_lock = threading.Lock()
-_confirmed: "weakref.WeakKeyDictionary[NvmlSession, tuple[int, DeviceMap]]" = weakref.WeakKeyDictionary()
+_confirmed: weakref.WeakKeyDictionary[NvmlSession, tuple[int, DeviceMap]] = weakref.WeakKeyDictionary()
 
 
 def read_device_map(nvml: NvmlSession, environ: Mapping[str, str] | None = None, torch: Any = None) -> DeviceMap:
@@ -298,7 +299,7 @@ class GpuOwnership:
         used = [p.used_bytes for p in self.others]
         return sum(used) if all(isinstance(b, int) for b in used) else None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"nvml_index": self.nvml_index, "how": self.how, "self_bytes": self.self_bytes,
                 "children_bytes": self.children_bytes, "own_bytes": self.own_bytes,
                 "others_bytes": self.others_bytes, "note": self.note,
@@ -325,7 +326,7 @@ def attribute_processes(nvml_index: int, procs: Sequence[GpuProcess] | Unavailab
 
     ``self_pids``: this process's PIDs (all namespaces). ``torch_reserved``: what torch's
     allocator holds on this GPU in this process, None when torch has no CUDA memory here."""
-    if not is_available(procs):
+    if isinstance(procs, Unavailable):
         return GpuOwnership(nvml_index, OWN_UNKNOWN, None, None,
                             note=f"NVML cannot list the GPU's processes: {procs.reason}")
     table = table if table is not None else ProcessTable()
@@ -366,10 +367,7 @@ def attribute_processes(nvml_index: int, procs: Sequence[GpuProcess] | Unavailab
     else:
         how = OWN_CHILD_PID if children else OWN_NOT_LISTED
     others += hidden
-    if how == OWN_UNKNOWN:
-        self_bytes = None
-    else:
-        self_bytes = _sum_known(own) if own else 0
+    self_bytes = None if how == OWN_UNKNOWN else (_sum_known(own) if own else 0)
     children_bytes = _sum_known(children)
     if (own or children) and (self_bytes is None or children_bytes is None) and not note:
         note = "NVML does not report per-process memory here (MIG or this driver)"
@@ -390,7 +388,8 @@ def torch_reserved_on(torch: Any, device_map: DeviceMap, nvml_index: int) -> int
     if not devices:
         return None
     held = [torch_state.reserved_bytes(torch, d) for d in devices]
-    return sum(held) if all(b is not None for b in held) else None
+    known = [b for b in held if b is not None]
+    return sum(known) if len(known) == len(held) else None
 
 
 def read_ownership(nvml: NvmlSession, nvml_index: int, *, torch: Any = None, device_map: DeviceMap | None = None,

@@ -7,8 +7,10 @@ the reason, so views can print ``n/a (not supported on this GPU/driver)``.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from functools import partial
+from typing import Any
 
 from gpunb.readings.nvml import HUNG_FIX, TIMEOUT, NvmlSession, NvmlStatus, Unavailable, is_available
 
@@ -119,7 +121,7 @@ def _first(pair: Any) -> Any:
 
 def read_driver(nvml: NvmlSession) -> DriverInfo:
     status = nvml.start()
-    count = nvml.query("nvmlDeviceGetCount") if status.ok else 0
+    count: Any = nvml.query("nvmlDeviceGetCount") if status.ok else 0
     if status.ok and not is_available(count):  # NVML runs but cannot count the GPUs (a timeout, a lost bus)
         status = NvmlStatus(False, f"NVML started but could not count the GPUs: {count.reason}.",
                             "Run `nvidia-smi`; if it hangs or fails too, the driver needs attention "
@@ -162,7 +164,9 @@ def read_mig_devices(nvml: NvmlSession, index: int) -> tuple[MigDevice, ...]:
 
 
 def read_info(nvml: NvmlSession, index: int) -> GpuInfo:
-    q = lambda name, *args: nvml.device_query(index, name, *args)  # noqa: E731
+    def q(name: str, *args: Any) -> Any:
+        return nvml.device_query(index, name, *args)
+
     c = nvml.constant
     name = q("nvmlDeviceGetName")
     pci = q("nvmlDeviceGetPciInfo")
@@ -192,7 +196,8 @@ def read_info(nvml: NvmlSession, index: int) -> GpuInfo:
         temp_slowdown_c=q("nvmlDeviceGetTemperatureThreshold", c("NVML_TEMPERATURE_THRESHOLD_SLOWDOWN", 1)),
         temp_shutdown_c=q("nvmlDeviceGetTemperatureThreshold", c("NVML_TEMPERATURE_THRESHOLD_SHUTDOWN", 0)),
         persistence_mode=(bool(persistence) if is_available(persistence) else persistence),
-        compute_mode=(_COMPUTE_MODES.get(compute_mode, str(compute_mode)) if is_available(compute_mode) else compute_mode),
+        compute_mode=(_COMPUTE_MODES.get(compute_mode, str(compute_mode)) if is_available(compute_mode)
+                      else compute_mode),
         mig_enabled=mig_enabled,
         ecc_enabled=(bool(_first(ecc_mode)) if is_available(ecc_mode) else ecc_mode),
         ecc_uncorrected_volatile=ecc_errors,
@@ -207,7 +212,9 @@ def _decode(value: Any) -> Any:
 
 def read_sample(nvml: NvmlSession, index: int, clock: Callable[[], float] = time.monotonic) -> GpuSample:
     """The moving values of one GPU: about 15 µs of NVML time on an H200 (see research)."""
-    q = lambda name, *args: nvml.device_query(index, name, *args)  # noqa: E731
+    def q(name: str, *args: Any) -> Any:
+        return nvml.device_query(index, name, *args)
+
     c = nvml.constant
     t = clock()
     mem = q("nvmlDeviceGetMemoryInfo", c("nvmlMemory_v2", 0x02000028))
@@ -249,7 +256,7 @@ def read_processes(nvml: NvmlSession, index: int, *, names: bool = True) -> tupl
     """Compute processes on GPU ``index`` (tens of µs per call: not for every sampler tick).
     ``names=False`` skips the name query, one more driver call per process."""
     procs = nvml.device_query(index, "nvmlDeviceGetComputeRunningProcesses")
-    if not is_available(procs):
+    if isinstance(procs, Unavailable):
         return procs
     out = []
     for p in procs:
@@ -271,8 +278,13 @@ class GpuSnapshot:
     driver: DriverInfo
     gpus: tuple[GpuInfo, ...] = ()
     samples: tuple[GpuSample, ...] = ()
-    processes: tuple[Any, ...] = ()  # per GPU: tuple[GpuProcess] or Unavailable
+    processes: tuple[tuple[GpuProcess, ...] | Unavailable, ...] = ()  # per GPU
     nvml_trouble: tuple[str, ...] = ()  # NVML calls skipped because they hung or answered slowly
+
+
+def _unread_sample_now(index: int) -> Callable[[str], GpuSample]:
+    """The fallback of one GPU's sample: missing for the reason given, stamped when it is given."""
+    return lambda why: unread_sample(index, time.monotonic(), why)
 
 
 def read_snapshot(nvml: NvmlSession, budget_s: float = SNAPSHOT_BUDGET_S) -> GpuSnapshot:
@@ -283,9 +295,8 @@ def read_snapshot(nvml: NvmlSession, budget_s: float = SNAPSHOT_BUDGET_S) -> Gpu
         if not driver.nvml.ok:
             return GpuSnapshot(driver, nvml_trouble=nvml.trouble())
         indices = range(driver.gpu_count)
-        gpus = tuple(nvml.run(read_info, nvml, i, fallback=lambda why, i=i: unread_info(i, why)) for i in indices)
-        samples = tuple(nvml.run(read_sample, nvml, i, fallback=lambda why, i=i: unread_sample(i, time.monotonic(), why))
-                        for i in indices)
+        gpus = tuple(nvml.run(read_info, nvml, i, fallback=partial(unread_info, i)) for i in indices)
+        samples = tuple(nvml.run(read_sample, nvml, i, fallback=_unread_sample_now(i)) for i in indices)
         processes = tuple(nvml.run(read_processes, nvml, i, fallback=lambda why: Unavailable(why, TIMEOUT))
                           for i in indices)
     return GpuSnapshot(driver, gpus, samples, processes, nvml.trouble())

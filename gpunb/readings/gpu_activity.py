@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from gpunb.readings.nvml import NvmlSession, Unavailable, is_available
+from gpunb.readings.nvml import NvmlSession, Unavailable
 
 GPU_UTILIZATION_SAMPLES = 1  # nvml.h nvmlSamplingType_t
 
@@ -47,7 +47,7 @@ def _sample_value(sample: Any) -> int:
 
 def read_util_since(nvml: NvmlSession, index: int, since_us: int) -> UtilWindow | Unavailable:
     got = nvml.device_query(index, "nvmlDeviceGetSamples", GPU_UTILIZATION_SAMPLES, since_us)
-    if not is_available(got):
+    if isinstance(got, Unavailable):
         if got.code == 6:  # NVML_ERROR_NOT_FOUND: no sample newer than since_us (a very short cell)
             return UtilWindow(())
         return got

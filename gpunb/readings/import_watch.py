@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable, Sequence
 from importlib.abc import Loader, MetaPathFinder
 from importlib.machinery import ModuleSpec
 from types import ModuleType
-from typing import Any, Callable, Sequence
+from typing import Any
 
 
 class _NotifyingLoader(Loader):
@@ -30,7 +31,8 @@ class _NotifyingLoader(Loader):
         self._watch = watch
 
     def create_module(self, spec: ModuleSpec) -> ModuleType | None:
-        return self._loader.create_module(spec)
+        module: ModuleType | None = self._loader.create_module(spec)
+        return module
 
     def exec_module(self, module: ModuleType) -> None:
         try:
@@ -61,7 +63,7 @@ class ImportWatch(MetaPathFinder):
                   target: ModuleType | None = None) -> ModuleSpec | None:
         if fullname != self.name or self.fired:
             return None
-        spec = None
+        spec: ModuleSpec | None = None
         for finder in list(sys.meta_path):  # the finders after us decide where the module is
             find = getattr(finder, "find_spec", None)
             if finder is self or find is None:

@@ -14,8 +14,9 @@ HOSTBRIDGE. These are static facts: read them for a check, never per sampler tic
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from gpunb.readings.nvml import NOT_SUPPORTED, NvmlSession, Unavailable, is_available
 
@@ -111,7 +112,7 @@ class PairLink:
     via_switch: bool
     nvlink_gbps: float | None  # one direction, nvlinks x per-link speed; None without NVLink
     topology: Any  # NVML's common-ancestor level (int) or Unavailable
-    p2p: dict = field(default_factory=dict)  # "read"/"write"/"nvlink"/"atomics" -> status int or Unavailable
+    p2p: dict[str, Any] = field(default_factory=dict)  # "read"/"write"/"nvlink"/"atomics" -> status int or Unavailable
 
     @property
     def topology_name(self) -> str:

@@ -29,9 +29,10 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, TypeVar, cast
 
 from gpunb.readings.nvml_values import misfit
 
@@ -63,7 +64,7 @@ MAX_STUCK_WORKERS = 2
 IDLE_EXIT_S = 10.0  # an idle worker thread ends; the next read starts another
 WORKER_THREAD_NAME = "gpunb-nvml"
 
-_REASONS = {
+_REASONS: dict[int | None, str] = {
     NOT_SUPPORTED: "not supported on this GPU/driver",
     NO_PERMISSION: "no permission",
     DRIVER_NOT_LOADED: "driver not loaded",
@@ -176,9 +177,9 @@ class _Call:
 
 
 class _Job:
-    __slots__ = ("fn", "args", "deadline", "what", "done", "result", "error", "cancelled", "refused")
+    __slots__ = ("args", "cancelled", "deadline", "done", "error", "fn", "refused", "result", "what")
 
-    def __init__(self, fn: Callable[..., Any], args: tuple, deadline: float | None, what: str) -> None:
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], deadline: float | None, what: str) -> None:
         self.fn, self.args, self.deadline, self.what = fn, args, deadline, what
         self.done = threading.Event()
         self.result: Any = None
@@ -194,7 +195,7 @@ class _Job:
 class _Worker(threading.Thread):
     """Runs NVML calls for a session, so a caller can stop waiting for a call that hangs."""
 
-    def __init__(self, session: "NvmlSession") -> None:
+    def __init__(self, session: NvmlSession) -> None:
         super().__init__(name=WORKER_THREAD_NAME, daemon=True)
         self.session = session
         self.jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
@@ -343,13 +344,13 @@ class NvmlSession:
                     job.deadline = before
             return
         local = self._caller
-        before = getattr(local, "deadline", None), getattr(local, "what", "")
-        if before[0] is None or deadline < before[0]:
+        saved = getattr(local, "deadline", None), getattr(local, "what", "")
+        if saved[0] is None or deadline < saved[0]:
             local.deadline, local.what = deadline, what
         try:
             yield
         finally:
-            local.deadline, local.what = before
+            local.deadline, local.what = saved
 
     def run(self, fn: Callable[..., T], *args: Any, fallback: Callable[[str], T],
             budget_s: float = RUN_BUDGET_S, what: str = "", grace_s: float | None = None) -> T:
@@ -364,9 +365,9 @@ class NvmlSession:
                          fallback=fallback, budget_s=budget_s,
                          grace_s=self.call_timeout_s if grace_s is None else grace_s)
 
-    def _hop(self, fn: Callable[..., Any], args: tuple, *, wait: float, what: str,
-             fallback: Callable[[str], Any], budget_s: float | None = None, grace_s: float = 0.0,
-             retry: bool = True) -> Any:
+    def _hop(self, fn: Callable[..., T], args: tuple[Any, ...], *, wait: float, what: str,
+             fallback: Callable[[str], T], budget_s: float | None = None, grace_s: float = 0.0,
+             retry: bool = True) -> T:
         """Run ``fn(*args)`` on the worker and wait for it: at most ``wait`` (a run: its
         budget plus one call's timeout), and never longer than one call's timeout for a
         single call that hangs. A run that met a hung call is run once more (the hung
@@ -404,7 +405,7 @@ class NvmlSession:
                     return fallback(job.refused)
                 if job.error is not None:
                     raise job.error
-                return job.result
+                return cast(T, job.result)  # what the worker's fn(*args) returned
             now = time.monotonic()
             call = worker.call
             if call is not None and call.name != "nvmlInit" and now - call.t0 > self.call_timeout_s:
@@ -448,7 +449,8 @@ class NvmlSession:
             if len(self._stuck) >= MAX_STUCK_WORKERS:
                 calls = "; ".join(f"{_label(w.call.key)} for {now - w.call.t0:.0f} s"
                                   for w in self._stuck if w.call is not None)
-                why = f"NVML is not answering: {len(self._stuck)} calls hang ({calls}); readings resume when they return"
+                why = (f"NVML is not answering: {len(self._stuck)} calls hang ({calls}); "
+                       "readings resume when they return")
                 for job in waiting:
                     job.refuse(why)
                 return None, why
@@ -568,7 +570,7 @@ class NvmlSession:
         return self._hop(self._call, (name, args), wait=self.call_timeout_s, what=name,
                          fallback=lambda why: Unavailable(why, TIMEOUT))
 
-    def _call(self, name: str, args: tuple) -> Any:
+    def _call(self, name: str, args: tuple[Any, ...]) -> Any:
         """One NVML call, on the worker."""
         status = self._start_here()
         if not status.ok:
@@ -619,7 +621,7 @@ class NvmlSession:
                              fallback=lambda why: Unavailable(why, TIMEOUT))
         return self._device_query_here(index, name, args)
 
-    def _device_query_here(self, index: int, name: str, args: tuple) -> Any:
+    def _device_query_here(self, index: int, name: str, args: tuple[Any, ...]) -> Any:
         h = self.handle(index)
         if not is_available(h):
             return h
@@ -657,7 +659,7 @@ def _safe_str(exc: BaseException) -> str:
 HUNG_FIX = ("If `nvidia-smi` hangs too, the driver is stuck: look for Xid errors in `dmesg`; the GPU may "
              "need a reset or the machine a reboot (administrator). gpunb keeps trying in the background.")
 
-_SESSIONS: "weakref.WeakSet[NvmlSession]" = weakref.WeakSet()
+_SESSIONS: weakref.WeakSet[NvmlSession] = weakref.WeakSet()
 
 
 def _reset_sessions_after_fork() -> None:

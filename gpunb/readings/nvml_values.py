@@ -14,7 +14,8 @@ real reading from garbage. Buffer sizes are nvml.h's (``NVML_DEVICE_NAME_V2_BUFF
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 TiB = 2**40
 U64 = 2**64 - 1
@@ -160,7 +161,8 @@ def _field_values(value: Any) -> str:
             return f"entry {why}"
         member = _VALUE_MEMBERS[int(entry.valueType)]
         low, high = (-(2**63), 2**64) if member in ("sllVal", "siVal") else (0, U64)
-        why = struct(value=struct(**{member: number(low, high, whole=member != "dVal")}))(entry)
+        held: dict[str, Check] = {member: number(low, high, whole=member != "dVal")}
+        why = struct((), value=struct((), **held))(entry)
         if why:
             return f"entry {why}"
     return ""

@@ -18,21 +18,22 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Any
 
 FILE_NAME = "matmul_peaks.json"
 PRECISIONS = ("bf16", "tf32", "fp32")  # what the probe measures (cuda_probe_script.matmul)
 
-_this_process: dict[str, "MeasuredPeaks"] = {}  # uuid -> peaks measured by this process's checks
+_this_process: dict[str, MeasuredPeaks] = {}  # uuid -> peaks measured by this process's checks
 
 
 @dataclass(frozen=True)
 class MeasuredPeaks:
     uuid: str  # "GPU-..." (or "MIG-...") as NVML and the probe spell it
     name: str
-    tflops: dict  # precision ("bf16", "tf32", "fp32") -> TFLOP/s measured
+    tflops: dict[str, float]  # precision ("bf16", "tf32", "fp32") -> TFLOP/s measured
     measured_at: str  # local time, "YYYY-MM-DD HH:MM"
     pid: int  # the process whose check measured it
     torch_version: str = ""
@@ -60,7 +61,7 @@ def cache_file(environ: Mapping[str, str] | None = None) -> Path:
     return base / "gpunb" / FILE_NAME
 
 
-def _read_file(path: Path) -> dict:
+def _read_file(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -83,8 +84,11 @@ def remember(uuid: str, name: str, result: Mapping[str, object], *, torch_versio
              environ: Mapping[str, str] | None = None) -> MeasuredPeaks | None:
     """Keep one GPU's probe result (``{"bf16_tflops": ..., "tf32_tflops": ..., ...}``) in this
     process and in the cache file (written atomically; a failure to write is ignored)."""
-    tflops = {p: float(result[f"{p}_tflops"]) for p in PRECISIONS
-              if isinstance(result.get(f"{p}_tflops"), (int, float)) and result[f"{p}_tflops"] > 0}
+    tflops: dict[str, float] = {}
+    for p in PRECISIONS:
+        value = result.get(f"{p}_tflops")
+        if isinstance(value, (int, float)) and value > 0:
+            tflops[p] = float(value)
     if not uuid or not tflops:
         return None
     peaks = MeasuredPeaks(uuid, name, tflops, time.strftime("%Y-%m-%d %H:%M"), os.getpid(), torch_version)

@@ -52,7 +52,8 @@ def _status_kib(*fields: str) -> list[int | None]:
     for field in fields:
         at = text.find("\n" + field)
         try:
-            values.append(int(text[at + len(field) + 1:text.index("\n", at + 1)].split()[0]) * 1024 if at >= 0 else None)
+            line = text[at + len(field) + 1:text.index("\n", at + 1)] if at >= 0 else None
+            values.append(int(line.split()[0]) * 1024 if line is not None else None)
         except (ValueError, IndexError):
             values.append(None)
     return values

@@ -25,9 +25,10 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 API_PATH = "gpunb/api/gpus"
 FIND_TIMEOUT_S = 0.5  # per server asked "is this kernel yours?"
@@ -61,7 +62,7 @@ class NoServer:
 class ServerReading:
     """What the server said (``data``: the ``/gpunb/api/gpus`` JSON), or why nothing."""
 
-    data: dict | None
+    data: dict[str, Any] | None
     kernel_id: str = ""
     url: str = ""
     reason: str = ""
@@ -98,7 +99,7 @@ def kernel_connection_file() -> str | None:
     return None
 
 
-def _server_files(dirs: list[Path]) -> list[dict]:
+def _server_files(dirs: list[Path]) -> list[dict[str, Any]]:
     seen, out = set(), []
     for d in dirs:
         try:
@@ -147,7 +148,7 @@ def _runtime_dirs(connection_file: str | None, runtime_dir: str | None) -> list[
     return dirs
 
 
-def _token(info: dict) -> str:
+def _token(info: dict[str, Any]) -> str:
     # A JupyterHub single-user server writes no token; its kernels inherit the server's
     # API token, which the server accepts for its own user.
     return str(info.get("token") or os.environ.get("JUPYTERHUB_API_TOKEN") or "")
@@ -202,7 +203,7 @@ def _with(link: ServerLink, how: str) -> ServerLink:
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def get_json(link: ServerLink, path: str, timeout_s: float, opener: Any = None) -> dict:
+def get_json(link: ServerLink, path: str, timeout_s: float, opener: Any = None) -> Any:
     """GET ``<server>/<path>`` with the server's token; the JSON body, or :class:`ServerError`."""
     request = urllib.request.Request(link.url + path, headers={"Accept": "application/json"})
     if link.token:
@@ -220,7 +221,8 @@ def get_json(link: ServerLink, path: str, timeout_s: float, opener: Any = None) 
         raise ServerError(f"the Jupyter server at {link.url} answered HTTP {exc.code}") from None
     except (urllib.error.URLError, OSError) as exc:  # refused, timed out, TLS
         reason = getattr(exc, "reason", exc)
-        raise ServerError(f"the Jupyter server at {link.url} did not answer within {timeout_s:g} s ({reason})") from None
+        raise ServerError(f"the Jupyter server at {link.url} did not answer within {timeout_s:g} s "
+                          f"({reason})") from None
     try:
         data = json.loads(body)
     except ValueError:
@@ -239,7 +241,7 @@ class ServerSessions:
     def __init__(
         self,
         find: Callable[[], ServerLink | NoServer] = find_server,
-        fetch: Callable[[ServerLink, str, float], dict] = get_json,
+        fetch: Callable[[ServerLink, str, float], Any] = get_json,
         clock: Callable[[], float] = time.monotonic,
         request_timeout_s: float = 1.5,
     ) -> None:
@@ -267,7 +269,7 @@ class ServerSessions:
         """Ask the server now (blocking up to the request timeout)."""
         link = self._current_link()
         now = self._clock()
-        if not link:
+        if isinstance(link, NoServer):
             reading = ServerReading(None, reason=link.reason, fetched_at=now)
         else:
             try:

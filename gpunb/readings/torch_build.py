@@ -12,6 +12,7 @@ import importlib.util
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gpunb.readings import torch_state
 
@@ -38,17 +39,23 @@ class KernelTorchState:
     context_error: str | None  # set when an earlier device-side error poisoned the context
 
 
-def _version_file_assignments(path: Path) -> dict:
-    values = {}
+def _version_file_assignments(path: Path) -> dict[str, Any]:
+    values: dict[str, Any] = {}
     try:
         tree = ast.parse(path.read_text())
     except (OSError, SyntaxError):
         return values
     for node in tree.body:
-        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
-        if isinstance(target, ast.Name) and getattr(node, "value", None) is not None:
+        value: ast.expr | None
+        if isinstance(node, ast.Assign):
+            target, value = node.targets[0], node.value
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+            target, value = node.target, node.value
+        else:
+            continue
+        if isinstance(target, ast.Name) and value is not None:
             try:
-                values[target.id] = ast.literal_eval(node.value)
+                values[target.id] = ast.literal_eval(value)
             except ValueError:
                 pass
     return values
@@ -58,14 +65,14 @@ def read_torch_build() -> TorchBuild:
     module = sys.modules.get("torch")
     if module is not None and hasattr(module, "version"):
         return TorchBuild(True, module.__version__, module.version.cuda, getattr(module.version, "hip", None),
-                          str(Path(module.__file__).parent), imported=True)
+                          str(Path(module.__file__ or "").parent), imported=True)
     try:
         spec = importlib.util.find_spec("torch")
     except (ImportError, ValueError):
         spec = None
     if spec is None or not spec.submodule_search_locations:
         return TorchBuild(False)
-    root = Path(list(spec.submodule_search_locations)[0])
+    root = Path(next(iter(spec.submodule_search_locations)))
     values = _version_file_assignments(root / "version.py")
     return TorchBuild(True, values.get("__version__"), values.get("cuda"), values.get("hip"), str(root))
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 
 def imported_torch() -> Any | None:
@@ -21,8 +21,9 @@ def imported_torch() -> Any | None:
     return torch if torch is not None and hasattr(torch, "cuda") else None
 
 
-def cuda_initialized(torch: Any | None) -> bool:
-    """True when torch already has CUDA initialized in this process (nothing is started here).
+def cuda_initialized(torch: Any | None) -> TypeGuard[Any]:
+    """True when torch already has CUDA initialized in this process (nothing is started here);
+    where it is True, ``torch`` is the module (for the type checker: not None).
 
     ``is_initialized`` only: ``is_available()`` and ``device_count()`` may ask the CUDA
     runtime, which marks the process as unable to fork (torch/csrc/cuda/Module.cpp calls
@@ -55,11 +56,11 @@ class AllocatorStats:
     def reserved_unallocated_bytes(self) -> int:
         return max(0, self.reserved_bytes - self.allocated_bytes)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def allocator_from_stats(device: int, stats: dict, free_bytes: int | None = None,
+def allocator_from_stats(device: int, stats: dict[str, Any], free_bytes: int | None = None,
                          total_bytes: int | None = None) -> AllocatorStats:
     """The record from a flat ``torch.cuda.memory_stats()`` dict (live or recorded)."""
     def g(key: str) -> int:

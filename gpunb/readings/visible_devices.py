@@ -17,8 +17,9 @@ Pure: the environment and NVML's GPUs are parameters. The GPUs are any records w
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from gpunb.units import shown
 
@@ -50,7 +51,7 @@ def bus_order(environ: Mapping[str, str]) -> bool:
     return environ.get("CUDA_DEVICE_ORDER", "").strip().upper() == "PCI_BUS_ID"
 
 
-def _match_uuid(token: str, gpus: Sequence[Any]) -> tuple[str, int, str] | None | str:
+def _match_uuid(token: str, gpus: Sequence[Any]) -> tuple[str, int, str] | str | None:
     """The (uuid, nvml index, how) a UUID token names; a string explains an ambiguity."""
     hits = []
     for g in gpus:
@@ -66,26 +67,31 @@ def _match_uuid(token: str, gpus: Sequence[Any]) -> tuple[str, int, str] | None 
     return hits[0] if hits else None
 
 
+def _resolve_unset(environ: Mapping[str, str], gpus: Sequence[Any]) -> VisibleDevices:
+    """CUDA_VISIBLE_DEVICES unset: every GPU whose UUID NVML could read, in NVML's order."""
+    uuids = tuple(g.uuid for g in gpus if isinstance(g.uuid, str))
+    indices = tuple(g.index for g in gpus if isinstance(g.uuid, str))
+    notes: list[str] = []
+    if any(g.mig_enabled is True for g in gpus):
+        notes.append("MIG is enabled and CUDA_VISIBLE_DEVICES is unset: CUDA enumerates MIG "
+                     "instances itself; select one with CUDA_VISIBLE_DEVICES=MIG-<uuid>.")
+    if len(gpus) > 1 and mixed_models(gpus) and not bus_order(environ):
+        notes.append("GPUs of different models and CUDA_DEVICE_ORDER is not PCI_BUS_ID: CUDA numbers them "
+                     "fastest-first, NVML by bus id, so cuda:N may not be NVML's GPU N; set "
+                     "CUDA_DEVICE_ORDER=PCI_BUS_ID or select GPUs by UUID.")
+    unread = [g for g in gpus if not isinstance(g.uuid, str)]
+    if unread:  # a lost GPU: CUDA cannot use it either
+        why = {g.index: "lost" if getattr(g, "lost", False) else f"its UUID could not be read: {g.uuid}"
+               for g in unread}
+        notes.append("CUDA cannot use " + ", ".join(f"GPU{g.index} ({why[g.index]})" for g in unread) + ".")
+    return VisibleDevices(None, uuids, indices, notes=tuple(notes), entries=(None,) * len(uuids),
+                          how=(BY_ORDER,) * len(uuids))
+
+
 def resolve(environ: Mapping[str, str], gpus: Sequence[Any]) -> VisibleDevices:
     raw = environ.get("CUDA_VISIBLE_DEVICES")
     if raw is None:
-        uuids = tuple(g.uuid for g in gpus if isinstance(g.uuid, str))
-        indices = tuple(g.index for g in gpus if isinstance(g.uuid, str))
-        notes = []
-        if any(g.mig_enabled is True for g in gpus):
-            notes.append("MIG is enabled and CUDA_VISIBLE_DEVICES is unset: CUDA enumerates MIG "
-                         "instances itself; select one with CUDA_VISIBLE_DEVICES=MIG-<uuid>.")
-        if len(gpus) > 1 and mixed_models(gpus) and not bus_order(environ):
-            notes.append("GPUs of different models and CUDA_DEVICE_ORDER is not PCI_BUS_ID: CUDA numbers them "
-                         "fastest-first, NVML by bus id, so cuda:N may not be NVML's GPU N; set "
-                         "CUDA_DEVICE_ORDER=PCI_BUS_ID or select GPUs by UUID.")
-        unread = [g for g in gpus if not isinstance(g.uuid, str)]
-        if unread:  # a lost GPU: CUDA cannot use it either
-            notes.append("CUDA cannot use " + ", ".join(
-                f"GPU{g.index} ({'lost' if getattr(g, 'lost', False) else 'its UUID could not be read: ' + str(g.uuid)})"
-                for g in unread) + ".")
-        return VisibleDevices(None, uuids, indices, notes=tuple(notes), entries=(None,) * len(uuids),
-                              how=(BY_ORDER,) * len(uuids))
+        return _resolve_unset(environ, gpus)
     tokens = [t.strip() for t in raw.split(",")]
     if raw.strip() == "":
         return VisibleDevices(raw, (), (), problems=("CUDA_VISIBLE_DEVICES is set to an empty string, "
@@ -98,7 +104,7 @@ def resolve(environ: Mapping[str, str], gpus: Sequence[Any]) -> VisibleDevices:
     notes: list[str] = []
     by_index = {g.index: g for g in gpus}
     for pos, token in enumerate(tokens):
-        hit: tuple[str, int, str] | None | str
+        hit: tuple[str, int, str] | str | None
         if token.lstrip("-").isdigit():
             # Compared as text first: int() refuses more than 4,300 digits, and no GPU index is that long.
             number = int(token) if len(token) <= 9 else None

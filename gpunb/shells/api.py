@@ -11,7 +11,8 @@ and displays where the magic would. Heavy modules are imported on first call, so
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Literal
 
 from gpunb.display import DisplayMixin, Render
 from gpunb.shells.session import ProgressLine, current_shell, display_or_print
@@ -53,6 +54,11 @@ def check(
                       probe_timeout_s=probe_timeout_s)
 
 
+def _applied_to(render: Render, result: Any) -> Render:
+    """A view of ``profile`` that renders the finished cell's record, whatever it is asked for."""
+    return lambda _: render(result)
+
+
 _NOT_FINISHED = "gpunb.profile: not finished yet (use it as `with gpunb.profile() as p:`)"
 
 
@@ -90,7 +96,7 @@ class profile(DisplayMixin):  # noqa: N801  (used like a function: `with gpunb.p
         self._session.start()
         return self
 
-    def __exit__(self, etype: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, etype: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
         self.result = self._session.stop(exc)
         if self.record:
             from gpunb.shells.extension import kernel_state
@@ -105,8 +111,7 @@ class profile(DisplayMixin):  # noqa: N801  (used like a function: `with gpunb.p
         result = self.result
         if result is None:
             return {"text/plain": lambda _: _NOT_FINISHED}
-        return {mimetype: (lambda _, render=render: render(result))
-                for mimetype, render in result._repr_views_().items()}
+        return {mimetype: _applied_to(render, result) for mimetype, render in result._repr_views_().items()}
 
     def to_dict(self) -> dict[str, Any]:
         return self.result.to_dict() if self.result else {}

@@ -15,7 +15,8 @@ import builtins
 import keyword
 import math
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, parse_argstring

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
@@ -12,9 +12,14 @@ from gpunb.analysis.check_report import CheckReport
 from gpunb.analysis.checks import CheckOptionError, check
 from gpunb.shells.arguments import output_option, parse_args, usage_error, whole_number
 
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
 
 @magics_class
 class CheckMagics(Magics):
+    shell: InteractiveShell  # set by IPython when it registers these magics
+
     @magic_arguments()
     @argument("--quick", action="store_true",
               help="Skip the subprocess measurements (CUDA smoke test, matmul and copy speed): well under a second.")
@@ -65,7 +70,7 @@ class CheckMagics(Magics):
             self.shell.user_ns[args.output] = report
         if args.json:
             print(report.to_json())
-        else:
+        elif handle is not None:
             handle.finish(report)
 
 

@@ -9,12 +9,12 @@ all of it on ``%unload_ext`` / ``%reload_ext``. What the features keep between c
 
 from __future__ import annotations
 
-import sys
+from collections.abc import Callable
 from importlib import import_module
-from typing import Any, Callable
+from typing import Any
 
-from gpunb.shells.session import current_shell
 from gpunb.shells.kernel_state import STANDALONE_STATE, KernelState
+from gpunb.shells.session import current_shell
 
 # Shell modules, each with ``register(ip, state)``.
 FEATURES: tuple[str, ...] = (

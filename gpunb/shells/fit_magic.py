@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from gpunb.shells.arguments import cuda_device, decimal, output_option, parse_args, usage_error, whole_number
 
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
 
 @magics_class
 class FitMagics(Magics):
+    shell: InteractiveShell  # set by IPython when it registers these magics
+
     @magic_arguments()
     @argument("step", metavar="STEP",
               help="Name of a function step(batch_size) that runs one training step (forward, backward, "

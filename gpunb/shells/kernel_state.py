@@ -18,7 +18,7 @@ from gpunb.analysis.profile_history import ProfileHistory
 
 if TYPE_CHECKING:  # only for the annotations: importing these costs %load_ext time
     from gpunb.analysis.cell_meter import CellMeter
-    from gpunb.analysis.oom import OomDiagnosis
+    from gpunb.analysis.oom_records import OomDiagnosis
     from gpunb.analysis.sampler import Sampler
 
 
@@ -27,6 +27,7 @@ class LiveMonitor(Protocol):
     this module, so it is described here rather than imported)."""
 
     kernel_state: KernelState  # the state whose ``monitors`` list holds it
+    requested_hz: float | None  # the rate it asked for (or joined at): the sampler serves the fastest
 
     def stop(self) -> None: ...
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
@@ -11,9 +11,14 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from gpunb.shells.arguments import given, output_option, parse_args, whole_number
 from gpunb.shells.kernel_state import KernelState
 
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
 
 @magics_class
 class MemMagics(Magics):
+    shell: InteractiveShell  # set by IPython when it registers these magics
+
     def __init__(self, shell: Any, kernel: KernelState) -> None:
         super().__init__(shell)
         self.kernel = kernel
@@ -66,14 +71,14 @@ class MemMagics(Magics):
             from gpunb.readings.torch_state import cuda_initialized, imported_torch
             from gpunb.views.memory_view import release_lines
 
-            torch = imported_torch()
+            torch: Any = imported_torch()  # the module, or None (then cuda is False)
             cuda = cuda_initialized(torch)
             last = getattr(sys, "last_value", None)
-            report = release_failure(self.shell, last, torch=torch,
+            released = release_failure(self.shell, last, torch=torch,
                                      device=torch.cuda.current_device() if cuda else None,
                                      devices={"cuda"} if cuda else None)
-            print("\n".join(["gpunb: released " + ("the last error" if last is not None else "(no error pinned)")]
-                            + release_lines(report)))
+            what = "the last error" if last is not None else "(no error pinned)"
+            print("\n".join([f"gpunb: released {what}", *release_lines(released)]))
         from gpunb.analysis.memory_report import memory
 
         report = memory(free=args.free or (), top=args.top, all_devices=args.all_devices,

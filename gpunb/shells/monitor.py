@@ -20,7 +20,8 @@ from __future__ import annotations
 import math
 import threading
 import time
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from gpunb.analysis.sampler import HZ_DEFAULT, WINDOW_MAX_S, WINDOW_MIN_S, Sampler, Window, clamp_hz, gpu_column
 from gpunb.display import DisplayMixin, Render
@@ -334,8 +335,8 @@ class Monitor(DisplayMixin):
         if self.sampler.listener_count == 0:
             self.sampler.stop()
         else:  # the fastest rate still asked for (see ``monitor``)
-            rates = [m.requested_hz for m in self.kernel_state.monitors
-                     if getattr(m, "sampler", None) is self.sampler and getattr(m, "requested_hz", None)]
+            rates = [hz for m in self.kernel_state.monitors
+                     if getattr(m, "sampler", None) is self.sampler and (hz := m.requested_hz)]
             if rates and max(rates) != self.sampler.hz:
                 self.sampler.set_hz(max(rates))
         with self._lock:
@@ -363,7 +364,8 @@ def _shared_rate(sampler: Sampler, monitors: list, requested: float) -> tuple[fl
                          f"this kernel asked for {fastest:g} Hz and one sampler serves them all (the fastest "
                          f"request wins; {requested:g} Hz comes back when that monitor stops).")
     if others and requested > sampler.hz:
-        return requested, f"the other monitors of this kernel now update at {requested:g} Hz too (one sampler serves all)."
+        return requested, (f"the other monitors of this kernel now update at {requested:g} Hz too "
+                           "(one sampler serves all).")
     return requested, ""
 
 

@@ -4,20 +4,31 @@ registration (the sampler is stopped on ``%unload_ext`` / ``%reload_ext``)."""
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from gpunb.analysis.sampler import HZ_DEFAULT, HZ_MAX, HZ_MIN, WINDOW_MAX_S, WINDOW_MIN_S
 from gpunb.shells.arguments import (
-    decimal, given, option_words, output_option, parse_args, usage_error, whole_number,
+    decimal,
+    given,
+    option_words,
+    output_option,
+    parse_args,
+    usage_error,
+    whole_number,
 )
 from gpunb.shells.kernel_state import KernelState
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
 
 
 @magics_class
 class MonitorMagics(Magics):
+    shell: InteractiveShell  # set by IPython when it registers these magics
+
     def __init__(self, shell: Any, kernel: KernelState) -> None:
         super().__init__(shell)
         self.kernel = kernel
@@ -61,7 +72,8 @@ class MonitorMagics(Magics):
             if others:
                 raise usage_error(self.gpumonitor, f"--stop takes no other options (got {option_words(others)})")
             n = stop_all(self.kernel)
-            print(f"gpunb: stopped {n} monitor(s) and the sampler thread; their last frames, captioned with the time they stopped, stay in the outputs."
+            print(f"gpunb: stopped {n} monitor(s) and the sampler thread; their last frames, captioned with the "
+                  "time they stopped, stay in the outputs."
                   if n else "gpunb: no monitor was running; the sampler thread is stopped.")
             return
         try:

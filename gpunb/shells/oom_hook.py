@@ -15,7 +15,6 @@ from typing import Any
 
 from gpunb.analysis.oom_message import find_oom
 from gpunb.analysis.release import keep_traceback_default
-from gpunb.shells.extension import kernel_state
 from gpunb.shells.kernel_state import KernelState
 
 

@@ -10,20 +10,29 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from gpunb.analysis.cell_meter import CellMeter
 from gpunb.analysis.profile import ProfileSession
+from gpunb.analysis.profile_records import HistoryReport
 from gpunb.shells.arguments import (
-    free_text, given, option_words, output_option, parse_args, usage_error, whole_number,
+    free_text,
+    given,
+    option_words,
+    output_option,
+    parse_args,
+    usage_error,
+    whole_number,
 )
 from gpunb.shells.cell_numbers import running_cell_number
 from gpunb.shells.kernel_state import KernelState
-from gpunb.analysis.profile_records import HistoryReport
 from gpunb.views.profile_view import one_line_text
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
 
 # Options of the cell form that the line form's actions do not take, and those they do.
 _CELL_OPTIONS = ("steps", "no_reset", "timeline", "label", "no_ranks", "output", "ops", "no_flops")
@@ -64,6 +73,8 @@ class _OneLineMode:
 
 @magics_class
 class ProfileMagics(Magics):
+    shell: InteractiveShell  # set by IPython when it registers these magics
+
     def __init__(self, shell: Any, kernel: KernelState) -> None:
         super().__init__(shell)
         self.kernel = kernel
@@ -160,7 +171,7 @@ class ProfileMagics(Magics):
             history.clear()
             print("gpuprofile: history cleared")
             return None
-        report = HistoryReport(history.entries())
+        report = HistoryReport(tuple(history.entries()))
         if args.output:
             self.shell.user_ns[args.output] = report
         self._display(report)

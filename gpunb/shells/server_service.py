@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from gpunb.analysis.gpu_holders import HoldersReport, build_report
 from gpunb.readings.gpu import GpuInfo, read_info

@@ -21,10 +21,11 @@ import random
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 import pynvml as _real  # constants and error classes only; no NVML call is made
 
@@ -114,7 +115,7 @@ def _nvml_function(method: Callable) -> Callable:
     name = method.__name__
 
     @functools.wraps(method)
-    def call(self: "FakePynvml", *args: Any) -> Any:
+    def call(self: FakePynvml, *args: Any) -> Any:
         index = self._index_of(name, args)
         garbage = self._before(name, index)
         if garbage is not _NO_GARBAGE:
@@ -152,6 +153,7 @@ class RandomFaults:
         """("error", code) | ("hang", seconds) | ("garbage", value) | ("ok", None)."""
         if name in self.spare:
             return "ok", None
+        payload: Any
         with self._lock:
             r = self.rng.random()
             if r < self.error_rate:
@@ -612,7 +614,8 @@ def _scenario(name: str, clock: Callable[[], float] | None) -> FakePynvml:
         gpus = []
         for i in range(8):
             gpu = _h200(trace)
-            gpu.facts.update(uuid=f"GPU-6fa48cea-f20c-eafe-9125-0427b9f214a{i}", pci_bus_id=f"00000000:{0x18 + i:02x}:00.0")
+            gpu.facts.update(uuid=f"GPU-6fa48cea-f20c-eafe-9125-0427b9f214a{i}",
+                             pci_bus_id=f"00000000:{0x18 + i:02x}:00.0")
             gpus.append(gpu)
         return FakePynvml(gpus, clock=clock)
     if name == "power-not-supported":

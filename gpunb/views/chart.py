@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import base64
 import math
+from collections.abc import Iterable, Sequence
 from html import escape
-from typing import Iterable, Sequence
 
 from gpunb.views.markup import DIM  # secondary words: the theme's colour, dimmed
 
@@ -118,8 +118,8 @@ def swatch(color: str, *, dashed: bool = False) -> str:
 
 def legend(items: Sequence[tuple[str, str, bool]]) -> str:
     """(colour, words, dashed) marks in a row."""
-    return " ".join(f'<span style="white-space:nowrap">{swatch(c, dashed=d)} <span style="{DIM}">{escape(w)}</span></span>'
-                    for c, w, d in items)
+    return " ".join(f'<span style="white-space:nowrap">{swatch(c, dashed=d)} '
+                    f'<span style="{DIM}">{escape(w)}</span></span>' for c, w, d in items)
 
 
 def y_scale(top_label: str, bottom_label: str, height: int, width: int = 30) -> str:

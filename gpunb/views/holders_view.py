@@ -4,8 +4,8 @@ process names in them are other people's words, so every one is escaped."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from html import escape
-from typing import Sequence
 
 TITLE = "GPU memory held by"
 

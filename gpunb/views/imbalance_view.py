@@ -6,7 +6,7 @@ views so that the monitor's layout and this finding can change on their own."""
 from __future__ import annotations
 
 import html
-from typing import Sequence
+from collections.abc import Sequence
 
 from gpunb.analysis.imbalance import ADVICE, Imbalance
 

@@ -437,7 +437,8 @@ def fit_text(f: Any) -> str:
     for t in f.trials:
         lines.append("    " + _trial_line(t))
     if f.line_allocated is not None:
-        lines.append(f"  memory per sample ≈ {size(f.line_allocated.slope)}; fixed ≈ {size(f.line_allocated.intercept)}")
+        line = f.line_allocated
+        lines.append(f"  memory per sample ≈ {size(line.slope)}; fixed ≈ {size(line.intercept)}")
     for n in f.notes:
         lines.append(f"  note: {n}")
     return "\n".join(lines)

@@ -10,7 +10,8 @@ out rather than exported as 0.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from gpunb.analysis.gpu_holders import KERNEL, KERNEL_CHILD, HoldersReport
 from gpunb.readings.gpu import CLOCK_EVENT_REASONS
@@ -55,11 +56,11 @@ class ReportCollector:
         families = {key: _gauge(name, doc, GPU_LABELS) for key, (name, doc, _) in per_gpu.items()}
         active = _gauge("gpunb_gpu_clock_event_active",
                         "1 while this clock-event (throttle) reason holds the clocks back, else 0.",
-                        GPU_LABELS + ("reason",))
+                        (*GPU_LABELS, "reason"))
         lost = _gauge("gpunb_gpu_lost", "1 when the GPU has fallen off the bus (NVML: GPU is lost).", GPU_LABELS)
         other = _gauge("gpunb_gpu_other_memory_bytes",
                        "GPU memory held by processes that are not kernels of this Jupyter server, by kind "
-                       "(other-kernel, process, not-visible, pid-namespace).", GPU_LABELS + ("kind",))
+                       "(other-kernel, process, not-visible, pid-namespace).", (*GPU_LABELS, "kind"))
         kernel_mem = _gauge("gpunb_kernel_gpu_memory_bytes",
                             "GPU memory held by a kernel of this Jupyter server and its child processes.",
                             GPU_LABELS + KERNEL_LABELS)
@@ -72,7 +73,7 @@ class ReportCollector:
                     families[key].add_metric(labels, float(value) * scale)
             if isinstance(d.clock_event_reasons, int):
                 for bit, short, _ in CLOCK_EVENT_REASONS:
-                    active.add_metric(labels + [short], 1.0 if d.clock_event_reasons & bit else 0.0)
+                    active.add_metric([*labels, short], 1.0 if d.clock_event_reasons & bit else 0.0)
             by_kind: dict[str, float] = {}
             by_kernel: dict[str, float] = {}
             for h in d.holders:
@@ -83,11 +84,11 @@ class ReportCollector:
                 else:
                     by_kind[h.kind] = by_kind.get(h.kind, 0.0) + h.used_bytes
             for kind, value in sorted(by_kind.items()):
-                other.add_metric(labels + [kind], value)
+                other.add_metric([*labels, kind], value)
             for use in r.kernels:
                 if use.kernel.kernel_id in by_kernel:
                     k = use.kernel
-                    kernel_mem.add_metric(labels + [k.kernel_id, k.path, k.spec_name], by_kernel[k.kernel_id])
+                    kernel_mem.add_metric([*labels, k.kernel_id, k.path, k.spec_name], by_kernel[k.kernel_id])
         yield from families.values()
         yield from (active, lost, other, kernel_mem)
 

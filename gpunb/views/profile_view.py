@@ -9,8 +9,9 @@ advice, ``timeline_html`` the chart), so a new kind of measurement adds a row or
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from html import escape
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from gpunb.analysis.profile_history import compare
 from gpunb.analysis.step_plan import COUNTED_STEP
@@ -122,7 +123,8 @@ def gpu_memory_words(p: CellProfile) -> str:
         m += f" · NVML this process {fmt_bytes(g.nvml_process_bytes)} at cell end"
         rest = g.nvml_process_bytes - g.end_reserved_bytes
         if rest > 0:
-            m += f" (+{fmt_bytes(rest)} outside torch's cache: CUDA context, cuBLAS/cuDNN/NCCL workspaces, other libraries)"
+            m += (f" (+{fmt_bytes(rest)} outside torch's cache: CUDA context, cuBLAS/cuDNN/NCCL workspaces, "
+                  "other libraries)")
         if g.process_match == OWN_BY_RESERVE:
             m += " (NVML lists it under a container's host PID: matched by torch's reserve)"
     else:
@@ -178,7 +180,8 @@ def _rows(p: CellProfile) -> list[tuple[str, str]]:
 
 def _step_list(indices: Sequence[int]) -> str:
     """0-based step indices as the user counts them: "2", "3-7", "2, 4-6"."""
-    out, run = [], []
+    out: list[str] = []
+    run: list[int] = []
     for i in sorted(indices):
         if run and i == run[-1] + 1:
             run.append(i)
@@ -225,11 +228,11 @@ def throughput_rows(p: CellProfile) -> list[tuple[str, str]]:
     if c.uncounted:
         text += f" · {c.uncounted}"
     rows = [("FLOPs", text)]
-    if t.mfu is not None:
-        mix = c.precision_mix()
-        kind = mix[0][0] if len(mix) == 1 else "mixed-precision"
+    if t.mfu is not None and t.peak_tflops is not None:  # (an MFU comes with its peak)
+        shares = c.precision_mix()
+        kind = shares[0][0] if len(shares) == 1 else "mixed-precision"
         m = f"{100 * t.mfu:.0f}% of the {t.gpu_model}'s {flop_rate(t.peak_tflops * 1e12)} {kind} datasheet peak"
-        if t.mfu_measured is not None:
+        if t.mfu_measured is not None and t.measured_peak_tflops is not None:
             m += (f" · {100 * t.mfu_measured:.0f}% of the {flop_rate(t.measured_peak_tflops * 1e12)} "
                   f"measured by {t.measured_source}")
         elif t.measured_source:
@@ -237,10 +240,11 @@ def throughput_rows(p: CellProfile) -> list[tuple[str, str]]:
         rows.append(("MFU", m))
     elif p.gpu is not None and c.flops and t.achieved_tflops is not None and not t.gpu_model:
         rows.append(("MFU", f"no datasheet peak known for {p.gpu.name}"))
-    if t.memory_bound and t.bandwidth_gbps is not None:
+    if t.memory_bound and t.bandwidth_gbps is not None and t.peak_bandwidth_gbps:
         rows.append(("bandwidth", f"memory-bound at the datasheet peaks: ~{c.bytes_moved / 1e9:.2f} GB moved per step "
                                   "(estimated: every operation's inputs read and outputs written once) · "
-                                  f"{byte_rate(t.bandwidth_gbps * 1e9)} = {100 * t.bandwidth_gbps / t.peak_bandwidth_gbps:.0f}% "
+                                  f"{byte_rate(t.bandwidth_gbps * 1e9)} = "
+                                  f"{100 * t.bandwidth_gbps / t.peak_bandwidth_gbps:.0f}% "
                                   f"of the {t.gpu_model}'s {byte_rate(t.peak_bandwidth_gbps * 1e9)}"))
     return rows
 
@@ -307,7 +311,8 @@ def _verdict_html(p: CellProfile) -> str:
     v = p.verdict
     color = VERDICT_COLOR.get(v.kind, chart.AMBER)
     tag = (f'<span style="display:inline-block;padding:0 6px;border-radius:8px;border:1px solid {color};'
-           f'color:{color};font-weight:600;margin-right:6px">{escape(v.kind if v.kind != "none" else "no verdict")}</span>')
+           f'color:{color};font-weight:600;margin-right:6px">'
+           f'{escape(v.kind if v.kind != "none" else "no verdict")}</span>')
     head = f'<div style="font-size:14px">{tag}<b>{escape(v.headline or "not judged")}</b></div>'
     reason = f"<div>{code_html(v.reason)}</div>" if v.reason else ""
     who = f'<div style="{SMALL};{DIM};margin:2px 0 6px 0">gpuprofile · {escape(_identity(p))}</div>'
@@ -438,7 +443,7 @@ def history_text(entries: Sequence[Any]) -> str:
     if not entries:
         return ("gpuprofile history: no profiled cells yet (run a cell with %%gpuprofile, or "
                 "%gpuprofile on for a line after every cell)")
-    rows = [HISTORY_HEADER] + history_rows(entries)
+    rows = [HISTORY_HEADER, *history_rows(entries)]
     widths = [max(len(r[c]) for r in rows) for c in range(len(HISTORY_HEADER))]
     head = f"gpuprofile history: {len(entries)} cell{'s' if len(entries) != 1 else ''}"
     if len(entries) > 1:

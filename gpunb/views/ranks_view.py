@@ -16,7 +16,7 @@ HEADER = ["rank", "GPU", "steps", "first step", "median", "p90", "data wait", "p
           "all-reduce (not hidden)"]
 
 
-def _headline(part: "RanksPart") -> str:
+def _headline(part: RanksPart) -> str:
     n = len(part.ranks)
     world = f" (world size {part.world_size})" if part.world_size and part.world_size != n else ""
     names = sorted({r.gpu_name for r in part.ranks if r.gpu_name})
@@ -31,11 +31,12 @@ def _headline(part: "RanksPart") -> str:
             line += (f" · slowest: {slow.name}, the others wait {part.wait_ms:.2f} ms for it at each all-reduce "
                      f"({part.spread:.0%} of a step)")
         else:
-            line += f" · slowest: {slow.name}, {part.spread:.0%} longer steps than {part.ranks[part.fastest].name}"
+            fastest = part.ranks[part.fastest].name if part.fastest is not None else "the others"
+            line += f" · slowest: {slow.name}, {part.spread:.0%} longer steps than {fastest}"
     return line
 
 
-def _row(part: "RanksPart", i: int, r: "RankStats") -> list[str]:
+def _row(part: RanksPart, i: int, r: RankStats) -> list[str]:
     name = str(r.rank) if r.rank is not None else f"pid {r.pid}"
     if i == part.slowest and not part.balanced:
         name += " (slowest)"
@@ -49,7 +50,7 @@ def _row(part: "RanksPart", i: int, r: "RankStats") -> list[str]:
             gib(r.peak_allocated_bytes), gib(r.nvml_peak_bytes), comm or "n/a"]
 
 
-def _footer(part: "RanksPart") -> list[str]:
+def _footer(part: RanksPart) -> list[str]:
     lines = []
     if part.nvlink_traffic:
         lines.append("NVLink traffic during the cell (NVML counters): "
@@ -64,7 +65,7 @@ def _footer(part: "RanksPart") -> list[str]:
     return lines
 
 
-def ranks_text(part: "RanksPart") -> list[str]:
+def ranks_text(part: RanksPart) -> list[str]:
     rows = [HEADER] + [_row(part, i, r) for i, r in enumerate(part.ranks)]
     widths = [max(len(row[k]) for row in rows) for k in range(len(HEADER))]
     lines = [f"  {'ranks':<11} {_headline(part)}"]
@@ -73,7 +74,7 @@ def ranks_text(part: "RanksPart") -> list[str]:
     return lines
 
 
-def ranks_html(part: "RanksPart") -> str:
+def ranks_html(part: RanksPart) -> str:
     e = html.escape
     head = "".join(f"<th style='text-align:left;padding-right:0.8em'>{e(h)}</th>" for h in HEADER)
     body = "".join("<tr>" + "".join(f"<td style='text-align:left;padding-right:0.8em'>{e(c)}</td>"

@@ -14,7 +14,8 @@ import html
 import math
 import time
 from collections import deque
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from gpunb.analysis.sampler import GpuSeries, Window
 from gpunb.readings.gpu import CLOCK_EVENT_REASONS, SLOWDOWN_BITS
@@ -89,7 +90,7 @@ class _Track:
     drawing, so the cost must not grow with the window). ``scale`` (for memory) picks the
     top from the window's peak; without it the top is fixed."""
 
-    def __init__(self, panel: "SparkPanel", key: str, top: float | None,
+    def __init__(self, panel: SparkPanel, key: str, top: float | None,
                  scale: Callable[[float | None], float] | None = None) -> None:
         self.panel = panel
         self.key = key
@@ -102,7 +103,7 @@ class _Track:
     def _text(self, t: float, v: float, new_run: bool) -> str:
         p = self.panel
         v = self.top if v > self.top else (v if v > 0 else 0.0)
-        return "%s%.1f,%.1f" % ("M" if new_run else "L", t * p.xs, p.base - v * p.ys / self.top)
+        return f"{'M' if new_run else 'L'}{t * p.xs:.1f},{p.base - v * p.ys / self.top:.1f}"
 
     def add(self, t: float, values: list, new_run: bool) -> None:
         if not values:
@@ -234,7 +235,8 @@ class SparkPanel:
         self._trim()
 
     def _new_run(self) -> bool:
-        return self._prev_t is not None and self._pending_t is not None and self._pending_t - self._prev_t > self.break_s
+        prev, pending = self._prev_t, self._pending_t
+        return prev is not None and pending is not None and pending - prev > self.break_s
 
     def _finish_bucket(self) -> None:
         t = self._pending_t
@@ -311,7 +313,7 @@ class SparkPanel:
         value_text = "n/a" if latest is None else f"{latest * scale:.{digits}f} {unit}".strip()
         lo, hi, gaps, n = track.stats(pending)
         peak_text = "" if hi is None else f"max {hi * scale:.{digits}f}"
-        if hi is None:
+        if hi is None or lo is None:  # (both or neither)
             stats = "no reading in this window"
         else:
             stats = f"latest {value_text}; min {lo * scale:,.{digits}f}, max {hi * scale:,.{digits}f} {unit}"
@@ -347,10 +349,10 @@ class SparkPanel:
             y_used = self._y(u, total)
             if split and o is not None:
                 y_own = self._y(min(o, u), total)
-                bars_own.append("M%.1f,%.1fV%.1f" % (x, self.base, y_own))
-                bars_other.append("M%.1f,%.1fV%.1f" % (x, y_own, y_used))
+                bars_own.append(f"M{x:.1f},{self.base:.1f}V{y_own:.1f}")
+                bars_other.append(f"M{x:.1f},{y_own:.1f}V{y_used:.1f}")
             else:
-                bars_other.append("M%.1f,%.1fV%.1f" % (x, self.base, y_used))
+                bars_other.append(f"M{x:.1f},{self.base:.1f}V{y_used:.1f}")
         body = "".join(
             f'<path d="{" ".join(bars)}" stroke="{color}" stroke-opacity="0.85" stroke-width="{self.bar_w:.1f}"/>'
             for bars, color in ((bars_own, _COLORS["own"]), (bars_other, _COLORS["other"]))
@@ -379,7 +381,7 @@ class SparkPanel:
         peak_text = "" if hi is None else f"max {hi / 1024:.1f}"
         if hi is not None:
             stats += f"; peak in window {hi / 1024:.2f} GiB"
-        at_capacity = bool(total) and used.top >= total
+        at_capacity = bool(total) and used.top >= (total or 0)
         alt = (f"GPU {g.index} memory: {stats} (last {chart.span_words(self.window_s)}, scale 0 to "
                f"{chart.axis_number(used.top / 1024)} GiB" + (", the capacity)" if at_capacity else ")"))
         gauge = _capacity_gauge(u, o if split else None, total, self.width)
@@ -651,7 +653,7 @@ def monitor_text(window: Window, holders: Mapping[int, Sequence[str]] | None = N
         c = g.columns
         util, used, own = _latest(c["util_pct"]), _latest(c["mem_used_mib"]), _latest(c["mem_own_mib"])
         power, temp, clock = _latest(c["power_w"]), _latest(c["temp_c"]), _latest(c["sm_clock_mhz"])
-        events = _latest(c["clock_events"]) or 0
+        events = int(_latest(c["clock_events"]) or 0)  # a bitmask (an unsigned column)
         mem = "n/a"
         if used is not None:
             total = f"/{g.memory_total_mib / 1024:.1f}" if g.memory_total_mib else " used of n/a"  # no made-up 0

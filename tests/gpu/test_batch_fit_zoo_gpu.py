@@ -79,7 +79,7 @@ def _recorded_truth() -> tuple[dict, str]:
     report = json.loads(TRUTH.read_text())
     env = report["environment"]
     gpu = torch.cuda.get_device_name(0)
-    if STEPS != report["steps"] or torch.__version__.split("+")[0] != env["torch"] or "H200" not in gpu:
+    if report["steps"] != STEPS or torch.__version__.split("+")[0] != env["torch"] or "H200" not in gpu:
         return {}, (f"run 1 measured {report['steps']} steps on H200s with torch {env['torch']}; this is {STEPS} "
                     f"steps on a {gpu} with torch {torch.__version__}")
     return {m["model"]: m["truth"]["max"] for m in report["models"]}, ""

@@ -7,6 +7,7 @@ that talks to the hardware; the widget drawing it is tested in the browser test.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import statistics
@@ -118,7 +119,7 @@ def test_sampler_shows_memory_ramp_and_utilization_of_a_training_loop():
     idle_used = statistics.median(during(used, 0, marks["start"]))
     phase_used = []
     names = list(marks)
-    for i, batch in enumerate(BATCHES):
+    for i in range(len(BATCHES)):
         a, b = marks[names[i + 1]], marks[names[i + 2]]
         phase_used.append(max(during(used, a, b)))
     train_util = during(util, marks[f"batch {BATCHES[1]}"], marks["end"])
@@ -153,7 +154,7 @@ def test_sampler_shows_memory_ramp_and_utilization_of_a_training_loop():
     # more (PyTorch's cache never gives memory back by itself, so "used" never drops;
     # a small step may be served from cached blocks, the largest cannot: ~3 GiB more).
     assert phase_used[0] - idle_used > 3 * 1024, summary
-    assert all(b >= a - 1 for a, b in zip(phase_used, phase_used[1:])), summary
+    assert all(b >= a - 1 for a, b in itertools.pairwise(phase_used)), summary
     assert phase_used[-1] - phase_used[0] > 1024, summary
     # NVML's per-process figure for this kernel covers what PyTorch reserved (+ context).
     assert summary["own_mib_last"] >= reserved_mib, summary

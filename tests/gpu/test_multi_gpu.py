@@ -170,8 +170,9 @@ LAUNCH_SHELL = textwrap.dedent('''
         torch.cuda.synchronize()
 
     ip.user_ns["train"] = train
-    ip.run_cell_magic("gpuprofile", "-o p", "from accelerate import notebook_launcher\\n"
-                                            "notebook_launcher(train, args=(40,), num_processes=2, use_port='29631')\\n")
+    ip.run_cell_magic("gpuprofile", "-o p",
+                      "from accelerate import notebook_launcher\\n"
+                      "notebook_launcher(train, args=(40,), num_processes=2, use_port='29631')\\n")
     p = ip.user_ns.get("p")
     out = {"kernel_cuda": ip.user_ns.get("_kernel"), "cuda_initialized": torch.cuda.is_initialized(),
            "profile": p.to_dict() if p is not None else None, "text": str(p)}

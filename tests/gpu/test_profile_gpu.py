@@ -7,6 +7,7 @@ Measured figures are written as JSON into $GPUNB_RESULTS (default: a temp dir).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import statistics
@@ -21,6 +22,7 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
+
 
 import gpunb  # noqa: E402
 from gpunb.analysis.cell_meter import CellMeter  # noqa: E402
@@ -168,7 +170,7 @@ def test_gpu_bound_steps_each_get_an_event_across_read_backs_and_a_side_stream()
             else:
                 step(i)
     truth[-1].synchronize()
-    truth_ms = [a.elapsed_time(b) for a, b in zip(truth, truth[1:])]
+    truth_ms = [a.elapsed_time(b) for a, b in itertools.pairwise(truth)]
     r = p.result
     ours = list(r.steps.step_ms[1:])
     _save("gpu_bound_many_steps_side_stream", _summary(r) | {"truth_median_ms": statistics.median(truth_ms),
@@ -203,7 +205,7 @@ def test_host_bound_steps_share_sparse_events_and_still_match_ground_truth():
         while time.perf_counter() - t0 < 2.0:
             step()
     truth[-1].synchronize()
-    truth_ms = [a.elapsed_time(b) for a, b in zip(truth, truth[1:])]
+    truth_ms = [a.elapsed_time(b) for a, b in itertools.pairwise(truth)]
     r = p.result
     ours = list(r.steps.step_ms[1:])
     data = _summary(r) | {"truth_median_ms": statistics.median(truth_ms), "ours_median_ms": statistics.median(ours),
@@ -235,7 +237,7 @@ def test_big_bf16_matmuls_are_compute_bound_and_step_times_match_events():
             truth.append(ev)
     peak_truth = torch.cuda.max_memory_allocated()
     truth[-1].synchronize()
-    truth_ms = [a.elapsed_time(b) for a, b in zip(truth, truth[1:])]
+    truth_ms = [a.elapsed_time(b) for a, b in itertools.pairwise(truth)]
     r = p.result
     ours = list(r.steps.step_ms[1:])
     data = _summary(r) | {"truth_median_ms": statistics.median(truth_ms), "ours_median_ms": statistics.median(ours),

@@ -100,7 +100,7 @@ def server(tmp_path):
                IPYTHONDIR=str(tmp_path / "ipython"),
                PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT)])))
     env.pop("GPUNB_FAKE_NVML", None)
-    log = open(tmp_path / "server.log", "w")
+    log = open(tmp_path / "server.log", "w")  # noqa: SIM115 (the server writes to it until teardown)
     proc = subprocess.Popen(
         [sys.executable, "-m", "jupyter_server", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
          "--port-retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", "--allow-root"],
@@ -115,7 +115,8 @@ def server(tmp_path):
             except (OSError, urllib.error.HTTPError):
                 if proc.poll() is not None or time.monotonic() > deadline:
                     log.flush()
-                    pytest.fail("jupyter server with gpunb did not start:\n" + (tmp_path / "server.log").read_text()[-3000:])
+                    pytest.fail("jupyter server with gpunb did not start:\n"
+                                + (tmp_path / "server.log").read_text()[-3000:])
                 time.sleep(0.5)
         yield s
     finally:

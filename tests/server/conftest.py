@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from pytest_jupyter.jupyter_server import *  # noqa: F401,F403  fixtures and async-test hooks
+from pytest_jupyter.jupyter_server import *  # noqa: F403  fixtures and async-test hooks
 
 from gpunb.readings import nvml as nvml_module
 from gpunb.readings.nvml import NvmlSession

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -34,12 +35,12 @@ async def test_gpus_and_metrics_map_real_kernels_to_their_notebooks(jp_fetch, jp
     # A script that holds the GPU but is no kernel; a PID with no NVIDIA device open (what a
     # host PID looks like from inside a container); a PID that does not exist here.
     script = stray_processes(
-        "import os", f"fs = [open(os.path.join(os.environ['GPUNB_FAKE_NVIDIA_DEVICES'], n)) for n in "
+        "import os", "fs = [open(os.path.join(os.environ['GPUNB_FAKE_NVIDIA_DEVICES'], n)) for n in "
         "('nvidiactl', 'nvidia0')]", "print('ready', flush=True)", "import time; time.sleep(600)")
     assert script.stdout.readline().strip() == "ready"
     unrelated = stray_processes("import time; print('ready', flush=True); time.sleep(600)")
     assert unrelated.stdout.readline().strip() == "ready"
-    pid_max = int(open("/proc/sys/kernel/pid_max").read())
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
     missing_pid = next(p for p in range(pid_max - 1, 1, -1) if not os.path.exists(f"/proc/{p}"))
     for pid, gib_held in ((lesson_pid, 31), (child_pid, 3), (hostile_pid, 2), (script.pid, 5),
                           (unrelated.pid, 7), (missing_pid, 11)):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from typing import ClassVar
 
 import pytest
 from jupyter_server.auth import Authorizer
@@ -55,7 +56,7 @@ async def test_a_cookie_login_can_read_but_acts_only_with_the_xsrf_token(jp_fetc
 class DenyGpunb(Authorizer):
     """Allows everything but reading gpunb's data and writing kernels."""
 
-    asked: list[tuple[str, str]] = []
+    asked: ClassVar[list[tuple[str, str]]] = []
 
     def is_authorized(self, handler, user, action, resource):
         DenyGpunb.asked.append((action, resource))

@@ -33,7 +33,7 @@ def _chain() -> None:
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
     try:
         del sys.modules["sitecustomize"]
-        import sitecustomize  # noqa: F401  (the next one: runs its code, as Python would have)
+        import sitecustomize  # type: ignore[import-not-found]  # noqa: F401  (the next one: runs its code, as Python would have)
     except ImportError:
         if me is not None:
             sys.modules["sitecustomize"] = me
