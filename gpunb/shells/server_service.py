@@ -14,7 +14,7 @@ import inspect
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpunb.analysis.gpu_holders import HoldersReport, build_report
@@ -45,6 +45,23 @@ class ShutdownResult:
     held_bytes: dict[int, int]  # GPU index -> bytes the kernel held (NVML, before)
     used_before_bytes: dict[int, int | None]  # the device's used memory before and after
     used_after_bytes: dict[int, int | None]
+    # what the GPU's other processes held before and after (NVML's per-process list), so the
+    # memory that came back can be told apart from other processes starting or ending meanwhile
+    others_before_bytes: dict[int, int] = field(default_factory=dict)
+    others_after_bytes: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def freed_bytes(self) -> dict[int, int | None]:
+        """Per GPU: the drop in used memory, net of other processes' change meanwhile."""
+        out: dict[int, int | None] = {}
+        for i, before in self.used_before_bytes.items():
+            after = self.used_after_bytes.get(i)
+            if before is None or after is None:
+                out[i] = None
+                continue
+            drift = self.others_after_bytes.get(i, 0) - self.others_before_bytes.get(i, 0)
+            out[i] = before - after + drift
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         key = lambda d: {str(k): v for k, v in sorted(d.items())}  # noqa: E731
@@ -55,6 +72,9 @@ class ShutdownResult:
             "held_bytes": key(self.held_bytes),
             "memory_used_before_bytes": key(self.used_before_bytes),
             "memory_used_after_bytes": key(self.used_after_bytes),
+            "other_processes_before_bytes": key(self.others_before_bytes),
+            "other_processes_after_bytes": key(self.others_after_bytes),
+            "freed_bytes": key(self.freed_bytes),
         }
 
 
@@ -148,7 +168,8 @@ class GpuReportService:
         after = {d.index: d.memory_used_bytes for d in after_report.devices}
         touched = set(use.gpu_bytes) or set(before)
         return ShutdownResult(kernel_id, use.kernel.path, state, dict(use.gpu_bytes),
-                              {i: before.get(i) for i in touched}, {i: after.get(i) for i in touched})
+                              {i: before.get(i) for i in touched}, {i: after.get(i) for i in touched},
+                              _others(report, use.gpu_pids, touched), _others(after_report, use.gpu_pids, touched))
 
     async def _after_exit(self, pids: tuple[int, ...]) -> HoldersReport:
         """A report read once NVML no longer lists ``pids`` (the driver frees an exited
@@ -164,3 +185,11 @@ class GpuReportService:
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
+
+def _others(report: HoldersReport, pids: tuple[int, ...], gpus: set[int]) -> dict[int, int]:
+    """Per GPU in ``gpus``: the memory NVML lists for processes other than ``pids``."""
+    out = dict.fromkeys(gpus, 0)
+    for h in report.holders():
+        if h.gpu_index in out and h.pid not in pids and h.used_bytes is not None:
+            out[h.gpu_index] += h.used_bytes
+    return out

@@ -72,5 +72,18 @@ async def test_shutdown_needs_confirmation_and_frees_only_this_servers_idle_kern
     assert result["held_bytes"] == {"0": 31 * GiB}
     assert result["memory_used_before_bytes"] == {"0": 31 * GiB}
     assert result["memory_used_after_bytes"] == {"0": 0}  # read again after the kernel exited
+    assert result["other_processes_before_bytes"] == result["other_processes_after_bytes"] == {"0": 0}
+    assert result["freed_bytes"] == {"0": 31 * GiB}
     assert idle not in km and not os.path.exists(f"/proc/{idle_pid}")
     assert empty in km  # the kernel that held nothing is untouched
+
+
+def test_freed_memory_is_net_of_other_processes_meanwhile():
+    from gpunb.shells.server_service import ShutdownResult
+
+    # the kernel held 10 GiB; meanwhile another process grew by 3 GiB on the same GPU
+    r = ShutdownResult("k", "a.ipynb", "idle", {0: 10 * GiB}, {0: 40 * GiB}, {0: 33 * GiB},
+                       {0: 20 * GiB}, {0: 23 * GiB})
+    assert r.freed_bytes == {0: 10 * GiB}
+    assert r.to_dict()["freed_bytes"] == {"0": 10 * GiB}
+    assert ShutdownResult("k", "", "idle", {0: 1}, {0: None}, {0: 5}).freed_bytes == {0: None}
