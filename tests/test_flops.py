@@ -414,11 +414,32 @@ def test_the_users_own_flop_counter_is_left_alone():
     assert torch._C._len_torch_dispatch_stack() == 0
 
 
-def _event(name, start, end, device="cpu", id=0, linked=0):
+def _event(name, start, end, device="cpu", id=0, linked=0, annotation=None):
     from types import SimpleNamespace
 
     span = SimpleNamespace(start=start, end=end, elapsed_us=lambda: end - start)
-    return SimpleNamespace(name=name, time_range=span, device_type=device, id=id, linked_correlation_id=linked)
+    event = SimpleNamespace(name=name, time_range=span, device_type=device, id=id, linked_correlation_id=linked)
+    if annotation is not None:
+        event.is_user_annotation = annotation
+    return event
+
+
+@pytest.mark.parametrize("flagged", [True, None], ids=["flag", "names"])
+def test_gpu_user_annotations_are_not_kernels(flagged):
+    # as on the H200: the profiler mirrors ProfilerStep and torch.optim's range onto the GPU
+    # timeline; they must not be the top "kernel" nor add to the shares
+    from gpunb.analysis.op_trace import device_summary
+
+    steps = [_event("ProfilerStep#4", 0, 40)]
+    ops = [_event("aten::mm", 1, 2, id=7)]
+    events = steps + ops + [
+        _event("ProfilerStep#4", 0, 40, device="cuda", annotation=flagged),
+        _event("Optimizer.step#SGD.step", 30, 38, device="cuda", annotation=flagged),
+        _event("nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_NNT", 2, 32, device="cuda", linked=7,
+               annotation=False if flagged else None)]
+    window, shares, by_name = device_summary(events, steps, "cpu")
+    assert set(by_name) == {"nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_NNT"}
+    assert shares["matmul"] == pytest.approx(30 / window) and sum(shares.values()) == pytest.approx(1.0)
 
 
 def test_gpu_window_holds_only_the_recorded_steps_kernels():

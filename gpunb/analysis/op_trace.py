@@ -182,7 +182,7 @@ class OpTrace:
         steps = [e for e in events if e.name.startswith("ProfilerStep")]
         n = max(len(steps), 1)
         cpu_type = self.torch.autograd.DeviceType.CPU
-        kernels = [e for e in events if e.device_type != cpu_type]
+        kernels = [e for e in events if e.device_type != cpu_type and not _annotation(e)]
         note = "" if len(self.traced) == ACTIVE else f"only {len(self.traced)} of {ACTIVE} steps were recorded"
         if self.device and kernels:
             window_us, shares, by_name = device_summary(events, steps, cpu_type)
@@ -240,7 +240,10 @@ def device_summary(events: list[Any], steps: list[Any],
     operator, and on one stream every later kernel belongs to the recorded steps. It ends when
     the last kernel or the last step ends. Without such links (another torch) every kernel counts.
     """
-    kernels = [e for e in events if e.device_type != cpu_type]
+    # GPU-side rows that are not kernels: the profiler mirrors user annotations (its own
+    # "ProfilerStep#N", torch.optim's "Optimizer.step#SGD.step") onto the GPU timeline; on the
+    # H200 they topped the kernel list and pushed the shares past 100 %
+    kernels = [e for e in events if e.device_type != cpu_type and not _annotation(e)]
     operators = {e.id for e in events if e.device_type == cpu_type} - {0}  # 0: no link
     linked = [k for k in kernels if getattr(k, "linked_correlation_id", 0) in operators]
     start = min([e.time_range.start for e in kernels] + [e.time_range.start for e in steps])
@@ -263,6 +266,15 @@ def device_summary(events: list[Any], steps: list[Any],
     shares = {c: by_category[c] / window_us for c in CATEGORIES if by_category.get(c)}
     shares["idle"] = max(0.0, 1 - _union_us([(k.time_range.start, k.time_range.end) for k in kernels]) / window_us)
     return window_us, shares, dict(by_name)
+
+
+def _annotation(event: Any) -> bool:
+    """A user annotation (``record_function`` range), by the profiler's own flag where this
+    torch has it, else by the names torch itself gives them."""
+    flag = getattr(event, "is_user_annotation", None)
+    if flag is not None:
+        return bool(flag)
+    return str(event.name).startswith(("ProfilerStep#", "Optimizer.step#", "Optimizer.zero_grad#"))
 
 
 def _union_us(intervals: list[tuple[float, float]]) -> float:
