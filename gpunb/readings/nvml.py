@@ -635,12 +635,19 @@ class NvmlSession:
         return getattr(self._lib, name, default)
 
     def _after_fork(self) -> None:
-        """In a forked child: the parent's threads are gone and its locks may be held."""
+        """In a forked child: the parent's threads are gone and its locks may be held. The
+        driver state is the parent's too: on the H200 a child reading through the parent's
+        started session got no GPU, so the child starts NVML again for itself (nvmlInit is
+        reference-counted; nothing of the parent's is shut down) and asks for fresh handles."""
         self._lock = threading.Lock()
         self._worker = None
         self._stuck = []
         self._init_since = None
         self._caller = threading.local()
+        self._status = None
+        self._retry_at = 0.0
+        self._handles = {}
+        self._handle_index = {}
 
 
 def _label(key: tuple[str, int | None]) -> str:
