@@ -35,7 +35,7 @@ RANK = textwrap.dedent("""
     from gpunb.analysis import rank_recorder
     from gpunb.analysis.rank_recorder import RankInstruments
 
-    cpu, rounds = sys.argv[1] == "cpu", int(sys.argv[2])
+    cpu, rounds, results = sys.argv[1] == "cpu", int(sys.argv[2]), sys.argv[3]
     rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     dev = torch.device("cpu") if cpu else torch.device("cuda", local)
     if not cpu:
@@ -85,7 +85,9 @@ RANK = textwrap.dedent("""
                     recorder.instruments.remove()
                 per[variant].append(dt * 1e3 / steps)
         out[kind] = per
-    print("RESULT " + json.dumps({"rank": rank, "per": out}), flush=True)
+    # a file per rank: two ranks printing at once can share one stdout line (seen on the H200)
+    with open(os.path.join(results, f"rank{rank}.json"), "w") as f:
+        json.dump({"rank": rank, "per": out}, f)
     dist.destroy_process_group()
 """)
 
@@ -103,14 +105,15 @@ def main() -> None:
         if NvmlSession().device_count() < 2:
             print("needs >= 2 GPUs (or --cpu)")
             return
-    script = Path(tempfile.mkdtemp(prefix="gpunb-bench-")) / "rank.py"
+    work = Path(tempfile.mkdtemp(prefix="gpunb-bench-"))
+    script = work / "rank.py"
     script.write_text(RANK)
     env = {**os.environ, **NO_MULTICAST, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           str(script), "cpu" if args.cpu else "gpu", str(args.rounds)],
+                           str(script), "cpu" if args.cpu else "gpu", str(args.rounds), str(work)],
                           capture_output=True, text=True, env=env, timeout=1200)
-    results = [json.loads(line.split("RESULT ", 1)[1]) for line in proc.stdout.splitlines() if "RESULT " in line]
+    results = [json.loads(p.read_text()) for p in sorted(work.glob("rank*.json"))]
     if proc.returncode != 0 or len(results) != 2:
         raise SystemExit(f"torchrun failed ({proc.returncode}): {proc.stderr[-3000:]}")
     table = {}
