@@ -96,6 +96,41 @@ def test_conv_net_flops_equal_the_hand_count_and_torchs_flop_counter():
     assert reference.get_total_flops() == p.result.flops.count.flops
 
 
+class _Mixed(torch.nn.Module):
+    """Every kind of operator torch has a FLOP formula for, in one model: attention (SDPA),
+    bmm/baddbmm, 1-d and transposed convolutions, grouped convolution, linear with and
+    without bias, per operator compared with FlopCounterMode below."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+        self.conv1d = torch.nn.Conv1d(32, 16, 5, padding=2, groups=2)
+        self.up = torch.nn.ConvTranspose2d(16, 8, 3, stride=2)
+        self.head = torch.nn.Linear(8, 3, bias=False)
+
+    def forward(self, x):
+        h = self.encoder(x)                                                     # (B, T, 32)
+        h = torch.baddbmm(h, h, torch.ones(h.shape[0], 32, 32) / 32)          # baddbmm
+        h = self.conv1d(h.transpose(1, 2))                                      # (B, 16, T)
+        h = self.up(h.unsqueeze(-1))                                            # (B, 8, 2T+1, 3)
+        return self.head(h.flatten(2).transpose(1, 2))
+
+
+def test_every_formula_counts_what_torchs_flop_counter_counts_per_operator():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    model, x = _Mixed(), torch.randn(3, 10, 32)
+    with gpunb.profile(record=False, show=False) as p:
+        opt = _train(model, x, steps=3)
+    reference = FlopCounterMode(display=False)
+    with reference:
+        _train(model, x, steps=1, opt=opt)
+    theirs = {str(op): n for op, n in reference.get_flop_counts()["Global"].items()}
+    ours = p.result.flops.count.by_op
+    assert ours == theirs and len(ours) >= 5, (ours, theirs)
+
+
 def test_autocast_flops_are_filed_as_bf16():
     model, x = _mlp(16, 64, 128, 4)
     with gpunb.profile(record=False, show=False) as p:

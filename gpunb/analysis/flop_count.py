@@ -57,10 +57,12 @@ def _precision_of(dtype_name: str, on_cuda: bool, kind: str, tf32: dict[str, boo
 class _OpInfo:
     """What counting needs to know about one operator, worked out once from its schema."""
 
-    __slots__ = ("fresh_out", "hop", "kind", "moves", "name", "packet", "tensor_args")
+    __slots__ = ("formula", "fresh_out", "hop", "kind", "moves", "name", "on_shapes", "packet", "tensor_args")
 
     def __init__(self, func: Any, hop_type: Any) -> None:
         self.hop = isinstance(func, hop_type)
+        self.formula: Any = None  # the registry's formula this was worked out for
+        self.on_shapes: Any = None  # that formula's own function, which takes shapes
         self.name = str(getattr(func, "_overloadpacket", func))
         self.packet = getattr(func, "_overloadpacket", None)  # the FLOP formulas' key
         base = self.name.rsplit(".", 1)[-1]
@@ -85,6 +87,26 @@ class _OpInfo:
         self.fresh_out = all(r.alias_info is None for r in schema.returns)
         if getattr(func, "is_view", False):
             self.moves = False
+
+
+    def use_formula(self, formula: Any) -> None:
+        """torch registers most formulas wrapped so that they receive shapes: the wrapper maps
+        every argument through a pytree walk, which was most of the counting's cost per
+        matmul. A wrapped one is called here on shapes directly (an ATen operator's arguments
+        are tensors, numbers or flat lists of tensors, so one level is the whole walk)."""
+        self.formula = formula
+        wrapped = getattr(formula, "__wrapped__", None)
+        shape_wrapped = wrapped is not None and "shape_wrapper" in getattr(formula, "__qualname__", "")
+        self.on_shapes = wrapped if shape_wrapped else None
+
+
+def _shape_of(value: Any, tensor: Any) -> Any:
+    if isinstance(value, tensor):
+        return value.shape
+    if isinstance(value, (list, tuple)):
+        shapes = [v.shape if isinstance(v, tensor) else v for v in value]
+        return shapes if isinstance(value, list) else tuple(shapes)
+    return value
 
 
 def _tensor_bytes(value: Any, tensor: Any) -> int:
@@ -127,6 +149,7 @@ def _mode_class(torch: Any) -> type:
         def __init__(self, tf32: dict[str, bool]) -> None:
             super().__init__()  # type: ignore[no-untyped-call]  # torch leaves TorchDispatchMode.__init__ unannotated
             self.tf32 = tf32
+            self.precisions: dict[Any, str] = {}  # (dtype, on a GPU, kind) -> precision name
             self.inert = False  # set when the mode could not be left: it then only passes calls on
             self.flops = 0
             self.gpu_flops = 0
@@ -163,11 +186,20 @@ def _mode_class(torch: Any) -> type:
                 return
             formula = registry.get(info.packet)  # looked up each time: a formula registered later counts
             if formula is not None:
-                n = int(formula(*args, **kwargs, out_val=out))
+                if formula is not info.formula:
+                    info.use_formula(formula)
+                if info.on_shapes is not None:  # the formula itself on shapes: no pytree walk per call
+                    n = int(info.on_shapes(*[_shape_of(a, tensor) for a in args], out_shape=_shape_of(out, tensor),
+                                           **{k: _shape_of(v, tensor) for k, v in kwargs.items()}))
+                else:
+                    n = int(formula(*args, **kwargs, out_val=out))
                 first = _first_tensor(args, tensor)
-                dtype = str(first.dtype).removeprefix("torch.") if first is not None else ""
-                on_gpu = first is not None and first.device.type != "cpu"
-                precision = _precision_of(dtype, on_gpu, info.kind, self.tf32)
+                on_gpu = first is not None and not first.is_cpu
+                key = (first.dtype if first is not None else None, on_gpu, info.kind)
+                precision = self.precisions.get(key)
+                if precision is None:
+                    dtype = str(first.dtype).removeprefix("torch.") if first is not None else ""
+                    precision = self.precisions[key] = _precision_of(dtype, on_gpu, info.kind, self.tf32)
                 self.flops += n
                 self.gpu_flops += n if on_gpu else 0
                 self.by_precision[precision] = self.by_precision.get(precision, 0) + n

@@ -216,9 +216,13 @@ def smoke(torch: Any, dev: Any, clock: GpuClock, optimizer_import: OptimizerImpo
     return out
 
 
+SUSTAINED_MS = 150.0  # bf16 matmuls back to back for about this long (see matmul())
+
+
 def matmul(torch: Any, dev: Any, clock: GpuClock, busy: bool, n: int = 8192) -> dict[str, Any]:
     """Dense matmul throughput in TFLOP/s: bf16, fp32 with TF32 tensor cores, strict fp32.
-    Few calls are enough: 8192-wide matmuls vary by well under 1 % once warm."""
+    Few calls are enough for TF32 and fp32 (8192-wide matmuls vary by well under 1 % once
+    warm); bf16, the MFU reference, is also run for ~150 ms at the sustained clocks."""
     out: dict[str, Any] = {"n": n}
     flop = 2 * n**3
     old_tf32 = torch.backends.cuda.matmul.allow_tf32
@@ -233,6 +237,17 @@ def matmul(torch: Any, dev: Any, clock: GpuClock, busy: bool, n: int = 8192) -> 
             b = torch.randn(n, n, device=dev, dtype=dtype)
             ms = clock.time(lambda: a @ b, iters=iters, busy=busy)  # noqa: B023 (called in this iteration)
             out[label + "_tflops"] = flop / (ms * 1e-3) / 1e12
+            if label == "bf16":
+                # Ten calls (~14 ms on an H200) run at the clocks of a cool, idle GPU; a training
+                # loop runs for seconds at the power limit, where the same kernel is slower (an
+                # H200 loop of nothing but these matmuls reached 80 % of the ten-call figure).
+                # The figure %%gpuprofile's MFU is measured against is the sustained one.
+                out["bf16_burst_tflops"] = out["bf16_tflops"]
+                sustained = min(max(round(SUSTAINED_MS / ms), iters), 200)
+                if sustained > iters:
+                    ms = clock.time(lambda: a @ b, iters=sustained, warmup=0)  # noqa: B023
+                    out["bf16_tflops"] = flop / (ms * 1e-3) / 1e12
+                out["bf16_sustained_calls"] = sustained
             a = b = None  # free before the next dtype's pair
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old_tf32
