@@ -89,14 +89,14 @@ class _OpInfo:
             self.moves = False
 
 
-    def use_formula(self, formula: Any) -> None:
+    def use_formula(self, formula: Any, wrapper_code: Any) -> None:
         """torch registers most formulas wrapped so that they receive shapes: the wrapper maps
         every argument through a pytree walk, which was most of the counting's cost per
         matmul. A wrapped one is called here on shapes directly (an ATen operator's arguments
         are tensors, numbers or flat lists of tensors, so one level is the whole walk)."""
         self.formula = formula
-        wrapped = getattr(formula, "__wrapped__", None)
-        shape_wrapped = wrapped is not None and "shape_wrapper" in getattr(formula, "__qualname__", "")
+        wrapped = getattr(formula, "__wrapped__", None)  # (wraps() copies the name: the code tells)
+        shape_wrapped = wrapped is not None and getattr(formula, "__code__", None) is wrapper_code
         self.on_shapes = wrapped if shape_wrapped else None
 
 
@@ -135,6 +135,9 @@ def _mode_class(torch: Any) -> type:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     registry = flop_counter.flop_registry  # the live table, not a copy
+    # the code object every shape-wrapped formula shares (None on a torch without the wrapper)
+    shape_wrapper = getattr(flop_counter, "shape_wrapper", None)
+    wrapper_code = getattr(shape_wrapper(lambda: 0), "__code__", None) if callable(shape_wrapper) else None
     tensor = torch.Tensor
     infos: dict[Any, _OpInfo] = {}  # per operator, for the life of the process: schemas do not change
     hop_type = getattr(torch._ops, "HigherOrderOperator", ())
@@ -187,7 +190,7 @@ def _mode_class(torch: Any) -> type:
             formula = registry.get(info.packet)  # looked up each time: a formula registered later counts
             if formula is not None:
                 if formula is not info.formula:
-                    info.use_formula(formula)
+                    info.use_formula(formula, wrapper_code)
                 if info.on_shapes is not None:  # the formula itself on shapes: no pytree walk per call
                     n = int(info.on_shapes(*[_shape_of(a, tensor) for a in args], out_shape=_shape_of(out, tensor),
                                            **{k: _shape_of(v, tensor) for k, v in kwargs.items()}))
