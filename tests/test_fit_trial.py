@@ -292,10 +292,14 @@ def test_on_cuda_a_fresh_start_also_drops_cublas_workspaces():
     import types
 
     calls = []
-    fake = types.SimpleNamespace(Tensor=torch.Tensor, _C=types.SimpleNamespace(
+    fake = types.SimpleNamespace(Tensor=torch.Tensor, no_grad=torch.no_grad, _C=types.SimpleNamespace(
         _cuda_clearCublasWorkspaces=lambda: calls.append("clear")),
         cuda=types.SimpleNamespace(synchronize=lambda device: calls.append("sync")))
     FreshStart(fake, device=torch.device("cuda", 0)).clear()
     assert calls == ["sync", "clear"]
     FreshStart(fake, device=torch.device("cpu")).clear()
     assert calls == ["sync", "clear"]  # only on a CUDA device
+    # and once more when the fit ends, before the cache goes back: the last trial's workspace
+    # would otherwise pin one of its large segments
+    FreshStart(fake, device=torch.device("cuda", 0)).restore(lambda: calls.append("settle"))
+    assert calls == ["sync", "clear", "sync", "clear", "settle"]

@@ -106,6 +106,12 @@ class FreshStart:
         dropped, the cache emptied (``settle``), then the saved state copied in. Gradients
         stay as the last trial left them (zeros, or None after ``zero_grad(set_to_none=True)``),
         moved to fresh blocks the same way."""
+        # The last trial's cuBLAS workspace was allocated inside that trial's first step, in one
+        # of its large segments, which it would keep from going back to the device: the user's
+        # next step then starts with less room than a fresh process has (on the H200 two zoo
+        # models ran out of memory at the recommended batch in the fitting process, not in a
+        # fresh one). Dropped here, the user's first matrix product creates it again.
+        self._drop_blas_workspaces()
         alive = self._alive()
         grads = []
         for s in alive:
