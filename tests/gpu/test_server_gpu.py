@@ -69,6 +69,13 @@ class Server:
     def run(self, kernel_id: str, code: str) -> str:
         from jupyter_client import BlockingKernelClient
 
+        # The server says when the kernel is up: a client made outside a KernelManager judges
+        # "alive" by heartbeats alone, and one missed on a busy host reads as "Kernel died
+        # before replying to kernel_info" (run 3, beside the multi-GPU tests) while it lived.
+        deadline = time.monotonic() + 120
+        while self.call(f"api/kernels/{kernel_id}")["execution_state"] == "starting":
+            assert time.monotonic() < deadline, f"kernel {kernel_id} still starting after 120 s"
+            time.sleep(0.5)
         kc = BlockingKernelClient(connection_file=str(self.runtime / f"kernel-{kernel_id}.json"))
         kc.load_connection_file()
         kc.start_channels()
@@ -81,7 +88,14 @@ class Server:
                 out.append("\n".join(msg["content"]["traceback"]))
 
         try:
-            kc.wait_for_ready(timeout=120)
+            for attempt in range(3):
+                try:
+                    kc.wait_for_ready(timeout=120)
+                    break
+                except RuntimeError:  # a missed heartbeat; the server knows whether it really died
+                    state = self.call(f"api/kernels/{kernel_id}")["execution_state"]
+                    if state == "dead" or attempt == 2:
+                        raise
             reply = kc.execute_interactive(code, timeout=300, output_hook=hook)
         finally:
             kc.stop_channels()
