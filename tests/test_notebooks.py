@@ -21,12 +21,23 @@ CPU_SHOWS = {"05-multi-gpu.ipynb": ("NVLink 4.0 × 18 through NVSwitch", "2 rank
                                     "2 ranks reported", "weights identical on every rank: True", "kernel_cuda: ok")}
 
 
-def execute(path: Path, timeout: int = 600) -> nbformat.NotebookNode:
-    nb = nbformat.read(path, as_version=4)
+def execute(path: Path, timeout: int = 600, nb: nbformat.NotebookNode | None = None) -> nbformat.NotebookNode:
+    """Run the notebook at ``path`` (or ``nb``, read from it: nbclient fills it in place, so a
+    caller that passes its own keeps the outputs up to a failure)."""
+    nb = nb if nb is not None else nbformat.read(path, as_version=4)
     client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3",
                                      resources={"metadata": {"path": str(path.parent)}})
     client.execute()
     return nb
+
+
+def unfinished_cell(nb) -> str:
+    """The cell a run stopped in (started, no reply): its index and first line."""
+    for i, cell in enumerate(nb.cells):
+        timing = cell.get("metadata", {}).get("execution", {})
+        if "iopub.execute_input" in timing and "shell.execute_reply" not in timing:
+            return f"cell {i}: {cell.source.splitlines()[0] if cell.source else ''}"
+    return "no cell was left unfinished"
 
 
 def errors(nb) -> list[str]:
