@@ -88,7 +88,6 @@ class _OpInfo:
         if getattr(func, "is_view", False):
             self.moves = False
 
-
     def use_formula(self, formula: Any, wrapper_code: Any) -> None:
         """torch registers most formulas wrapped so that they receive shapes: the wrapper maps
         every argument through a pytree walk, which was most of the counting's cost per
