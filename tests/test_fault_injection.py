@@ -29,6 +29,7 @@ from gpunb.readings import nvml as nvml_module
 from gpunb.readings.nvml import NvmlSession
 from gpunb.testing import load_trace, scenario
 from gpunb.testing.fake_nvml import RandomFaults
+from tests.hostile_objects import UNBOUND_PROXY
 
 torch = pytest.importorskip("torch")
 
@@ -261,35 +262,7 @@ def test_memory_stays_bounded_under_faults():
 
 # -- hostile objects in the namespace ----------------------------------------------------------
 
-HOSTILE = '''
-from contextvars import ContextVar
-
-class UnboundProxy:
-    def __init__(self, var):
-        object.__setattr__(self, "_var", var)
-    def _get(self):
-        try:
-            return self._var.get()
-        except LookupError:
-            raise RuntimeError("object is not bound") from None
-    @property
-    def __class__(self):
-        return type(self._get())
-    @property
-    def __dict__(self):
-        return self._get().__dict__
-    def __getattr__(self, name):
-        return getattr(self._get(), name)
-    def __iter__(self):
-        return iter(self._get())
-    def __len__(self):
-        return len(self._get())
-    def __repr__(self):
-        return repr(self._get())
-    def __eq__(self, other):
-        return self._get() == other
-    __hash__ = None
-
+HOSTILE = UNBOUND_PROXY + '''
 class Explodes:
     """Every attribute access raises, __class__ included."""
     def __getattribute__(self, name):

@@ -21,6 +21,7 @@ from gpunb.analysis.sampler import THREAD_NAME, RingColumns, Sampler
 from gpunb.readings import nvml as nvml_module
 from gpunb.readings.nvml import NvmlSession
 from gpunb.testing import load_trace, scenario
+from tests.hostile_objects import UNBOUND_PROXY
 
 MSG = load_trace()["oom_message"]
 FOREVER = 30.0
@@ -60,31 +61,7 @@ def run(ip, code: str):
 
 # -- 1. hostile objects in the namespace --------------------------------------------------
 
-HOSTILE_DEFINITIONS = '''
-from contextvars import ContextVar
-
-class UnboundProxy:
-    """Like werkzeug's LocalProxy(ContextVar('u')) before anything is bound."""
-    def __init__(self, var):
-        object.__setattr__(self, "_var", var)
-    def _get(self):
-        try:
-            return self._var.get()
-        except LookupError:
-            raise RuntimeError("object is not bound") from None
-    @property
-    def __class__(self):
-        return type(self._get())
-    @property
-    def __dict__(self):
-        return self._get().__dict__
-    def __getattr__(self, name):
-        return getattr(self._get(), name)
-    def __iter__(self):
-        return iter(self._get())
-    def __repr__(self):
-        return repr(self._get())
-
+HOSTILE_DEFINITIONS = UNBOUND_PROXY + '''
 class ItemsRaise(dict):
     def items(self):
         raise RuntimeError("items() refuses")
