@@ -104,10 +104,17 @@ def test_torchrun_ranks_are_fresh_interpreters_and_other_sitecustomize_still_run
         for _ in range(20):
             loss = model(torch.randn(16, 32)).pow(2).mean()
             opt.zero_grad(); loss.backward(); opt.step()
-        # DDP still alive at interpreter exit makes torch 2.13's CPU build abort now and then
-        # ("terminate called without an active exception", ~1 run in 4 here, without gpunb too)
         del model, opt, loss
         dist.destroy_process_group()
+        # torch 2.13's CPU build aborts now and then in the interpreter's teardown after DDP over
+        # gloo ("terminate called without an active exception" after destroy_process_group
+        # returned on both ranks: 11 of 40 runs here without gpunb, also with the model deleted,
+        # which cost a CI run). So the script runs the atexit handlers itself (gpunb's last rank
+        # record is one of them) and leaves without the teardown: 0 of 24.
+        import atexit, os, sys
+        sys.stdout.flush(); sys.stderr.flush()
+        atexit._run_exitfuncs()
+        os._exit(0)
     """))
     shell.user_ns.update(script=str(script), own_site=str(own))
     shell.run_cell_magic("gpuprofile", "-o p", (
