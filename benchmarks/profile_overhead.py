@@ -384,22 +384,29 @@ def call_costs(device: str, opt) -> dict:
 
 
 # -- one loop, in this process --------------------------------------------------------------
-def exit_breakdown(mode: str, run, steps: int, device: str) -> list[list]:
-    """Where a profiler's exit spends its time: the ten costliest calls by cumulative ms."""
+def call_breakdown(mode: str, run, steps: int, device: str) -> dict[str, list[list]]:
+    """Where a profiler's enter and exit spend their time: the ten costliest calls of each by
+    cumulative ms (one cell, cProfile on around each call)."""
     import cProfile
     import pstats
 
+    def top(prof: cProfile.Profile) -> list[list]:
+        stats = pstats.Stats(prof).stats  # {(file, line, name): (cc, nc, tottime, cumtime, callers)}
+        rows = sorted(stats.items(), key=lambda kv: -kv[1][3])[:10]
+        return [[f"{Path(f).name}:{line}({name})", round(v[3] * 1e3, 3)] for (f, line, name), v in rows]
+
     ctx = context(mode)
+    enter = cProfile.Profile()
+    enter.enable()
     ctx.__enter__()
+    enter.disable()
     run(steps)
     synchronize(device)
-    prof = cProfile.Profile()
-    prof.enable()
+    leave = cProfile.Profile()
+    leave.enable()
     ctx.__exit__(None, None, None)
-    prof.disable()
-    stats = pstats.Stats(prof).stats  # {(file, line, name): (cc, nc, tottime, cumtime, callers)}
-    rows = sorted(stats.items(), key=lambda kv: -kv[1][3])[:10]
-    return [[f"{Path(f).name}:{line}({name})", round(v[3] * 1e3, 3)] for (f, line, name), v in rows]
+    leave.disable()
+    return {"enter": top(enter), "exit": top(leave)}
 
 
 def measure(kind: str, device: str, cell_s: float, rounds: int, profiler_rounds: int,
@@ -460,7 +467,7 @@ def measure(kind: str, device: str, cell_s: float, rounds: int, profiler_rounds:
     res["flop_counting"] = counting
     res["flops_counted"] = FLOPS
     # a whole cell: long enough for the one-line mode's NVML utilization read (cell_meter.UTIL_MIN_S)
-    res["exit_breakdown_ms"] = {m: exit_breakdown(m, run, steps, device) for m in GPUNB_MODES[1:]}
+    res["call_breakdown_ms"] = {m: call_breakdown(m, run, steps, device) for m in GPUNB_MODES[1:]}
     res["cells"] = {"gpunb": cells, "torch.profiler": prof_rounds, "blocks": blocks, "toggled_pairs_us": pairs}
     return res
 
@@ -510,8 +517,10 @@ def print_table(results: list[dict], meta: dict) -> None:
         if "none_after_torch_profiler_ms_per_step" in res:
             after = res["none_after_torch_profiler_ms_per_step"]
             print(f"  (no profiler, after torch.profiler ran: {after:.3f} ms/step)")
-        for m, rows in res["exit_breakdown_ms"].items():
-            print(f"  {m} exit, costliest calls (cumulative ms): " + "; ".join(f"{n} {ms:.2f}" for n, ms in rows[:7]))
+        for m, parts in res["call_breakdown_ms"].items():
+            for part, rows in parts.items():
+                print(f"  {m} {part}, costliest calls (cumulative ms): "
+                      + "; ".join(f"{n} {ms:.2f}" for n, ms in rows[:7]))
     print("\nper-call costs on this machine (µs, median)")
     names = list(dict.fromkeys(k for res in results for k in res["call_costs_us"]))
     for name in names:

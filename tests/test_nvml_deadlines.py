@@ -236,3 +236,56 @@ def test_a_forked_child_starts_its_own_worker(fake, session):
     os.close(write)
     _, status = os.waitpid(pid, 0)
     assert status == 0 and os.read(read, 16) == b"1"
+
+
+def test_run_soon_reads_while_the_caller_works_and_gives_the_runs_answer(fake, session):
+    fake.gpus[0].hangs["nvmlDeviceGetPowerUsage"] = 0.06  # a slow but healthy call (under SLOW_CALL_S)
+    pending, took = timed(lambda: session.run_soon(session.device_query, 0, "nvmlDeviceGetPowerUsage",
+                                                   fallback=lambda why: f"fallback: {why}"))
+    assert took < 0.05  # queued, not waited for
+    assert not pending.ready()
+    value = pending.result()
+    assert pending.ready()
+    del fake.gpus[0].hangs["nvmlDeviceGetPowerUsage"]
+    assert is_available(value) and value == session.device_query(0, "nvmlDeviceGetPowerUsage")
+
+
+def test_run_soon_meets_a_hung_call_and_gives_the_rest_back_within_one_timeout(fake, session):
+    fake.gpus[0].hangs["nvmlDeviceGetName"] = FOREVER
+
+    def read_two():
+        return [session.device_query(0, "nvmlDeviceGetName"), session.device_query(0, "nvmlDeviceGetUUID")]
+
+    pending = session.run_soon(read_two, budget_s=1.0, fallback=lambda why: f"fallback: {why}")
+    got, took = timed(pending.result)
+    assert took < 0.25 + 0.25  # one call's timeout, then the run again on a fresh worker
+    name, uuid = got
+    assert not is_available(name) and "nvmlDeviceGetName on GPU 0" in name.reason
+    assert uuid.startswith("GPU-")
+
+
+def test_run_soon_gives_its_fallback_when_no_worker_can_take_it(fake, monkeypatch):
+    monkeypatch.setattr(nvml_module, "MAX_STUCK_WORKERS", 1)
+    session = NvmlSession(fake)
+    fake.gpus[0].hangs["nvmlDeviceGetName"] = FOREVER
+    try:
+        assert not is_available(session.device_query(0, "nvmlDeviceGetName"))  # one worker now stuck
+        got, took = timed(lambda: session.run_soon(session.device_query, 0, "nvmlDeviceGetUUID",
+                                                   fallback=lambda why: f"fallback: {why}").result())
+        assert took < 0.05 and got.startswith("fallback: NVML is not answering")
+    finally:
+        fake.release_hangs()
+
+
+def test_the_timeline_reader_never_waits_for_nvml(fake, session):
+    from gpunb.analysis.profile import DeviceUsedReader
+
+    fake.gpus[0].hangs["nvmlDeviceGetMemoryInfo"] = 0.06  # answers that take a while
+    reader = DeviceUsedReader(session, 0)
+    first, took = timed(reader)
+    assert first is None and took < 0.05  # nothing back yet; the read goes on in the background
+    second, took = timed(reader)
+    assert second is None and took < 0.05  # still on its way: not asked twice, not waited for
+    last = reader.last()  # the cell's end waits for the reading on its way
+    del fake.gpus[0].hangs["nvmlDeviceGetMemoryInfo"]
+    assert last is not None and last == session.device_query(0, "nvmlDeviceGetMemoryInfo").used

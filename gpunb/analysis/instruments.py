@@ -431,6 +431,11 @@ class Instruments:
         return write
 
     # -- memory timeline ----------------------------------------------------------------------
+    def note_device_used(self, used: int | None) -> None:
+        """A reading of NVML's used bytes on the cell's GPU (None: none came)."""
+        if used is not None and (self.device_used_peak is None or used > self.device_used_peak):
+            self.device_used_peak = used
+
     def sample_memory(self, force: bool = False) -> None:
         """One point of the memory timeline, at most every ``memory_every_s`` at a step end."""
         if self._memory_every == float("inf") and not force:
@@ -438,10 +443,8 @@ class Instruments:
         t = self.clock()
         self._last_memory_t = t
         torch = self.torch
-        if self.device_used is not None:  # NVML device memory (a few µs): the peak beyond torch's view
-            used = self.device_used()
-            if used is not None and (self.device_used_peak is None or used > self.device_used_peak):
-                self.device_used_peak = used
+        if self.device_used is not None:  # NVML device memory: the peak beyond torch's view
+            self.note_device_used(self.device_used())
         try:
             if torch is not None and torch.cuda.is_initialized():
                 stats = torch_state.read_allocator(torch, torch.cuda.current_device())

@@ -40,10 +40,10 @@ from gpunb.analysis.throughput import assess
 from gpunb.analysis.throughput_records import OpsReport
 from gpunb.analysis.verdict import judge
 from gpunb.readings import torch_state
-from gpunb.readings.devices import read_device_map, read_ownership
+from gpunb.readings.devices import GpuOwnership, read_device_map, read_ownership
 from gpunb.readings.gpu import read_driver
 from gpunb.readings.gpu_activity import UtilWindow, now_us, read_util_since
-from gpunb.readings.nvml import NvmlSession, default_session, is_available
+from gpunb.readings.nvml import NvmlSession, PendingRun, Unavailable, default_session, is_available
 from gpunb.readings.peak_cache import lookup as measured_peaks
 from gpunb.readings.process import read_process_usage, reset_peak_rss
 
@@ -156,6 +156,11 @@ class ProfileSession:
             plan.stop_counting()  # before gpunb's own end-of-cell work could be counted
         torch = self.torch = ins.torch  # the cell may have imported torch itself
         cuda = torch_state.cuda_initialized(torch)
+        nvml = self.nvml or default_session()
+        # NVML's end-of-cell readings (the slowest is the utilization-sample buffer, ~2 ms) in
+        # one trip to the NVML worker, begun now: they go on while the GPU finishes below
+        end_reads = nvml.run_soon(_read_nvml_end, nvml, torch if cuda else None, _device_now(torch, cuda),
+                                  self.util_since_us, fallback=_unread_nvml_end, what="the cell's end readings")
         synced = gpu_time = None
         end_event = None
         if cuda:
@@ -178,16 +183,15 @@ class ProfileSession:
                             "torch was not imported when the cell started, so there was nothing to trace")
         steps = self._steps(ins, plan.excluded if plan is not None else set())
         shares = self._shares(ins, t_end)
-        nvml = self.nvml or default_session()
-        gpu, absent = self._gpu_part(torch, cuda, nvml) if cuda else (None, self._why_no_gpu(torch))
+        nvml_end = end_reads.result()
+        if isinstance(ins.device_used, DeviceUsedReader):  # the reading the last timeline point asked for
+            ins.note_device_used(ins.device_used.last())
+        gpu, absent = self._gpu_part(torch, nvml_end, nvml) if cuda else (None, self._why_no_gpu(torch))
         visible = ""
         driver_cuda = None
-        count = nvml.device_count()
-        if count:
-            name = nvml.device_query(0, "nvmlDeviceGetName")
-            visible = str(name) if is_available(name) else "an NVIDIA GPU"
-            cuda_version = read_driver(nvml).cuda_driver_version
-            driver_cuda = cuda_version if is_available(cuda_version) else None
+        if nvml_end.count:
+            visible = str(nvml_end.name) if is_available(nvml_end.name) else "an NVIDIA GPU"
+            driver_cuda = nvml_end.driver_cuda if is_available(nvml_end.driver_cuda) else None
         build = getattr(getattr(torch, "version", None), "cuda", None) if torch is not None else None
         profile = CellProfile(
             label=self.label,
@@ -229,7 +233,7 @@ class ProfileSession:
         self.result = dataclasses.replace(profile, verdict=verdict, advice=tuple(advice), ranks=part)
         return self.result
 
-    def _device_used_probe(self, torch: Any) -> Any:
+    def _device_used_probe(self, torch: Any) -> DeviceUsedReader | None:
         nvml = self.nvml or default_session()
         if not nvml.device_count():
             return None
@@ -238,14 +242,7 @@ class ProfileSession:
         except Exception:
             return None
         index = read_device_map(nvml, torch=torch).nvml_index(dev)  # kept for the session once CUDA is up
-        if index is None:
-            return None
-
-        def used() -> int | None:
-            mem = nvml.device_query(index, "nvmlDeviceGetMemoryInfo")
-            return int(mem.used) if is_available(mem) else None
-
-        return used
+        return DeviceUsedReader(nvml, index) if index is not None else None
 
     # -- parts ----------------------------------------------------------------------------
     def _throughput(self, plan: StepPlan, steps: StepStats, gpu: GpuPart | None, torch: Any) -> Any:
@@ -302,7 +299,7 @@ class ProfileSession:
             return f"torch {torch.__version__} is a CPU-only build"
         return "this cell did not use CUDA (no CUDA context in this process)"
 
-    def _gpu_part(self, torch: Any, cuda: bool, nvml: NvmlSession) -> tuple[GpuPart | None, str]:
+    def _gpu_part(self, torch: Any, end: NvmlEnd, nvml: NvmlSession) -> tuple[GpuPart | None, str]:
         try:
             dev = torch_state.current_device(torch)
             stats = torch_state.read_allocator(torch, dev)
@@ -319,11 +316,10 @@ class ProfileSession:
                 peak_alloc = None
             if stats.peak_reserved_bytes <= before.peak_reserved_bytes:
                 peak_res = None
-        nvml_index = read_device_map(nvml, torch=torch).nvml_index(dev) if nvml.device_count() else None
-        # PIDs and bytes only: the process names would cost one more driver call per process
-        own = read_ownership(nvml, nvml_index, torch=torch, names=False) if nvml_index is not None else None
-        util = read_util_since(nvml, nvml_index, self.util_since_us) if nvml_index is not None else None
-        window = util if isinstance(util, UtilWindow) else None
+        # NVML's view is of the device this kernel uses now (read at the end, _read_nvml_end)
+        nvml_index = end.index if end.device == dev else None
+        own = end.own if nvml_index is not None else None
+        window = end.util if nvml_index is not None and isinstance(end.util, UtilWindow) else None
         cc = (props.major, props.minor) if hasattr(props, "major") else None
         total = int(getattr(props, "total_memory", 0) or 0)
         if not total and nvml_index is not None:
@@ -351,3 +347,87 @@ class ProfileSession:
             child_processes_bytes=own.children_bytes if own is not None else None,
             process_match=own.how if own is not None else "",
         ), ""
+
+
+class DeviceUsedReader:
+    """NVML's used bytes on the cell's GPU for the memory timeline, read by the NVML worker
+    while the cell goes on: each call returns the newest reading that came back (None while
+    none has) and asks for the next, one at a time. Waiting for each reading cost the step
+    that took a timeline point a trip to the worker and back."""
+
+    def __init__(self, nvml: NvmlSession, index: int) -> None:
+        self.nvml, self.index = nvml, index
+        self.pending: PendingRun[int | None] | None = None
+
+    def __call__(self) -> int | None:
+        got = None
+        pending = self.pending
+        if pending is not None and pending.ready():
+            got = pending.result()
+            pending = None
+        if pending is None:
+            pending = self.nvml.run_soon(_read_used, self.nvml, self.index, fallback=_no_reading,
+                                         budget_s=self.nvml.call_timeout_s, what="the GPU's used memory")
+        self.pending = pending
+        return got
+
+    def last(self) -> int | None:
+        """The reading still on its way (at the cell's end), waited for."""
+        pending, self.pending = self.pending, None
+        return pending.result() if pending is not None else None
+
+
+def _read_used(nvml: NvmlSession, index: int) -> int | None:
+    mem = nvml.device_query(index, "nvmlDeviceGetMemoryInfo")
+    return int(mem.used) if is_available(mem) else None
+
+
+def _no_reading(why: str) -> None:
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class NvmlEnd:
+    """What NVML says at a cell's end: the GPU count, the first GPU's name, the driver's CUDA
+    version and, for the device this kernel uses (``device``: torch's index), its NVML index,
+    this kernel's share of it and the utilization samples since the cell began."""
+
+    count: int
+    name: Any = None
+    driver_cuda: Any = None
+    device: int | None = None
+    index: int | None = None
+    own: GpuOwnership | None = None
+    util: UtilWindow | Unavailable | None = None
+
+
+def _device_now(torch: Any, cuda: bool) -> int | None:
+    """torch's current device in the calling thread (CUDA's current device is per thread)."""
+    if not cuda:
+        return None
+    try:
+        return torch_state.current_device(torch)
+    except Exception:  # a broken CUDA context: the torch side of the report says so
+        return None
+
+
+def _read_nvml_end(nvml: NvmlSession, torch: Any, dev: int | None, since_us: int) -> NvmlEnd:
+    """On the NVML worker (one trip for all of them); ``torch`` and ``dev``: the kernel's torch
+    and its current device when CUDA is up (read in the kernel's thread), else None."""
+    count = nvml.device_count()
+    if not count:
+        return NvmlEnd(0)
+    name = nvml.device_query(0, "nvmlDeviceGetName")
+    driver_cuda = read_driver(nvml).cuda_driver_version
+    if torch is None or dev is None:
+        return NvmlEnd(count, name, driver_cuda)
+    index = read_device_map(nvml, torch=torch).nvml_index(dev)
+    if index is None:
+        return NvmlEnd(count, name, driver_cuda, dev)
+    # PIDs and bytes only: the process names would cost one more driver call per process
+    own = read_ownership(nvml, index, torch=torch, names=False)
+    return NvmlEnd(count, name, driver_cuda, dev, index, own, read_util_since(nvml, index, since_us))
+
+
+def _unread_nvml_end(why: str) -> NvmlEnd:
+    return NvmlEnd(0)

@@ -84,12 +84,19 @@ def _link_words(links: LinkMap | None, indices: Sequence[int]) -> tuple[str, boo
 
 class TrafficMeter:
     """NVLink bytes each GPU moved during the cell, from NVML's running counters (read at the
-    cell's start and end; None where NVML does not count them)."""
+    cell's start and end; None where NVML does not count them).
+
+    The start is read in the background, so a cell does not wait for it (a few NVML field
+    reads per GPU); a worker's traffic in the first milliseconds may fall before it. The end
+    is read only when workers reported (``moved``)."""
 
     def __init__(self, nvml: NvmlSession) -> None:
         self.nvml = nvml
-        count = nvml.device_count()
-        self.start = {i: read_nvlink_traffic(nvml, i) for i in range(count)} if count > 1 else {}
+        self._start = nvml.run_soon(_read_all_traffic, nvml, fallback=lambda _why: {}, what="the NVLink counters")
+
+    @property
+    def start(self) -> dict[int, tuple[int, int] | None]:
+        return self._start.result()
 
     def moved(self) -> dict[int, int]:
         out: dict[int, int] = {}
@@ -98,6 +105,11 @@ class TrafficMeter:
             if before is not None and after is not None:
                 out[i] = max(0, (after[0] - before[0]) + (after[1] - before[1]))
         return out
+
+
+def _read_all_traffic(nvml: NvmlSession) -> dict[int, tuple[int, int] | None]:
+    count = nvml.device_count()
+    return {i: read_nvlink_traffic(nvml, i) for i in range(count)} if count > 1 else {}
 
 
 def build_ranks(records: Sequence[dict[str, Any]], *, warmup_steps: int = 1, nvml: NvmlSession | None = None,

@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast
 
 from gpunb.readings.nvml_values import misfit
 
@@ -228,6 +228,55 @@ class _Worker(threading.Thread):
             self.session._worker_ended(self)
 
 
+class PendingRun(Generic[T]):
+    """A :meth:`NvmlSession.run` queued on the NVML worker and waited for later
+    (``NvmlSession.run_soon``): the caller does its own work meanwhile."""
+
+    def __init__(self, session: NvmlSession, fn: Callable[..., T], args: tuple[Any, ...],
+                 fallback: Callable[[str], T], what: str) -> None:
+        self._session, self._fn, self._args, self._fallback, self._what = session, fn, args, fallback, what
+        self._job: _Job | None = None
+        self._worker: _Worker | None = None
+        self._deadline = 0.0
+        self._budget_s = 0.0
+        self._why_not = ""  # why it was never queued (the fallback answers)
+        self._value: Any = None  # the answer, when it ran at once (asked on the worker itself)
+        self._ran = False
+
+    def ready(self) -> bool:
+        """True once ``result()`` would not wait for the worker."""
+        job = self._job
+        return job is None or job.done.is_set() or time.monotonic() >= self._deadline
+
+    def result(self) -> T:
+        """The run's answer. Waits at most until its budget is spent plus one call's timeout;
+        when a call inside it hangs, what is left of the budget goes to the same run on a
+        fresh worker, which skips the hung function (as :meth:`NvmlSession.run` does)."""
+        if self._ran:
+            return cast(T, self._value)
+        job, worker, session = self._job, self._worker, self._session
+        if job is None or worker is None:
+            return self._fallback(self._why_not)
+        timeout = session.call_timeout_s
+        end = self._deadline + timeout
+        while not job.done.wait(max(0.0, min(end, time.monotonic() + timeout / 5) - time.monotonic())):
+            now = time.monotonic()
+            call = worker.call
+            if call is not None and call.name != "nvmlInit" and now - call.t0 > timeout:
+                job.cancelled = True
+                return session.run(self._fn, *self._args, fallback=self._fallback,
+                                   budget_s=max(0.0, self._deadline - now), what=self._what, grace_s=timeout)
+            if now >= end:
+                job.cancelled = True
+                return self._fallback(f"NVML did not answer {self._what} within "
+                                      f"{now - (self._deadline - self._budget_s):.2f} s")
+        if job.refused is not None:
+            return self._fallback(job.refused)
+        if job.error is not None:
+            raise job.error
+        return cast(T, job.result)
+
+
 class NvmlSession:
     """A started NVML library whose every call has a deadline (see the module doc)."""
 
@@ -364,6 +413,29 @@ class NvmlSession:
         return self._hop(fn, args, wait=budget_s, what=what or getattr(fn, "__name__", "reading"),
                          fallback=fallback, budget_s=budget_s,
                          grace_s=self.call_timeout_s if grace_s is None else grace_s)
+
+    def run_soon(self, fn: Callable[..., T], *args: Any, fallback: Callable[[str], T],
+                 budget_s: float = RUN_BUDGET_S, what: str = "") -> PendingRun[T]:
+        """:meth:`run` queued now, waited for later (``.result()``): the caller goes on with its
+        own work while the worker reads (a profiled cell's end, the memory timeline's device
+        reading). The same deadlines hold; the wait is in ``result()``."""
+        pending = PendingRun(self, fn, args, fallback, what or getattr(fn, "__name__", "reading"))
+        if self._current_worker() is not None:
+            pending._value, pending._ran = fn(*args), True
+            return pending
+        now = time.monotonic()
+        pending._deadline, pending._budget_s = now + budget_s, budget_s
+        with self._lock:
+            if self._init_since is not None:
+                pending._why_not = f"NVML is still starting (nvmlInit has run for {now - self._init_since:.1f} s)"
+                return pending
+            worker, why = self._live_worker(now)
+            if worker is None:
+                pending._why_not = why
+                return pending
+            pending._job, pending._worker = _Job(fn, args, pending._deadline, pending._what), worker
+            worker.jobs.put(pending._job)
+        return pending
 
     def _hop(self, fn: Callable[..., T], args: tuple[Any, ...], *, wait: float, what: str,
              fallback: Callable[[str], T], budget_s: float | None = None, grace_s: float = 0.0,
