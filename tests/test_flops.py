@@ -131,6 +131,41 @@ def test_every_formula_counts_what_torchs_flop_counter_counts_per_operator():
     assert ours == theirs and len(ours) >= 5, (ours, theirs)
 
 
+class _SameWeightsManyShapes(torch.nn.Module):
+    """One convolution's weights applied with two strides and two dilations, one linear layer
+    on two sequence lengths: the same operators with the same weight shapes but different
+    answers, which a per-operator answer cache must keep apart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3)
+        self.lin = torch.nn.Linear(8, 5)
+
+    def forward(self, x):
+        f = torch.nn.functional
+        parts = [f.conv2d(x, self.conv.weight, self.conv.bias, stride=s, dilation=d) for s in (1, 2) for d in (1, 2)]
+        pooled = [q.mean(dim=(2, 3)) for q in parts]
+        seqs = [self.lin(torch.stack(pooled[:n], dim=1)) for n in (2, 4)]
+        return sum(q.sum() for q in seqs)
+
+
+def test_answers_kept_per_shape_and_option_match_torchs_count_every_time():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    model, x = _SameWeightsManyShapes(), torch.randn(2, 3, 17, 19)
+    counts = []
+    for _ in range(2):  # the second count answers from what the first kept
+        with gpunb.profile(record=False, show=False) as p:
+            opt = _train(model, x, steps=3)
+        counts.append(p.result.flops.count.by_op)
+    reference = FlopCounterMode(display=False)
+    with reference:
+        _train(model, x, steps=1, opt=opt)
+    theirs = {str(op): n for op, n in reference.get_flop_counts()["Global"].items()}
+    assert counts[0] == counts[1] == theirs, (counts, theirs)
+
+
 def test_autocast_flops_are_filed_as_bf16():
     model, x = _mlp(16, 64, 128, 4)
     with gpunb.profile(record=False, show=False) as p:

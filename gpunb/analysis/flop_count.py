@@ -5,9 +5,12 @@ operation the step runs (forward, backward, optimizer; CPU or CUDA) after autoca
 dtype. Matmul, convolution and attention FLOPs come from torch's own formulas
 (``torch.utils.flop_counter``'s registry: 2·M·N·K per matmul, the backward's two matmuls,
 convolution and SDPA counts), so the total equals ``FlopCounterMode``'s for the same step.
-Not ``FlopCounterMode`` itself: its module tracking (global module hooks) and decomposition
-attempts cost ~30 µs per operation, this mode ~5 (CPU, torch 2.13), and the counted step
-is paid for in full by the user's loop.
+Not ``FlopCounterMode`` itself: the counted step is paid for in full by the user's loop,
+and on the overhead benchmark's launch-bound MLP (``benchmarks/flop_count_cost.py``, 2-core
+VM, torch 2.13 CPU) ``FlopCounterMode`` adds 15.2 µs per operation, a dispatch mode that only
+calls each operation 3.4, and this one 3.5: its per-operation work is a few tuple reads
+(operators keyed by id, formula answers kept per shape), and it calls each operator's C
+function directly, without torch's per-call Dynamo guard (its code is marked for Dynamo once).
 
 The mode never changes what runs: each operation is executed exactly as called and its
 result returned untouched; counting happens after, and a failure in it is noted, never
@@ -29,6 +32,7 @@ traffic lower, fused (compiled) kernels far lower.
 
 from __future__ import annotations
 
+import itertools
 import sys
 import threading
 import time
@@ -37,6 +41,7 @@ from typing import Any
 from gpunb.analysis.throughput_records import FlopCount
 
 _MODE_CLASSES: dict[int, type] = {}  # id(torch) -> the mode class built on that torch
+MAX_ANSWERS = 256  # FLOP answers kept per operator (distinct shapes a model asks about)
 _MATMUL_OPS = ("mm", "addmm", "bmm", "baddbmm")
 _CONV_OPS = ("convolution", "_convolution", "cudnn_convolution", "convolution_overrideable",
              "_slow_conv2d_forward", "convolution_backward")
@@ -57,32 +62,40 @@ def _precision_of(dtype_name: str, on_cuda: bool, kind: str, tf32: dict[str, boo
 class _OpInfo:
     """What counting needs to know about one operator, worked out once from its schema."""
 
-    __slots__ = ("formula", "fresh_out", "hop", "kind", "moves", "name", "on_shapes", "packet", "tensor_args")
+    __slots__ = ("answers", "call", "formula", "fresh_out", "func", "hop", "kind", "lists", "moves", "name",
+                 "on_shapes", "packet", "written")
 
-    def __init__(self, func: Any, hop_type: Any) -> None:
+    def __init__(self, func: Any, hop_type: Any, plain_call: Any = None) -> None:
+        self.func = func  # held: the operator's id is the key it is found by
+        # an OpOverload's __call__ only forwards to its C function: calling that saves a frame
+        direct = getattr(func, "_op", None)
+        plain = direct is not None and plain_call is not None and type(func).__call__ is plain_call
+        self.call = direct if plain else func
         self.hop = isinstance(func, hop_type)
         self.formula: Any = None  # the registry's formula this was worked out for
         self.on_shapes: Any = None  # that formula's own function, which takes shapes
+        self.answers: dict[tuple[Any, ...], int] = {}  # the formula's FLOPs by shapes and options
         self.name = str(getattr(func, "_overloadpacket", func))
         self.packet = getattr(func, "_overloadpacket", None)  # the FLOP formulas' key
         base = self.name.rsplit(".", 1)[-1]
         self.kind = "matmul" if base in _MATMUL_OPS else "conv" if base in _CONV_OPS else "other"
-        # (position, holds a list of tensors, bytes factor: 2 for an operand written in place)
-        self.tensor_args: tuple[tuple[int, bool, int], ...] = ()
+        self.lists = False  # some argument is a list of tensors (the foreach operators)
+        self.written: tuple[int, ...] = ()  # positional operands written in place: read and written
         self.fresh_out = True
         self.moves = not self.hop and not base.startswith(("empty", "new_empty"))
         schema = getattr(func, "_schema", None)
         if schema is None or self.hop:
             return
-        found = []
+        written = []
         for i, arg in enumerate(schema.arguments):
             if arg.kwarg_only:  # out= and friends arrive in kwargs
                 continue
             kind = str(arg.type)
             if "Tensor" in kind:
-                written = arg.alias_info is not None and arg.alias_info.is_write
-                found.append((i, "[]" in kind or "List" in kind, 2 if written else 1))
-        self.tensor_args = tuple(found)
+                self.lists = self.lists or "[]" in kind or "List" in kind
+                if arg.alias_info is not None and arg.alias_info.is_write:
+                    written.append(i)
+        self.written = tuple(written)
         # a return that aliases an argument (a view, an in-place or out= result) is not new data
         self.fresh_out = all(r.alias_info is None for r in schema.returns)
         if getattr(func, "is_view", False):
@@ -93,7 +106,8 @@ class _OpInfo:
         every argument through a pytree walk, which was most of the counting's cost per
         matmul. A wrapped one is called here on shapes directly (an ATen operator's arguments
         are tensors, numbers or flat lists of tensors, so one level is the whole walk)."""
-        self.formula = formula
+        self.formula = formula  # None: no FLOPs (most operators)
+        self.answers = {}
         wrapped = getattr(formula, "__wrapped__", None)  # (wraps() copies the name: the code tells)
         shape_wrapped = wrapped is not None and getattr(formula, "__code__", None) is wrapper_code
         self.on_shapes = wrapped if shape_wrapped else None
@@ -106,6 +120,27 @@ def _shape_of(value: Any, tensor: Any) -> Any:
         shapes = [v.shape if isinstance(v, tensor) else v for v in value]
         return shapes if isinstance(value, list) else tuple(shapes)
     return value
+
+
+def _shapes_key(args: tuple[Any, ...], kwargs: dict[str, Any], tensor: Any) -> tuple[Any, ...] | None:
+    """What a FLOP formula's answer depends on: the tensors' shapes and the other arguments
+    (None when one of them cannot be a key)."""
+    parts: list[Any] = []
+    for a in args:
+        if isinstance(a, tensor):
+            parts.append(a.shape)
+        elif isinstance(a, (list, tuple)):
+            parts.append(tuple(v.shape if isinstance(v, tensor) else v for v in a))
+        else:
+            parts.append(a)
+    if kwargs:
+        parts.append(tuple((k, _shapes_key((v,), {}, tensor)) for k, v in kwargs.items()))
+    key = tuple(parts)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def _tensor_bytes(value: Any, tensor: Any) -> int:
@@ -138,11 +173,24 @@ def _mode_class(torch: Any) -> type:
     shape_wrapper = getattr(flop_counter, "shape_wrapper", None)
     wrapper_code = getattr(shape_wrapper(lambda: 0), "__code__", None) if callable(shape_wrapper) else None
     tensor = torch.Tensor
-    infos: dict[Any, _OpInfo] = {}  # per operator, for the life of the process: schemas do not change
+    # per operator, for the life of the process (schemas do not change), keyed by id: an
+    # OpOverload's __hash__ is Python code, one call per lookup; the info holds the operator,
+    # so its id stays its own
+    entries: dict[int, tuple[Any, ...]] = {}
     hop_type = getattr(torch._ops, "HigherOrderOperator", ())
+    overload = getattr(torch._ops, "OpOverload", None)
+    plain_call = overload.__call__ if overload is not None else None  # forwards to ``_op``
+    counting_steps = itertools.count(1)
 
     class StepCountingMode(TorchDispatchMode):
         supports_higher_order_operators = True  # else a cond/checkpoint HOP would raise under the mode
+
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            # torch wraps a mode's __torch_dispatch__ so that Dynamo never traces it: a wrapper
+            # that switches Dynamo off and on around every call (~0.6 µs an operation here).
+            # Marking the method's code "skip, and all it calls" once does the same for free.
+            return not _skip_in_dynamo(cls.__dict__["__torch_dispatch__"])
 
         @classmethod
         def ignore_compile_internals(cls) -> bool:  # compiled code stays compiled (see module doc)
@@ -151,6 +199,7 @@ def _mode_class(torch: Any) -> type:
         def __init__(self, tf32: dict[str, bool]) -> None:
             super().__init__()  # type: ignore[no-untyped-call]  # torch leaves TorchDispatchMode.__init__ unannotated
             self.tf32 = tf32
+            self.serial = next(counting_steps)  # each operator's formula is looked up again once per count
             self.precisions: dict[Any, str] = {}  # (dtype, on a GPU, kind) -> precision name
             self.inert = False  # set when the mode could not be left: it then only passes calls on
             self.flops = 0
@@ -166,66 +215,103 @@ def _mode_class(torch: Any) -> type:
         def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                                kwargs: dict[str, Any] | None = None) -> Any:
             __tracebackhide__ = True  # IPython hides this frame in the user's tracebacks
-            # The user's operation first, exactly as called: its errors are the user's.
-            out = func(*args, **kwargs) if kwargs else func(*args)
+            # The user's operation first, exactly as called: its errors are the user's. (An
+            # operator seen before is called through the C function its __call__ forwards to.)
+            entry = entries.get(id(func))
+            call = entry[-1] if entry is not None else func
+            out = call(*args, **kwargs) if kwargs else call(*args)
             if self.inert:
                 return out
+            # Counting, inline: this runs for every operation of the counted step, and the
+            # step's time is the user's (benchmarks/flop_count_cost.py).
             try:
-                self._count(func, args, kwargs or {}, out)
+                self.ops += 1
+                if entry is None or entry[0] != self.serial:
+                    entry = self._look_up(func)
+                _, info, hop, formula, moves, lists, written, fresh_out, _call = entry
+                if hop:
+                    self.hops += 1
+                    return out
+                if formula is not None:
+                    self._count_flops(info, args, kwargs, out)
+                if moves:  # every tensor read, each written in place read and written, new outputs written
+                    moved = 0
+                    for a in args:
+                        if isinstance(a, tensor):
+                            moved += a.nbytes
+                        elif lists and isinstance(a, (list, tuple)):
+                            moved += _tensor_bytes(a, tensor)
+                    for i in written:
+                        if i < len(args):
+                            moved += _tensor_bytes(args[i], tensor)
+                    if kwargs:
+                        for a in kwargs.values():
+                            moved += _tensor_bytes(a, tensor)  # read, or for out=: written
+                    if fresh_out:
+                        moved += out.nbytes if isinstance(out, tensor) else _tensor_bytes(out, tensor)
+                    self.bytes += moved
             except Exception as exc:  # counting must never break a step
                 self.failures += 1
                 if not self.first_failure:
                     self.first_failure = f"{func}: {type(exc).__name__}: {exc}"[:300]
             return out
 
-        def _count(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
-            info = infos.get(func)
-            if info is None:
-                info = infos[func] = _OpInfo(func, hop_type)
-            self.ops += 1
-            if info.hop:
-                self.hops += 1
-                return
-            formula = registry.get(info.packet)  # looked up each time: a formula registered later counts
-            if formula is not None:
-                if formula is not info.formula:
-                    info.use_formula(formula, wrapper_code)
+        def _look_up(self, func: Any) -> tuple[Any, ...]:
+            """The operator's entry, its formula looked up in the registry again (once per
+            counted step: a formula registered later counts)."""
+            entry = entries.get(id(func))
+            info = entry[1] if entry is not None else _OpInfo(func, hop_type, plain_call)
+            formula = registry.get(info.packet) if not info.hop else None
+            if formula is not info.formula:
+                info.use_formula(formula, wrapper_code)
+            # unpacked in one go per operation: (counted step, info, hop, formula, moves bytes,
+            # has tensor-list arguments, positions written in place, outputs are new data, what
+            # to call); "what to call" last: it is read before the rest
+            entry = entries[id(func)] = (self.serial, info, info.hop, info.formula, info.moves, info.lists,
+                                         info.written, info.fresh_out, info.call)
+            return entry
+
+        def _count_flops(self, info: _OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any] | None, out: Any) -> None:
+            kwargs = kwargs or {}
+            # a formula's answer depends on shapes and options only, and a training step asks
+            # the same few questions every step: answers are kept per operator
+            key = _shapes_key(args, kwargs, tensor)
+            n = info.answers.get(key) if key is not None else None
+            if n is None:
                 if info.on_shapes is not None:  # the formula itself on shapes: no pytree walk per call
                     n = int(info.on_shapes(*[_shape_of(a, tensor) for a in args], out_shape=_shape_of(out, tensor),
                                            **{k: _shape_of(v, tensor) for k, v in kwargs.items()}))
                 else:
-                    n = int(formula(*args, **kwargs, out_val=out))
-                first = _first_tensor(args, tensor)
-                on_gpu = first is not None and not first.is_cpu
-                key = (first.dtype if first is not None else None, on_gpu, info.kind)
-                precision = self.precisions.get(key)
-                if precision is None:
-                    dtype = str(first.dtype).removeprefix("torch.") if first is not None else ""
-                    precision = self.precisions[key] = _precision_of(dtype, on_gpu, info.kind, self.tf32)
-                self.flops += n
-                self.gpu_flops += n if on_gpu else 0
-                self.by_precision[precision] = self.by_precision.get(precision, 0) + n
-                self.by_op[info.name] = self.by_op.get(info.name, 0) + n
-            if info.moves:
-                moved = 0
-                n_args = len(args)
-                for i, is_list, factor in info.tensor_args:  # an in-place operand is read and written
-                    if i >= n_args:
-                        break
-                    a = args[i]  # the schema says Tensor; a wrapped Python number may come instead
-                    if is_list:
-                        moved += factor * sum(t.nbytes for t in a if isinstance(t, tensor))
-                    elif isinstance(a, tensor):
-                        moved += factor * a.nbytes
-                if kwargs:
-                    for a in kwargs.values():
-                        moved += _tensor_bytes(a, tensor)  # read, or for out=: written
-                if info.fresh_out:
-                    moved += _tensor_bytes(out, tensor)
-                self.bytes += moved
+                    n = int(info.formula(*args, **kwargs, out_val=out))
+                if key is not None and len(info.answers) < MAX_ANSWERS:
+                    info.answers[key] = n
+            first = _first_tensor(args, tensor)
+            on_gpu = first is not None and not first.is_cpu
+            key = (first.dtype if first is not None else None, on_gpu, info.kind)
+            precision = self.precisions.get(key)
+            if precision is None:
+                dtype = str(first.dtype).removeprefix("torch.") if first is not None else ""
+                precision = self.precisions[key] = _precision_of(dtype, on_gpu, info.kind, self.tf32)
+            self.flops += n
+            self.gpu_flops += n if on_gpu else 0
+            self.by_precision[precision] = self.by_precision.get(precision, 0) + n
+            self.by_op[info.name] = self.by_op.get(info.name, 0) + n
 
     _MODE_CLASSES[id(torch)] = StepCountingMode
     return StepCountingMode
+
+
+def _skip_in_dynamo(fn: Any) -> bool:
+    """Mark ``fn``'s code so that Dynamo neither traces it nor anything it calls; False when
+    this torch has no such mark (its own per-call wrapper is used then)."""
+    try:
+        from torch._dynamo.eval_frame import set_code_exec_strategy
+        from torch._dynamo.types import FrameAction, FrameExecStrategy
+
+        set_code_exec_strategy(fn.__code__, FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
+    except Exception:  # another torch: keep torch's wrapper
+        return False
+    return True
 
 
 def _compiled_code_would_change(torch: Any) -> bool:
