@@ -104,6 +104,21 @@ class _TimedStream:
         return getattr(self._stream, name)
 
 
+_optim_names: tuple[int, tuple[str, ...]] = (-1, ())  # (len(sys.modules) then, torch.optim's modules)
+
+
+def _optimizer_module_names() -> tuple[str, ...]:
+    """The loaded modules of ``torch.optim``, looked for again only when the number of loaded
+    modules changed: walking all of them (thousands with torch) cost a cell's start ~3 ms on
+    the H200 machine (benchmarks/profile_overhead.py). A module missed here only keeps the
+    wrapped ``item`` (a fraction of a µs per read)."""
+    global _optim_names
+    count = len(sys.modules)
+    if _optim_names[0] != count:
+        _optim_names = (count, tuple(name for name in list(sys.modules) if name.startswith("torch.optim")))
+    return _optim_names[1]
+
+
 class Instruments:
     """Measurements of one profiled cell. ``install`` then ``remove`` (idempotent)."""
 
@@ -341,8 +356,8 @@ class Instruments:
                 return x
             return item(x) if isinstance(x, tensor) else x
 
-        patched: list[Any] = [m for name, m in list(sys.modules.items())
-                   if name.startswith("torch.optim") and getattr(m, "_get_value", None) is original]
+        patched: list[Any] = [m for m in map(sys.modules.get, _optimizer_module_names())
+                              if getattr(m, "_get_value", None) is original]
         for module in patched:
             module._get_value = _get_value
 

@@ -24,6 +24,7 @@ import itertools
 import os
 import statistics
 import time
+import weakref
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from pathlib import Path
@@ -411,14 +412,21 @@ def _device_now(torch: Any, cuda: bool) -> int | None:
         return None
 
 
+_named_gpus: weakref.WeakKeyDictionary[NvmlSession, tuple[Any, Any]] = weakref.WeakKeyDictionary()
+
+
 def _read_nvml_end(nvml: NvmlSession, torch: Any, dev: int | None, since_us: int) -> NvmlEnd:
     """On the NVML worker (one trip for all of them); ``torch`` and ``dev``: the kernel's torch
     and its current device when CUDA is up (read in the kernel's thread), else None."""
     count = nvml.device_count()
     if not count:
         return NvmlEnd(0)
-    name = nvml.device_query(0, "nvmlDeviceGetName")
-    driver_cuda = read_driver(nvml).cuda_driver_version
+    known = _named_gpus.get(nvml)
+    if known is None:
+        known = (nvml.device_query(0, "nvmlDeviceGetName"), read_driver(nvml).cuda_driver_version)
+        if all(is_available(v) for v in known):  # a driver's name and version do not change under a process
+            _named_gpus[nvml] = known
+    name, driver_cuda = known
     if torch is None or dev is None:
         return NvmlEnd(count, name, driver_cuda)
     index = read_device_map(nvml, torch=torch).nvml_index(dev)
