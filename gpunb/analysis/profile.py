@@ -236,13 +236,12 @@ class ProfileSession:
 
     def _device_used_probe(self, torch: Any) -> DeviceUsedReader | None:
         nvml = self.nvml or default_session()
-        if not nvml.device_count():
-            return None
         try:
             dev = torch_state.current_device(torch)
         except Exception:
             return None
-        index = read_device_map(nvml, torch=torch).nvml_index(dev)  # kept for the session once CUDA is up
+        # kept for the session once CUDA is up, so a cell's start asks NVML nothing here
+        index = read_device_map(nvml, torch=torch).nvml_index(dev)
         return DeviceUsedReader(nvml, index) if index is not None else None
 
     # -- parts ----------------------------------------------------------------------------
