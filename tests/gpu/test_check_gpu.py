@@ -44,7 +44,8 @@ def test_full_check_on_a_healthy_gpu_has_no_failure():
 
 
 def test_the_probe_leaves_this_process_without_a_cuda_context():
-    assert not torch.cuda.is_initialized()
+    if torch.cuda.is_initialized():  # an earlier test file in this pytest process used the GPU
+        pytest.skip("CUDA was already initialized in this process: run this file first (gpu-box-run.sh does)")
     report = gpunb.check(in_kernel=True)
     assert not torch.cuda.is_initialized()  # the measurements ran in the child
     assert report["kernel_cuda"].status == "ok"
