@@ -289,3 +289,20 @@ def test_the_timeline_reader_never_waits_for_nvml(fake, session):
     last = reader.last()  # the cell's end waits for the reading on its way
     del fake.gpus[0].hangs["nvmlDeviceGetMemoryInfo"]
     assert last is not None and last == session.device_query(0, "nvmlDeviceGetMemoryInfo").used
+
+
+def test_the_timeline_reader_never_stalls_a_step_when_nvml_hangs(fake, session):
+    from gpunb.analysis.profile import DeviceUsedReader
+
+    fake.gpus[0].hangs["nvmlDeviceGetMemoryInfo"] = FOREVER
+    reader = DeviceUsedReader(session, 0)
+    worst = 0.0
+    t_end = time.monotonic() + 1.2  # past the reading's budget and one call's timeout
+    while time.monotonic() < t_end:  # a timeline point every 20 ms, as a fast loop would take them
+        got, took = timed(reader)
+        worst = max(worst, took)
+        assert got is None
+        time.sleep(0.02)
+    assert worst < 0.025, worst  # asked again or given up on, never waited for (a wait: 50 ms or more)
+    last, took = timed(reader.last)
+    assert last is None and took < 0.3

@@ -246,7 +246,7 @@ class PendingRun(Generic[T]):
     def ready(self) -> bool:
         """True once ``result()`` would not wait for the worker."""
         job = self._job
-        return job is None or job.done.is_set() or time.monotonic() >= self._deadline
+        return job is None or job.done.is_set() or time.monotonic() >= self._deadline + self._session.call_timeout_s
 
     def result(self) -> T:
         """The run's answer. Waits at most until its budget is spent plus one call's timeout;
