@@ -3,7 +3,7 @@
 #   bash scripts/gpu-box-run.sh OUTDIR tests [PYTEST ARGS]  # tests marked gpu (default: tests/gpu)
 #   bash scripts/gpu-box-run.sh OUTDIR bench                # every benchmark in benchmarks/, one after another
 #   bash scripts/gpu-box-run.sh OUTDIR proof                # every GPU test, both GPUs busy (under 10 min on 2 H200s)
-#   bash scripts/gpu-box-run.sh OUTDIR proof-bench          # the benchmarks the README quotes (about 6 min)
+#   bash scripts/gpu-box-run.sh OUTDIR proof-bench          # the benchmarks the README quotes (about 7 min)
 # `proof` runs the single-GPU tests on GPU 0 while the %gpufit zoo test (each model under its
 # own memory cap) and then the monitor-overhead benchmark run on GPU 1, then the tests that
 # need every GPU, alone (they measure bandwidth and rank timing). `proof-bench` runs the profile-overhead benchmark on GPU 0 beside the NVML
@@ -61,7 +61,8 @@ case "$part" in
     (CUDA_VISIBLE_DEVICES=1 timeout 60 python3 benchmarks/nvml_deadlines.py --out "$out/results" \
        > "$out/bench-nvml.log" 2>&1) &
     wait
-    { timeout 120 python3 benchmarks/check_timing.py --out "$out/results"
+    { timeout 60 python3 benchmarks/flop_count_cost.py --out "$out/results"
+      timeout 120 python3 benchmarks/check_timing.py --out "$out/results"
       timeout 70 python3 benchmarks/rank_profile_overhead.py --out "$out/results" --rounds 3; } > "$out/bench-timing.log" 2>&1
     tail -n 25 "$out"/bench-*.log ;;
   *) echo "unknown part $part"; exit 2 ;;
