@@ -303,6 +303,6 @@ def test_the_timeline_reader_never_stalls_a_step_when_nvml_hangs(fake, session):
         worst = max(worst, took)
         assert got is None
         time.sleep(0.02)
-    assert worst < 0.025, worst  # asked again or given up on, never waited for (a wait: 50 ms or more)
+    assert worst < 0.04, worst  # asked again or given up on, never waited for (a wait: 50 ms or more)
     last, took = timed(reader.last)
     assert last is None and took < 0.3
