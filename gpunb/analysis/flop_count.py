@@ -287,11 +287,11 @@ def _mode_class(torch: Any) -> type:
                     info.answers[key] = n
             first = _first_tensor(args, tensor)
             on_gpu = first is not None and not first.is_cpu
-            key = (first.dtype if first is not None else None, on_gpu, info.kind)
-            precision = self.precisions.get(key)
+            how = (first.dtype if first is not None else None, on_gpu, info.kind)
+            precision = self.precisions.get(how)
             if precision is None:
                 dtype = str(first.dtype).removeprefix("torch.") if first is not None else ""
-                precision = self.precisions[key] = _precision_of(dtype, on_gpu, info.kind, self.tf32)
+                precision = self.precisions[how] = _precision_of(dtype, on_gpu, info.kind, self.tf32)
             self.flops += n
             self.gpu_flops += n if on_gpu else 0
             self.by_precision[precision] = self.by_precision.get(precision, 0) + n
