@@ -229,52 +229,96 @@ class _Worker(threading.Thread):
 
 
 class PendingRun(Generic[T]):
-    """A :meth:`NvmlSession.run` queued on the NVML worker and waited for later
-    (``NvmlSession.run_soon``): the caller does its own work meanwhile."""
+    """``fn(*args)`` queued on the NVML worker; ``result()`` waits for it: at most ``wait`` (a
+    run: its budget plus one call's timeout), and never longer than one call's timeout for a
+    single call that hangs. A run that met a hung call is run once more (the hung function is
+    now skipped), so one hang costs a part of it, not all of it. ``NvmlSession`` waits at once
+    for a call or a :meth:`~NvmlSession.run`; :meth:`~NvmlSession.run_soon` hands this to the
+    caller, who does its own work meanwhile."""
 
-    def __init__(self, session: NvmlSession, fn: Callable[..., T], args: tuple[Any, ...],
-                 fallback: Callable[[str], T], what: str) -> None:
-        self._session, self._fn, self._args, self._fallback, self._what = session, fn, args, fallback, what
+    def __init__(self, session: NvmlSession, fn: Callable[..., T], args: tuple[Any, ...], *, wait: float,
+                 what: str, fallback: Callable[[str], T], budget_s: float | None = None, grace_s: float = 0.0,
+                 retry: bool = True) -> None:
+        self._session, self._fn, self._args, self._what, self._fallback = session, fn, args, what, fallback
+        self._budget_s, self._grace_s, self._retry = budget_s, grace_s, retry
         self._job: _Job | None = None
         self._worker: _Worker | None = None
-        self._deadline = 0.0
-        self._budget_s = 0.0
-        self._why_not = ""  # why it was never queued (the fallback answers)
-        self._value: Any = None  # the answer, when it ran at once (asked on the worker itself)
-        self._ran = False
+        self._refused: str | None = None  # why it was never queued (the fallback answers)
+        self._answered = False  # asked on the worker itself: run there and then
+        self._value: Any = None
+        self._end = 0.0
+        if session._current_worker() is not None:
+            self._value, self._answered = fn(*args), True
+            return
+        now = time.monotonic()
+        local = session._caller
+        deadline = getattr(local, "deadline", None)
+        owner = getattr(local, "what", "")
+        if budget_s is not None:
+            deadline = now + budget_s if deadline is None else min(deadline, now + budget_s)
+        self._deadline = deadline
+        if deadline is not None:
+            left = deadline - now
+            if left <= 0:
+                self._refused = (f"not read: {owner or 'this reading'}'s NVML time budget was used up "
+                                 "(NVML answered slowly)")
+                return
+            wait = min(wait, left) if budget_s is None else left
+        if budget_s is not None:
+            wait += grace_s  # a call running at the deadline may still finish
+        self._wait, self._end = wait, now + wait
+        with session._lock:
+            if session._init_since is not None and getattr(fn, "__func__", None) is not NvmlSession._start_here:
+                self._refused = f"NVML is still starting (nvmlInit has run for {now - session._init_since:.1f} s)"
+                return
+            worker, why = session._live_worker(now)
+            if worker is None:
+                self._refused = why
+                return
+            self._job, self._worker = _Job(fn, args, deadline, owner or what), worker
+            worker.jobs.put(self._job)
 
     def ready(self) -> bool:
         """True once ``result()`` would not wait for the worker."""
         job = self._job
-        return job is None or job.done.is_set() or time.monotonic() >= self._deadline + self._session.call_timeout_s
+        return job is None or job.done.is_set() or time.monotonic() >= self._end
 
     def result(self) -> T:
-        """The run's answer. Waits at most until its budget is spent plus one call's timeout;
-        when a call inside it hangs, what is left of the budget goes to the same run on a
-        fresh worker, which skips the hung function (as :meth:`NvmlSession.run` does)."""
-        if self._ran:
+        """What ``fn(*args)`` returned, or the fallback's answer (see the class doc)."""
+        if self._answered:
             return cast(T, self._value)
-        job, worker, session = self._job, self._worker, self._session
+        job, worker, session, fallback = self._job, self._worker, self._session, self._fallback
         if job is None or worker is None:
-            return self._fallback(self._why_not)
-        timeout = session.call_timeout_s
-        end = self._deadline + timeout
-        while not job.done.wait(max(0.0, min(end, time.monotonic() + timeout / 5) - time.monotonic())):
+            return fallback(self._refused or "not queued")
+        end, timeout = self._end, session.call_timeout_s
+        hung = False
+        while True:
+            call = worker.call
+            started = time.monotonic() if call is None or call.name == "nvmlInit" else call.t0
+            limit = min(end, started + timeout)  # then look again: is a call hanging?
+            if job.done.wait(max(0.0, limit - time.monotonic()) + 0.001):
+                if job.refused is not None:
+                    return fallback(job.refused)
+                if job.error is not None:
+                    raise job.error
+                return cast(T, job.result)  # what the worker's fn(*args) returned
             now = time.monotonic()
             call = worker.call
             if call is not None and call.name != "nvmlInit" and now - call.t0 > timeout:
-                job.cancelled = True
-                return session.run(self._fn, *self._args, fallback=self._fallback,
-                                   budget_s=max(0.0, self._deadline - now), what=self._what, grace_s=timeout)
+                hung = True
+                break
             if now >= end:
-                job.cancelled = True
-                return self._fallback(f"NVML did not answer {self._what} within "
-                                      f"{now - (self._deadline - self._budget_s):.2f} s")
-        if job.refused is not None:
-            return self._fallback(job.refused)
-        if job.error is not None:
-            raise job.error
-        return cast(T, job.result)
+                break
+        job.cancelled = True
+        late = session._why_late(worker, self._what, now - (end - self._wait))
+        deadline = self._deadline
+        if hung and self._retry and self._budget_s is not None and (deadline is None or time.monotonic() < deadline):
+            again = PendingRun(session, self._fn, self._args, wait=self._wait, what=self._what,
+                               fallback=lambda _why: fallback(late),
+                               budget_s=max(0.0, (deadline or end) - time.monotonic()), grace_s=self._grace_s,
+                               retry=False)
+            return again.result()
+        return fallback(late)
 
 
 class NvmlSession:
@@ -408,91 +452,21 @@ class NvmlSession:
         plus ``grace_s`` (default: one call's timeout, for a call running at the deadline);
         reads after the deadline return ``Unavailable`` and the partial result comes back.
         ``fallback(reason)`` is returned when nothing came back in time (a call hung)."""
-        if self._current_worker() is not None:
-            return fn(*args)
-        return self._hop(fn, args, wait=budget_s, what=what or getattr(fn, "__name__", "reading"),
-                         fallback=fallback, budget_s=budget_s,
-                         grace_s=self.call_timeout_s if grace_s is None else grace_s)
+        return self.run_soon(fn, *args, fallback=fallback, budget_s=budget_s, what=what, grace_s=grace_s).result()
 
     def run_soon(self, fn: Callable[..., T], *args: Any, fallback: Callable[[str], T],
-                 budget_s: float = RUN_BUDGET_S, what: str = "") -> PendingRun[T]:
+                 budget_s: float = RUN_BUDGET_S, what: str = "", grace_s: float | None = None) -> PendingRun[T]:
         """:meth:`run` queued now, waited for later (``.result()``): the caller goes on with its
         own work while the worker reads (a profiled cell's end, the memory timeline's device
         reading). The same deadlines hold; the wait is in ``result()``."""
-        pending = PendingRun(self, fn, args, fallback, what or getattr(fn, "__name__", "reading"))
-        if self._current_worker() is not None:
-            pending._value, pending._ran = fn(*args), True
-            return pending
-        now = time.monotonic()
-        pending._deadline, pending._budget_s = now + budget_s, budget_s
-        with self._lock:
-            if self._init_since is not None:
-                pending._why_not = f"NVML is still starting (nvmlInit has run for {now - self._init_since:.1f} s)"
-                return pending
-            worker, why = self._live_worker(now)
-            if worker is None:
-                pending._why_not = why
-                return pending
-            pending._job, pending._worker = _Job(fn, args, pending._deadline, pending._what), worker
-            worker.jobs.put(pending._job)
-        return pending
+        return PendingRun(self, fn, args, wait=budget_s, what=what or getattr(fn, "__name__", "reading"),
+                          fallback=fallback, budget_s=budget_s,
+                          grace_s=self.call_timeout_s if grace_s is None else grace_s)
 
     def _hop(self, fn: Callable[..., T], args: tuple[Any, ...], *, wait: float, what: str,
-             fallback: Callable[[str], T], budget_s: float | None = None, grace_s: float = 0.0,
-             retry: bool = True) -> T:
-        """Run ``fn(*args)`` on the worker and wait for it: at most ``wait`` (a run: its
-        budget plus one call's timeout), and never longer than one call's timeout for a
-        single call that hangs. A run that met a hung call is run once more (the hung
-        function is now skipped), so one hang costs a part of it, not all of it."""
-        now = time.monotonic()
-        local = self._caller
-        deadline = getattr(local, "deadline", None)
-        owner = getattr(local, "what", "")
-        if budget_s is not None:
-            deadline = now + budget_s if deadline is None else min(deadline, now + budget_s)
-        if deadline is not None:
-            left = deadline - now
-            if left <= 0:
-                return fallback(f"not read: {owner or 'this reading'}'s NVML time budget was used up "
-                                "(NVML answered slowly)")
-            wait = min(wait, left) if budget_s is None else left
-        if budget_s is not None:
-            wait += grace_s  # a call running at the deadline may still finish
-        with self._lock:
-            if self._init_since is not None and getattr(fn, "__func__", None) is not NvmlSession._start_here:
-                return fallback(f"NVML is still starting (nvmlInit has run for {now - self._init_since:.1f} s)")
-            worker, why = self._live_worker(now)
-            if worker is None:
-                return fallback(why)
-            job = _Job(fn, args, deadline, owner or what)
-            worker.jobs.put(job)
-        end = now + wait
-        hung = False
-        while True:
-            call = worker.call
-            started = time.monotonic() if call is None or call.name == "nvmlInit" else call.t0
-            limit = min(end, started + self.call_timeout_s)  # then look again: is a call hanging?
-            if job.done.wait(max(0.0, limit - time.monotonic()) + 0.001):
-                if job.refused is not None:
-                    return fallback(job.refused)
-                if job.error is not None:
-                    raise job.error
-                return cast(T, job.result)  # what the worker's fn(*args) returned
-            now = time.monotonic()
-            call = worker.call
-            if call is not None and call.name != "nvmlInit" and now - call.t0 > self.call_timeout_s:
-                hung = True
-                break
-            if now >= end:
-                break
-        job.cancelled = True
-        late = self._why_late(worker, what, now - (end - wait))
-        if hung and retry and budget_s is not None and (deadline is None or time.monotonic() < deadline):
-            again = self._hop(fn, args, wait=wait, what=what, fallback=lambda _why: fallback(late),
-                              budget_s=max(0.0, (deadline or end) - time.monotonic()), grace_s=grace_s,
-                              retry=False)
-            return again
-        return fallback(late)
+             fallback: Callable[[str], T]) -> T:
+        """One call (or nvmlInit) on the worker, waited for at most ``wait`` (PendingRun)."""
+        return PendingRun(self, fn, args, wait=wait, what=what, fallback=fallback).result()
 
     def _why_late(self, worker: _Worker, what: str, waited: float) -> str:
         call = worker.call
