@@ -125,22 +125,22 @@ def _shape_of(value: Any, tensor: Any) -> Any:
 def _shapes_key(args: tuple[Any, ...], kwargs: dict[str, Any], tensor: Any) -> tuple[Any, ...] | None:
     """What a FLOP formula's answer depends on: the tensors' shapes and the other arguments
     (None when one of them cannot be a key)."""
-    parts: list[Any] = []
-    for a in args:
-        if isinstance(a, tensor):
-            parts.append(a.shape)
-        elif isinstance(a, (list, tuple)):
-            parts.append(tuple(v.shape if isinstance(v, tensor) else v for v in a))
-        else:
-            parts.append(a)
+    key = tuple(_key_part(a, tensor) for a in args)
     if kwargs:
-        parts.append(tuple((k, _shapes_key((v,), {}, tensor)) for k, v in kwargs.items()))
-    key = tuple(parts)
+        key += (tuple((k, _key_part(v, tensor)) for k, v in kwargs.items()),)
     try:
         hash(key)
     except TypeError:
         return None
     return key
+
+
+def _key_part(value: Any, tensor: Any) -> Any:
+    if isinstance(value, tensor):
+        return value.shape
+    if isinstance(value, (list, tuple)):
+        return tuple(v.shape if isinstance(v, tensor) else v for v in value)
+    return value
 
 
 def _tensor_bytes(value: Any, tensor: Any) -> int:
