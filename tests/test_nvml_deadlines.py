@@ -124,13 +124,15 @@ def test_run_returns_partial_results_within_its_budget(fake, session):
     assert not is_available(got[-1]) and "budget" in got[-1].reason  # skipped after it
 
 
+def name_then_uuid(session):
+    """Two reads in one run: the first hangs in the tests that use it."""
+    return [session.device_query(0, "nvmlDeviceGetName"), session.device_query(0, "nvmlDeviceGetUUID")]
+
+
 def test_a_run_that_meets_a_hung_call_gives_the_rest_back(fake, session):
     fake.gpus[0].hangs["nvmlDeviceGetName"] = FOREVER
-
-    def read_two():
-        return [session.device_query(0, "nvmlDeviceGetName"), session.device_query(0, "nvmlDeviceGetUUID")]
-
-    got, took = timed(lambda: session.run(read_two, budget_s=1.0, fallback=lambda why: f"fallback: {why}"))
+    got, took = timed(lambda: session.run(name_then_uuid, session, budget_s=1.0,
+                                          fallback=lambda why: f"fallback: {why}"))
     assert took < 0.25 + 0.2  # one call's timeout, then the run again without the hung call
     name, uuid = got
     assert not is_available(name) and "nvmlDeviceGetName on GPU 0" in name.reason
@@ -252,11 +254,7 @@ def test_run_soon_reads_while_the_caller_works_and_gives_the_runs_answer(fake, s
 
 def test_run_soon_meets_a_hung_call_and_gives_the_rest_back_within_one_timeout(fake, session):
     fake.gpus[0].hangs["nvmlDeviceGetName"] = FOREVER
-
-    def read_two():
-        return [session.device_query(0, "nvmlDeviceGetName"), session.device_query(0, "nvmlDeviceGetUUID")]
-
-    pending = session.run_soon(read_two, budget_s=1.0, fallback=lambda why: f"fallback: {why}")
+    pending = session.run_soon(name_then_uuid, session, budget_s=1.0, fallback=lambda why: f"fallback: {why}")
     got, took = timed(pending.result)
     assert took < 0.25 + 0.25  # one call's timeout, then the run again on a fresh worker
     name, uuid = got

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 
@@ -118,31 +119,21 @@ def test_counting_costs_at_most_one_step_on_a_launch_bound_loop():
     loop (the overhead benchmark's small MLP), what that adds to a cell must stay within one
     step's time: step 2 of cells that count against step 2 of cells that do not, side by
     side (an early step is slower than the median anyway, counted or not)."""
-    torch.manual_seed(0)
-    layers = []
-    for _ in range(8):
-        layers += [torch.nn.Linear(1024, 1024), torch.nn.ReLU()]
-    model = torch.nn.Sequential(*layers).cuda()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    x = torch.randn(64, 1024, device="cuda")
-
-    def step() -> None:
-        loss = model(x).pow(2).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-
-    for _ in range(20):
-        step()
-    torch.cuda.synchronize()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    try:
+        from training_loops import build_loop  # the overhead benchmarks' loops, defined once
+    finally:
+        sys.path.pop(0)
+    loop = build_loop("launch-bound", "cuda")
+    loop.run(20)
+    loop.sync()
     second: dict[bool, list[float]] = {True: [], False: []}  # step 2's host ms, by counting
     medians = []
     ops = host_ms = None
     for _ in range(7):
         for flops in (True, False):
             with gpunb.profile(show=False, record=False, flops=flops) as p:
-                for _ in range(100):
-                    step()
+                loop.run(100)
             marks = p.result.step_marks_s
             second[flops].append((marks[1] - marks[0]) * 1e3)
             if flops:
