@@ -14,21 +14,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from gpunb.testing.fake_nvml import load_trace  # noqa: E402
+from tests.oom_cells import failing_oom_cell, oom_cell_definitions  # noqa: E402
 
 MSG = load_trace()["oom_message"]
 
-FAILING_CELL = """
-import torch, weakref
-class Pinned:
-    def __init__(self):
-        self.payload = torch.zeros(512, 512)
-def train_step(bs):
-    acts = torch.zeros(bs, 64)
-    pinned = Pinned()
-    _gpunb_test["ref"] = weakref.ref(pinned)
-    raise torch.OutOfMemoryError(_gpunb_test["msg"])
-train_step(4096)
-"""
+FAILING_CELL = failing_oom_cell(512, 4096)
 
 
 @pytest.fixture
@@ -168,7 +158,7 @@ diagnosis = gpunb.diagnose_oom(err, release=True)
 
 
 def test_api_twin_releases_an_error_the_user_caught(shell):
-    shell.run_cell(FAILING_CELL.replace("train_step(4096)\n", ""))  # define it, don't fail yet
+    shell.run_cell(oom_cell_definitions(512))  # define it, don't fail yet
     result = shell.run_cell(CAUGHT_CELL)
     assert result.success
     gc.collect()
@@ -179,7 +169,7 @@ def test_api_twin_releases_an_error_the_user_caught(shell):
 
 
 def test_api_twin_without_release_frees_nothing(shell):
-    shell.run_cell(FAILING_CELL.replace("train_step(4096)\n", ""))
+    shell.run_cell(oom_cell_definitions(512))
     shell.run_cell(CAUGHT_CELL.replace("release=True", "release=False"))
     gc.collect()
     assert shell.user_ns["_gpunb_test"]["ref"]() is not None

@@ -22,6 +22,7 @@ from gpunb.readings import nvml as nvml_module
 from gpunb.readings.nvml import NvmlSession
 from gpunb.testing import load_trace, scenario
 from tests.hostile_objects import UNBOUND_PROXY
+from tests.oom_cells import failing_oom_cell
 
 MSG = load_trace()["oom_message"]
 FOREVER = 30.0
@@ -75,18 +76,7 @@ d = ItemsRaise(a=1)
 l = IterRaise([1, 2])
 '''
 
-FAILING_CELL = """
-import torch, weakref
-class Pinned:
-    def __init__(self):
-        self.payload = torch.zeros(256, 256)
-def train_step(bs):
-    acts = torch.zeros(bs, 64)
-    pinned = Pinned()
-    _gpunb_test["ref"] = weakref.ref(pinned)
-    raise torch.OutOfMemoryError(_gpunb_test["msg"])
-train_step(1024)
-"""
+FAILING_CELL = failing_oom_cell(256, 1024)
 
 
 @pytest.fixture
