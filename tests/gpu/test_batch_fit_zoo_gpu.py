@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -31,9 +30,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import batch_fit_zoo  # noqa: E402
 import memory_zoo  # noqa: E402
 
+from tests.gpu.results import RESULTS  # noqa: E402
+
 STEPS = int(os.environ.get("GPUNB_FIT_STEPS", "50"))
 BUDGET_S = float(os.environ.get("GPUNB_FIT_BUDGET_S", "420"))
-RESULTS = Path(os.environ.get("GPUNB_RESULTS") or tempfile.mkdtemp(prefix="gpunb-results-"))
 TRUTH = ROOT / "benchmarks" / "results" / "h200x2_batch_fit_zoo_run1.json"
 
 

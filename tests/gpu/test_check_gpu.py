@@ -10,9 +10,7 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import textwrap
-from pathlib import Path
 
 import pytest
 
@@ -20,8 +18,7 @@ torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 import gpunb  # noqa: E402
-
-RESULTS = Path(os.environ.get("GPUNB_RESULTS") or tempfile.mkdtemp(prefix="gpunb-results-"))
+from tests.gpu.results import RESULTS  # noqa: E402
 
 
 def _save(name: str, report) -> None:

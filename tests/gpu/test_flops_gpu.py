@@ -8,10 +8,8 @@ Measured figures are written as JSON into $GPUNB_RESULTS (default: a temp dir).
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -24,14 +22,13 @@ pytestmark = [
 
 import gpunb  # noqa: E402
 from gpunb.readings import peak_cache, torch_state  # noqa: E402
+from tests.gpu.results import save_json  # noqa: E402
 
-RESULTS = Path(os.environ.get("GPUNB_RESULTS") or tempfile.mkdtemp(prefix="gpunb-results-"))
 N, DEPTH = 8192, 8
 
 
 def _save(name: str, data: dict) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"flops_{name}.json").write_text(json.dumps(data, indent=2, default=str))
+    save_json(f"flops_{name}.json", data)
 
 
 def _matmul_loop(dtype=torch.bfloat16):

@@ -32,12 +32,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.gpu.results import RESULTS
+
 pytest.importorskip("torch")
 pytest.importorskip("IPython")
 pytest.importorskip("accelerate")
 
 ROOT = Path(__file__).resolve().parents[2]
-RESULTS = Path(os.environ.get("GPUNB_RESULTS") or tempfile.mkdtemp(prefix="gpunb-results-"))
 
 
 def _gpu_count() -> int:

@@ -22,16 +22,16 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from tests.gpu.results import RESULTS
+
 torch = pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[2]
-RESULTS = Path(os.environ.get("GPUNB_RESULTS") or tempfile.mkdtemp(prefix="gpunb-results-"))
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 os.environ.update(NO_MULTICAST)  # for every process these tests start
 

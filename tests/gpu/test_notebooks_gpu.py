@@ -5,10 +5,6 @@ The executed notebooks are saved into $GPUNB_RESULTS so their outputs can be rea
 
 from __future__ import annotations
 
-import os
-import tempfile
-from pathlib import Path
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -16,9 +12,8 @@ nbformat = pytest.importorskip("nbformat")
 pytest.importorskip("nbclient")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
+from tests.gpu.results import RESULTS  # noqa: E402
 from tests.test_notebooks import NOTEBOOKS, errors, execute, unfinished_cell  # noqa: E402
-
-RESULTS = Path(os.environ.get("GPUNB_RESULTS") or tempfile.mkdtemp(prefix="gpunb-results-"))
 
 
 def _gpu_count() -> int:

@@ -24,7 +24,6 @@ import json
 import os
 import re
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -34,9 +33,10 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
+from tests.gpu.results import RESULTS  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-RESULTS = Path(os.environ.get("GPUNB_RESULTS") or tempfile.mkdtemp(prefix="gpunb-results-"))
 RESULTS.mkdir(parents=True, exist_ok=True)
 FIT_FRACTION = float(os.environ.get("GPUNB_FIT_FRACTION", "0.25"))
 GiB = 2**30

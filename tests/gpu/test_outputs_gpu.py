@@ -12,12 +12,13 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.gpu.results import save_json
 
 torch = pytest.importorskip("torch")
 pytestmark = [
@@ -26,13 +27,11 @@ pytestmark = [
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
-RESULTS = Path(os.environ.get("GPUNB_RESULTS") or tempfile.mkdtemp(prefix="gpunb-results-"))
 GiB = 2**30
 
 
 def _save(name: str, data: dict) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"outputs_{name}.json").write_text(json.dumps(data, indent=2, default=str))
+    save_json(f"outputs_{name}.json", data)
 
 
 def test_a_cell_that_imports_torch_and_starts_cuda_is_profiled_with_cuda_events():

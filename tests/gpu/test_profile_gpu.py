@@ -8,12 +8,8 @@ Measured figures are written as JSON into $GPUNB_RESULTS (default: a temp dir).
 from __future__ import annotations
 
 import itertools
-import json
-import os
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
@@ -26,13 +22,11 @@ pytestmark = [
 
 import gpunb  # noqa: E402
 from gpunb.analysis.cell_meter import CellMeter  # noqa: E402
-
-RESULTS = Path(os.environ.get("GPUNB_RESULTS") or tempfile.mkdtemp(prefix="gpunb-results-"))
+from tests.gpu.results import save_json  # noqa: E402
 
 
 def _save(name: str, data: dict) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"profile_{name}.json").write_text(json.dumps(data, indent=2, default=str))
+    save_json(f"profile_{name}.json", data)
 
 
 def _summary(r) -> dict:
