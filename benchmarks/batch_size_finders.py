@@ -1,7 +1,7 @@
 """The batch-size finders that ``batch_fit_zoo.py`` compares, each run on a zoo model as its users run it.
 
 - ``gpufit``: ``gpunb.fit_batch_size(model.step, steps=N)`` (on a ``--smoke`` twin: the same
-  search on its pretend memory, ``gpunb.analysis.batch_fit.fit_with_memory``).
+  search on its pretend memory, ``gpunb.analysis.fit.search.fit_with_memory``).
 - ``lightning_power`` / ``lightning_binsearch``: Lightning's ``Tuner.scale_batch_size``
   (the ``BatchSizeFinder`` callback behind it) with ``mode="power"`` / ``"binsearch"`` and its
   defaults (``init_val=2``, ``steps_per_trial=3``, ``margin=0.05``), except ``max_val``, raised
@@ -35,7 +35,7 @@ STEPS_PER_TRIAL = 3  # Lightning's default steps_per_trial; accelerate's functio
 
 
 def _is_oom(exc: BaseException) -> bool:
-    from gpunb.analysis.oom_message import find_oom
+    from gpunb.analysis.memory.oom_message import find_oom
 
     return find_oom(exc) is not None
 
@@ -98,7 +98,7 @@ def rough_max(model: Any, steps: int) -> dict:
 def gpufit(model: Any, *, steps: int) -> dict:
     t0 = time.perf_counter()
     if model.memory is not None:
-        from gpunb.analysis.batch_fit import fit_with_memory
+        from gpunb.analysis.fit.search import fit_with_memory
 
         fit = fit_with_memory(model.step, model.memory, capacity=model.memory.budget, steps=steps)
     else:

@@ -1,6 +1,6 @@
 """What counting one step's FLOPs costs, and where that cost comes from.
 
-``%%gpuprofile`` counts the FLOPs of one step per cell (analysis/flop_count.py) and must not
+``%%gpuprofile`` counts the FLOPs of one step per cell (analysis/steps/flop_count.py) and must not
 spend more than one step's worth of time on it (issue 15). This benchmark times the same
 training step (benchmarks/training_loops.py) four ways, interleaved round by round so the
 machine's drift hits all alike, each step synchronized before and after:
@@ -50,7 +50,7 @@ def main() -> None:
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils.flop_counter import FlopCounterMode
 
-    from gpunb.analysis.flop_count import StepFlopCounter
+    from gpunb.analysis.steps.flop_count import StepFlopCounter
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     loop = build_loop(args.loop, device)
@@ -99,7 +99,7 @@ def main() -> None:
                    "extra_us_per_op": (m - base) * 1e3 / ops if ops else None,
                    "min_ms": min(times[name]), "max_ms": max(times[name])} for name, m in med.items()}
 
-    from gpunb.analysis.flop_count import _mode_class, _tf32_flags
+    from gpunb.analysis.steps.flop_count import _mode_class, _tf32_flags
 
     modes = {"plain": None, "empty mode": EmptyMode, "gpunb": lambda: _mode_class(torch)(_tf32_flags(torch))}
     phases = phase_times(torch, loop, device, modes, rounds=max(5, args.rounds // 2))

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from training_loops import LOOPS, SHAPES, TrainingLoop, build_loop  # noqa: E402  (benchmarks/, beside this file)
 
-from gpunb.analysis.sampler import Sampler  # noqa: E402
+from gpunb.analysis.monitor.sampler import Sampler  # noqa: E402
 from gpunb.shells.monitor import MIN_DRAW_INTERVAL_S, Monitor  # noqa: E402  (no IPython needed)
 
 WINDOW_S = 120.0

@@ -28,7 +28,7 @@ def _per_call_us(fn, n: int) -> dict:
 
 
 def measure(n: int, fake: bool) -> dict:
-    from gpunb.analysis.sampler import Sampler
+    from gpunb.analysis.monitor.sampler import Sampler
     from gpunb.readings.gpu import read_sample, read_snapshot, unread_sample
     from gpunb.readings.nvml import NvmlSession
 

@@ -38,7 +38,7 @@ Overhead of a T-second cell of N steps = (F + E + (N - n) * s) / T (the one-line
 per-step work: (F + E) / T), with the interval from those of ``E`` and ``s``.
 
 ``%%gpuprofile`` counts the FLOPs of each cell's second step by default (a dispatch mode over
-that one step, analysis/flop_count.py), so ``E`` includes that count: every short cell pays
+that one step, analysis/steps/flop_count.py), so ``E`` includes that count: every short cell pays
 it once, as a real cell does. ``--no-flops`` measures without it; the per-call table lists
 what counting one step adds to it. The whole cells
 are also compared directly (rounds with rotated order, median of paired ratios [min .. max])
@@ -83,7 +83,7 @@ FLOPS = True  # %%gpuprofile's FLOP count of step 2; --no-flops turns it off for
 
 @contextlib.contextmanager
 def one_line():
-    from gpunb.analysis.cell_meter import CellMeter
+    from gpunb.analysis.profile.meter import CellMeter
 
     meter = CellMeter()
     meter.start()
@@ -288,7 +288,7 @@ def counting_cost(run, device: str, repeats: int = 7) -> dict:
     operations it saw."""
     import torch
 
-    from gpunb.analysis.flop_count import StepFlopCounter
+    from gpunb.analysis.steps.flop_count import StepFlopCounter
 
     plain, counted, seen = [], [], 0
     for _ in range(repeats):
@@ -311,9 +311,9 @@ def counting_cost(run, device: str, repeats: int = 7) -> dict:
 def call_costs(device: str, opt) -> dict:
     import torch
 
-    from gpunb.analysis.cell_meter import CellMeter
-    from gpunb.analysis.instruments import Instruments
-    from gpunb.analysis.profile import ProfileSession
+    from gpunb.analysis.profile.cell import ProfileSession
+    from gpunb.analysis.profile.meter import CellMeter
+    from gpunb.analysis.steps.instruments import Instruments
     from gpunb.readings import torch_state
     from gpunb.readings.devices import read_device_map, read_ownership
     from gpunb.readings.gpu_activity import now_us, read_util_since
@@ -346,7 +346,7 @@ def call_costs(device: str, opt) -> dict:
     if cuda:
         dev = torch.cuda.current_device()
         costs["torch.cuda.Event() + record"] = per_call_us(lambda: torch.cuda.Event(enable_timing=True).record())
-        from gpunb.analysis.step_events import StepEvents
+        from gpunb.analysis.steps.events import StepEvents
 
         events = StepEvents(torch, dev, min_gap_s=0.0)
         costs["StepEvents.step, an event each (pooled, C record, read-back)"] = per_call_us(

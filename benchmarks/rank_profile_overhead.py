@@ -32,8 +32,8 @@ NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"
 RANK = textwrap.dedent("""
     import json, os, random, sys, tempfile, time
     import torch, torch.distributed as dist
-    from gpunb.analysis import rank_recorder
-    from gpunb.analysis.rank_recorder import RankInstruments
+    from gpunb.analysis.ranks import recorder as rank_recorder
+    from gpunb.analysis.ranks.recorder import RankInstruments
 
     cpu, rounds, results = sys.argv[1] == "cpu", int(sys.argv[2]), sys.argv[3]
     rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])

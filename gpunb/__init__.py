@@ -9,6 +9,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
+from gpunb import display
 from gpunb._version import __version__
 
 # Public API name -> "module:attribute", imported on first access. The API twins of the
@@ -23,6 +24,14 @@ _LAZY = {
 }
 
 __all__ = ["__version__", "load_ipython_extension", "unload_ipython_extension", *_LAZY]
+
+
+def _load_views() -> None:
+    """Register how every record shows: run the first time a record is displayed."""
+    import gpunb.views  # noqa: F401
+
+
+display.add_view_loader(_load_views)
 
 
 def __getattr__(name: str) -> Any:

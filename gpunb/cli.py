@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from gpunb.analysis.checks import CheckOptionError, check
+    from gpunb.analysis.checks.checklist import CheckOptionError, check
 
     def progress(partial) -> None:
         if partial.in_progress and sys.stderr.isatty():

@@ -1,16 +1,16 @@
 """One display base for gpunb's result objects (in the spirit of rich's ``JupyterMixin``).
 
-A result record says which view renders it, in :meth:`DisplayMixin._repr_views_`: a mapping
-from mimetype to a function of the record (``text/plain`` always, ``text/html`` and others
-such as ``image/png`` when the view has them). The base turns that into everything a
-frontend or a script asks for: ``_repr_mimebundle_`` honouring IPython's ``include`` and
-``exclude``, ``str()``/``print()`` and ``_repr_pretty_`` giving the text view, and a
-JSON-safe ``to_dict()`` built from the dataclass fields.
+Records do not know their views. A view module registers how it renders a record type
+(:func:`register_views`: mimetype -> function of the record, ``text/plain`` always), and the
+base looks that up (:func:`views_for`) when the record is shown. The base turns it into
+everything a frontend or a script asks for: ``_repr_mimebundle_`` honouring IPython's
+``include`` and ``exclude``, ``str()``/``print()`` and ``_repr_pretty_`` giving the text view,
+and a JSON-safe ``to_dict()`` built from the dataclass fields.
 
-This module sits below every layer (like ``units.py``): records in ``analysis`` build on
-it without importing from ``views``. Each record imports its view lazily, inside
-``_repr_views_``; README "Design" states that rule and ``tests/test_import_layers.py``
-holds the package to it.
+This module sits below every layer (like ``units.py``), so ``analysis`` builds on it without
+importing ``views`` at all. Who loads the views: the package's ``__init__`` adds a loader
+(:func:`add_view_loader`) that imports ``gpunb.views`` the first time a record is shown
+(``tests/test_import_layers.py`` holds the layers to this).
 """
 
 from __future__ import annotations
@@ -24,9 +24,53 @@ from typing import Any, ClassVar
 
 Render = Callable[[Any], Any]  # record -> the data for one mimetype (None: not available this time)
 
+_VIEWS: dict[type, dict[str, Render]] = {}  # record type -> mimetype -> renderer, filled by gpunb.views
+_FIGURES: dict[type, Render] = {}  # record type -> its matplotlib figure, where a view draws one
+_LOADERS: list[Callable[[], object]] = []  # run once, the first time a record finds no view
+
+
+def register_views(record_type: type, views: Mapping[str, Render], *, figure: Render | None = None) -> None:
+    """How ``record_type`` (and its subclasses) is shown; called by the view modules."""
+    if "text/plain" not in views:
+        raise ValueError(f"the views of {record_type.__name__} need text/plain")
+    _VIEWS[record_type] = dict(views)
+    if figure is not None:
+        _FIGURES[record_type] = figure
+
+
+def add_view_loader(load: Callable[[], object]) -> None:
+    """``load`` registers the views (imports them); it runs when a record first needs one."""
+    _LOADERS.append(load)
+
+
+def _lookup(table: Mapping[type, Any], record_type: type) -> Any:
+    for _ in range(2):
+        for cls in record_type.__mro__:
+            if cls in table:
+                return table[cls]
+        while _LOADERS:  # first miss: import the views, then look again
+            _LOADERS.pop(0)()
+    return None
+
+
+def views_for(record: Any) -> Mapping[str, Render]:
+    """mimetype -> renderer registered for ``record``'s type (or a base of it)."""
+    views = _lookup(_VIEWS, type(record))
+    if views is None:
+        raise NotImplementedError(f"no view is registered for {type(record).__name__} (gpunb.display.register_views)")
+    return views
+
+
+def figure_for(record: Any) -> Any:
+    """The matplotlib Figure a view draws of ``record`` (imports matplotlib only then)."""
+    draw = _lookup(_FIGURES, type(record))
+    if draw is None:
+        raise NotImplementedError(f"no figure is registered for {type(record).__name__}")
+    return draw(record)
+
 
 class DisplayMixin:
-    """Display and plain data for a result record; subclasses define :meth:`_repr_views_`."""
+    """Display and plain data for a result record; its views are registered by ``gpunb.views``."""
 
     # Derived values (properties) that ``to_dict`` adds after the dataclass fields.
     _dict_extras: ClassVar[tuple[str, ...]] = ()
@@ -40,9 +84,9 @@ class DisplayMixin:
             cls._repr_pretty_ = DisplayMixin._repr_pretty_  # type: ignore[method-assign]
 
     def _repr_views_(self) -> Mapping[str, Render]:
-        """mimetype -> renderer; ``text/plain`` is required. Import the view module here,
-        lazily: views sit above the records they render."""
-        raise NotImplementedError(f"{type(self).__name__} names no view (define _repr_views_)")
+        """mimetype -> renderer; ``text/plain`` is required. The registered views by default; an
+        object of the shells layer (which may import views) can name its own."""
+        return views_for(self)
 
     def _repr_mimebundle_(self, include: Collection[str] | None = None,
                           exclude: Collection[str] | None = None) -> dict[str, Any]:

@@ -32,7 +32,7 @@ for epoch in range(4):
 FIT_REPLAY = """# %gpufit needs a GPU: this is its result on the H200 (the transformer of the batch-fit zoo,
 # benchmarks/results/h200x2_batch_fit_zoo_run1.json), shown by the same record and view
 import dataclasses, json
-from gpunb.analysis.batch_fit_records import BatchFit, Line, Trial
+from gpunb.analysis.fit.records import BatchFit, Line, Trial
 zoo = json.load(open(RESULTS + "/h200x2_batch_fit_zoo_run1.json"))
 run = next(m for m in zoo["models"] if m["model"] == "transformer")["finders"]["gpufit"]["fit"]
 run.setdefault("verified", run.get("max_batch"))  # recorded before the field got its present name

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 import gpunb
-from gpunb.analysis import checks as checks_module
+from gpunb.analysis.checks import checklist as checks_module
 from gpunb.shells import api
 from gpunb.shells.session import ProgressLine
 
@@ -41,7 +41,7 @@ def test_in_a_fresh_process_check_reports_the_kernel_only_inside_ipython():
     # torch not imported: the kernel_cuda check is "ok" in a kernel and skipped elsewhere
     code = textwrap.dedent("""
         import gpunb
-        from gpunb.analysis.checks import check as analysis_check
+        from gpunb.analysis.checks.checklist import check as analysis_check
         print("plain", gpunb.check(quick=True)["kernel_cuda"].status)
         from IPython.core.interactiveshell import InteractiveShell
         InteractiveShell.instance()
@@ -146,7 +146,7 @@ def test_the_progress_line_prints_outside_ipython(monkeypatch, capsys):
 
 
 def test_fit_batch_size_hands_its_progress_to_the_analysis(monkeypatch):
-    from gpunb.analysis import batch_fit
+    from gpunb.analysis.fit import search as batch_fit
 
     seen = []
     monkeypatch.setattr(batch_fit, "fit_batch_size", lambda step, **kw: seen.append(kw["progress"]))

@@ -1,6 +1,6 @@
 """%gpufit's search on synthetic trial readings (the policy is pure), and its CPU behaviour.
 
-A simulated trial reads like a sustained run of the real runner (gpunb.analysis.fit_trial),
+A simulated trial reads like a sustained run of the real runner (gpunb.analysis.fit.trial),
 which starts every trial as a fresh process would: peak allocated over its steps, and a need
 for reserved memory that is the allocator's overhead above the tensors (split blocks,
 segment rounding, the layout of a fresh process). A batch trains when that need fits the
@@ -16,7 +16,7 @@ import random
 
 import pytest
 
-from gpunb.analysis.batch_fit import SAFETY, BatchFit, Line, Trial, fit_line, lines_from, next_trial, search
+from gpunb.analysis.fit.search import SAFETY, BatchFit, Line, Trial, fit_line, lines_from, next_trial, search
 from tests.chart_html import images
 
 GiB = 2**30

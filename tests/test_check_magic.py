@@ -8,7 +8,7 @@ import sys
 import pytest
 from IPython.utils.capture import capture_output
 
-from gpunb.analysis.check_report import CheckReport
+from gpunb.analysis.checks.records import CheckReport
 
 
 def shown(out):

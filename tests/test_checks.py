@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-import gpunb.analysis.checks as checks_module
-from gpunb.analysis.checks import DeviceChoiceError, check
-from gpunb.analysis.checks_torch import _arch_support, parse_alloc_conf
+import gpunb.analysis.checks.checklist as checks_module
+from gpunb.analysis.checks.checklist import DeviceChoiceError, check
+from gpunb.analysis.checks.pytorch import _arch_support, parse_alloc_conf
 from gpunb.readings.nvml import NvmlSession
 from gpunb.readings.torch_build import KernelTorchState, TorchBuild
 from gpunb.testing import replay_probe, scenario

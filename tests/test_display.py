@@ -13,11 +13,11 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.lib.pretty import pretty
 
 import gpunb
-from gpunb.analysis.batch_fit import search
-from gpunb.analysis.checks import check
-from gpunb.analysis.oom import diagnose
-from gpunb.analysis.profile import ProfileSession
-from gpunb.analysis.profile_records import HistoryReport
+from gpunb.analysis.checks.checklist import check
+from gpunb.analysis.fit.search import search
+from gpunb.analysis.memory.oom import diagnose
+from gpunb.analysis.profile.cell import ProfileSession
+from gpunb.analysis.profile.records import HistoryReport
 from gpunb.display import DisplayMixin, jsonable
 from gpunb.readings.nvml import NvmlSession, Unavailable
 from gpunb.shells import monitor as monitor_module

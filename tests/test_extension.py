@@ -105,7 +105,7 @@ def test_kernel_state_is_one_typed_object_owned_by_the_extension(ip):
     assert {"sampler", "monitors", "profile_history", "one_line_meter", "oom_keep_traceback", "last_oom",
             "names_before_cell", "extra_oom_types"} <= set(fields)
     assert all(t not in ("Any", "dict[str, Any]") for t in fields.values())  # named and typed, not a bag
-    import gpunb.analysis.profile_history as history_module
+    import gpunb.analysis.profile.history as history_module
     import gpunb.shells.monitor as monitor_module
 
     assert not hasattr(history_module, "HISTORY") and not hasattr(monitor_module, "_STANDALONE")
@@ -114,7 +114,7 @@ def test_kernel_state_is_one_typed_object_owned_by_the_extension(ip):
 def test_unload_empties_the_kernel_state_and_stops_its_thread(ip, fake_nvml):
     import threading
 
-    from gpunb.analysis.sampler import THREAD_NAME
+    from gpunb.analysis.monitor.sampler import THREAD_NAME
     from gpunb.shells.extension import state_of
 
     kernel = state_of(ip).kernel

@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpunb.analysis.oom_message import find_oom, parse_oom_message  # noqa: E402
+from gpunb.analysis.memory.oom_message import find_oom, parse_oom_message  # noqa: E402
 from gpunb.testing import CachingMemory  # noqa: E402
 from gpunb.testing.fake_caching_allocator import CachingAllocator  # noqa: E402
 

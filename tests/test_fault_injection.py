@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from IPython.utils.capture import capture_output
 
-from gpunb.analysis.sampler import Sampler
+from gpunb.analysis.monitor.sampler import Sampler
 from gpunb.readings import nvml as nvml_module
 from gpunb.readings.nvml import NvmlSession
 from gpunb.testing import load_trace, scenario
@@ -436,7 +436,7 @@ LINK_FUNCTIONS = ("nvmlDeviceGetFieldValues", "nvmlDeviceGetNvLinkState", "nvmlD
 def test_garbage_in_the_links_between_gpus(name):
     """The multi-GPU readings (readings/links.py) go through the same shapes: garbage in any of
     them is a gap in gpu_links, never a crash; the checklist's HTML and JSON stay valid."""
-    from gpunb.analysis.checks import check
+    from gpunb.analysis.checks.checklist import check
     from gpunb.readings.nvml_values import SHAPES
     from gpunb.views.check_view import render_html
 
@@ -454,7 +454,7 @@ def test_garbage_in_the_links_between_gpus(name):
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_random_faults_in_the_links_between_gpus(seed):
-    from gpunb.analysis.checks import check
+    from gpunb.analysis.checks.checklist import check
     from gpunb.views.check_view import render_html
 
     fake = scenario("h200x2-nvlink")

@@ -13,10 +13,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpunb.analysis import batch_fit  # noqa: E402
-from gpunb.analysis.batch_fit import fit_with_memory, last_fit  # noqa: E402
-from gpunb.analysis.fit_trial import run_trial  # noqa: E402
-from gpunb.analysis.fresh_state import FreshStart  # noqa: E402
+from gpunb.analysis.fit import search as batch_fit  # noqa: E402
+from gpunb.analysis.fit.fresh_state import FreshStart  # noqa: E402
+from gpunb.analysis.fit.search import fit_with_memory, last_fit  # noqa: E402
+from gpunb.analysis.fit.trial import run_trial  # noqa: E402
 from gpunb.testing.fake_caching_allocator import CachingMemory  # noqa: E402
 from gpunb.testing.fake_device_memory import BudgetMemory  # noqa: E402
 from gpunb.testing.fake_training import GpuTwin, SimulatedTraining  # noqa: E402
@@ -156,7 +156,7 @@ def test_the_first_step_of_a_shape_is_kept_apart():
 def test_on_cuda_the_allocators_retries_and_caught_ooms_are_the_pressure():
     import types
 
-    from gpunb.analysis.fit_trial import CudaMemory
+    from gpunb.analysis.fit.trial import CudaMemory
 
     stats = {"segment.all.freed": 7, "num_alloc_retries": 2, "num_ooms": 1}  # empty_cache() frees segments too
     fake = types.SimpleNamespace(device=lambda *a: "cuda:0", cuda=types.SimpleNamespace(memory_stats=lambda i: stats))

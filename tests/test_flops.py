@@ -11,9 +11,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import gpunb  # noqa: E402
-from gpunb.analysis.op_trace import kernel_category, op_category  # noqa: E402
-from gpunb.analysis.throughput import assess, throughput_advice  # noqa: E402
-from gpunb.analysis.throughput_records import FlopCount, OpRow, OpsReport  # noqa: E402
+from gpunb.analysis.profile.throughput import assess, throughput_advice  # noqa: E402
+from gpunb.analysis.steps.op_trace import kernel_category, op_category  # noqa: E402
+from gpunb.analysis.steps.records import FlopCount, OpRow, OpsReport  # noqa: E402
 from gpunb.readings import peak_cache  # noqa: E402
 from gpunb.views.profile_view import profile_html, profile_text  # noqa: E402
 
@@ -409,7 +409,7 @@ def test_magic_ops_writes_the_trace_next_to_the_notebook(ip, tmp_path, monkeypat
 
 
 def test_history_names_the_mfu_change():
-    from gpunb.analysis.profile_history import compare
+    from gpunb.analysis.profile.history import compare
 
     earlier = gpunb_result(mfu=0.21)
     later = gpunb_result(mfu=0.48)
@@ -449,7 +449,7 @@ def test_the_check_keeps_its_matmul_peaks_for_the_profile(private_peak_cache):
 def test_history_says_which_precision_each_mfu_is_against():
     import dataclasses
 
-    from gpunb.analysis.profile_history import compare
+    from gpunb.analysis.profile.history import compare
 
     fp32 = gpunb_result(mfu=0.65)
     bf16 = gpunb_result(mfu=0.40)
@@ -498,7 +498,7 @@ def _event(name, start, end, device="cpu", id=0, linked=0, annotation=None):
 def test_gpu_user_annotations_are_not_kernels(flagged):
     # as on the H200: the profiler mirrors ProfilerStep and torch.optim's range onto the GPU
     # timeline; they must not be the top "kernel" nor add to the shares
-    from gpunb.analysis.op_trace import device_summary
+    from gpunb.analysis.steps.op_trace import device_summary
 
     steps = [_event("ProfilerStep#4", 0, 40)]
     ops = [_event("aten::mm", 1, 2, id=7)]
@@ -513,7 +513,7 @@ def test_gpu_user_annotations_are_not_kernels(flagged):
 
 
 def test_gpu_window_holds_only_the_recorded_steps_kernels():
-    from gpunb.analysis.op_trace import device_summary
+    from gpunb.analysis.steps.op_trace import device_summary
 
     steps = [_event("ProfilerStep#3", 0, 10), _event("ProfilerStep#4", 10, 20), _event("ProfilerStep#5", 20, 30)]
     ops = [_event("aten::mm", 1, 2, id=7), _event("aten::add", 3, 4, id=8)]

@@ -100,7 +100,7 @@ def spies(monkeypatch):
 @pytest.fixture
 def two_h200s(monkeypatch):
     nvml_module.set_default_session(NvmlSession(scenario("two-gpus")))
-    import gpunb.analysis.checks as checks_module
+    import gpunb.analysis.checks.checklist as checks_module
 
     # the full check's CUDA measurements run in a subprocess; here they replay the H200's
     monkeypatch.setattr(checks_module, "run_probe", lambda **kw: replay_probe(PROBE, kw.get("on_step")))
@@ -164,4 +164,4 @@ def test_the_spies_see_a_gpunb_call_when_the_user_asks_for_cuda_work(spies, two_
 
     fit = gpunb.fit_batch_size(lambda bs: None, progress=False)
     assert not fit.ok and "torch sees none" in fit.problem  # this CPU torch has no CUDA device
-    assert ("torch.cuda.is_available", "gpunb.analysis.batch_fit") in spies
+    assert ("torch.cuda.is_available", "gpunb.analysis.fit.search") in spies

@@ -12,8 +12,8 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpunb.analysis import gpu_holders as gh
-from gpunb.analysis.server_holders import holder_lines, names_by_pid, pid_lines
+from gpunb.analysis.holders import gpus as gh
+from gpunb.analysis.holders.server import holder_lines, names_by_pid, pid_lines
 from gpunb.readings.gpu import GpuProcess
 from gpunb.readings.nvml import NvmlSession
 from gpunb.readings.process_facts import FAKE_DEVICES_ENV, ProcessFacts, kernel_id_of, read_process_facts

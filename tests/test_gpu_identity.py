@@ -18,10 +18,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpunb.analysis import batch_fit, memory_report  # noqa: E402
-from gpunb.analysis.oom import gather_readings  # noqa: E402
-from gpunb.analysis.profile import ProfileSession  # noqa: E402
-from gpunb.analysis.sampler import MIB, Sampler  # noqa: E402
+from gpunb.analysis.fit import search as batch_fit  # noqa: E402
+from gpunb.analysis.memory import report as memory_report  # noqa: E402
+from gpunb.analysis.memory.oom import gather_readings  # noqa: E402
+from gpunb.analysis.monitor.sampler import MIB, Sampler  # noqa: E402
+from gpunb.analysis.profile.cell import ProfileSession  # noqa: E402
 from gpunb.readings import devices, torch_state  # noqa: E402
 from gpunb.readings import nvml as nvml_module  # noqa: E402
 from gpunb.readings.devices import (  # noqa: E402

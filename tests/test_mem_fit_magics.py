@@ -53,7 +53,7 @@ def test_gpumem_shows_only_columns_with_values_and_says_why_once(ip, fake_nvml, 
 
 
 def test_memory_bar_parts_add_up_to_the_gpu():
-    from gpunb.analysis.memory_records import GpuMemoryRow
+    from gpunb.analysis.memory.records import GpuMemoryRow
     from gpunb.views.memory_view import memory_bar_html, memory_parts
     from tests.chart_html import images
 

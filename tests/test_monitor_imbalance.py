@@ -13,8 +13,8 @@ import re
 
 import pytest
 
-from gpunb.analysis.imbalance import find_imbalance
-from gpunb.analysis.sampler import Sampler
+from gpunb.analysis.monitor.imbalance import find_imbalance
+from gpunb.analysis.monitor.sampler import Sampler
 from gpunb.readings.nvml import NvmlSession
 from gpunb.testing import load_trace
 from gpunb.testing.fake_nvml import FakeGpu, FakePynvml, load_nvlink_pair

@@ -12,7 +12,7 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 import gpunb
-from gpunb.analysis.sampler import THREAD_NAME
+from gpunb.analysis.monitor.sampler import THREAD_NAME
 from gpunb.shells.extension import state_of
 from gpunb.shells.kernel_state import STANDALONE_STATE
 from gpunb.shells.monitor import Monitor, stop_all

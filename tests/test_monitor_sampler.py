@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from gpunb.analysis.sampler import (
+from gpunb.analysis.monitor.sampler import (
     GPU_COLUMNS,
     HISTORY_TICKS,
     HZ_MAX,

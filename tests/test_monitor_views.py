@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from gpunb.analysis.sampler import Sampler
+from gpunb.analysis.monitor.sampler import Sampler
 from gpunb.readings.nvml import NvmlSession
 from gpunb.testing import load_trace, scenario
 from gpunb.views import chart

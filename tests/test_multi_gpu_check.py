@@ -16,8 +16,8 @@ from typing import ClassVar
 
 import pytest
 
-import gpunb.analysis.checks as checks_module
-from gpunb.analysis.checks import CheckOptionError, check
+import gpunb.analysis.checks.checklist as checks_module
+from gpunb.analysis.checks.checklist import CheckOptionError, check
 from gpunb.readings.allreduce import AllReduceLaunch, AllReduceRun, AllReduceSize, run_allreduce
 from gpunb.readings.gpu import read_snapshot
 from gpunb.readings.links import read_link_map

@@ -6,8 +6,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpunb.analysis import oom as oom_mod  # noqa: E402
-from gpunb.analysis.oom import (  # noqa: E402
+from gpunb.analysis.memory import oom as oom_mod  # noqa: E402
+from gpunb.analysis.memory.census import EXCEPTION as EXCEPTION_SRC  # noqa: E402
+from gpunb.analysis.memory.census import take_census  # noqa: E402
+from gpunb.analysis.memory.oom import (  # noqa: E402
     FRAGMENTATION,
     LEFTOVERS,
     OTHER_PROCESSES,
@@ -16,9 +18,7 @@ from gpunb.analysis.oom import (  # noqa: E402
     OtherProcess,
     diagnose,
 )
-from gpunb.analysis.oom_message import find_oom, parse_oom_message, size_to_bytes  # noqa: E402
-from gpunb.analysis.tensor_census import EXCEPTION as EXCEPTION_SRC  # noqa: E402
-from gpunb.analysis.tensor_census import take_census  # noqa: E402
+from gpunb.analysis.memory.oom_message import find_oom, parse_oom_message, size_to_bytes  # noqa: E402
 from gpunb.readings.devices import OWN_BY_RESERVE, OWN_PID, attribute_processes, read_ownership  # noqa: E402
 from gpunb.readings.gpu import read_processes  # noqa: E402
 from gpunb.readings.nvml import NvmlSession  # noqa: E402
@@ -172,7 +172,7 @@ def _as_if_on_gpu(census):
     """The census of CPU tensors, relabelled as on cuda:0 (only GPU tensors count toward savings)."""
     from dataclasses import replace
 
-    from gpunb.analysis.tensor_census import Census
+    from gpunb.analysis.memory.census import Census
 
     return Census(tuple(replace(e, device="cuda:0") for e in census.entries))
 
@@ -270,7 +270,7 @@ PYTEST_RUNNER = (oom_mod.OtherProcess(429, 10796138496, "python3"),)  # NVML's r
 
 
 def _census(*entries):
-    from gpunb.analysis.tensor_census import Census, TensorEntry
+    from gpunb.analysis.memory.census import Census, TensorEntry
 
     return Census(tuple(TensorEntry(name, n, (n,), dt, "cuda:0", role, src) for name, n, dt, role, src in entries))
 
@@ -406,7 +406,7 @@ def test_fixes_are_ranked_by_whether_they_cover_the_shortfall():
 
 
 def test_gpufit_value_of_this_kernel_is_offered(monkeypatch):
-    from gpunb.analysis import batch_fit
+    from gpunb.analysis.fit import search as batch_fit
 
     fit = batch_fit.BatchFit(True, recommended=363, capacity_bytes=20 * GiB, steps=50, step_name="step")
     monkeypatch.setattr(batch_fit, "_LAST", [fit])

@@ -120,7 +120,7 @@ def test_release_clears_locals_snapshots_of_function_frames():
     """Python 3.11/3.12 cache f_locals on the frame; frame.clear() alone left objects alive."""
     import weakref
 
-    from gpunb.analysis.release import clear_exception_frames
+    from gpunb.analysis.memory.release import clear_exception_frames
 
     class Big:
         pass

@@ -32,7 +32,7 @@ def test_the_wheel_installs_the_server_extension_config(tmp_path):
             "ServerApp": {"jpserver_extensions": {"gpunb": True}}}
         assert "gpunb/shells/server_extension.py" in names
         # what the multi-GPU parts run or replay: the rank scripts, the workers' start-up hook, the recorded pair
-        for shipped in ("gpunb/readings/allreduce_script.py", "gpunb/analysis/rank_boot/sitecustomize.py",
+        for shipped in ("gpunb/readings/allreduce_script.py", "gpunb/analysis/ranks/boot/sitecustomize.py",
                         "gpunb/testing/h200x2_nvlink.json"):
             assert shipped in names, shipped
         metadata = z.read(f"gpunb-{gpunb.__version__}.dist-info/METADATA").decode()

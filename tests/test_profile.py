@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 import gpunb  # noqa: E402
-from gpunb.analysis.profile_history import Comparison, compare  # noqa: E402
+from gpunb.analysis.profile.history import Comparison, compare  # noqa: E402
 from gpunb.shells.extension import kernel_state  # noqa: E402
 
 
@@ -96,7 +96,7 @@ def test_item_every_step_is_counted_as_host_reads():
 def test_adam_step_counters_bypass_the_sync_wrappers(monkeypatch):
     """foreach AdamW reads two CPU step counters per parameter per step with .item(); for the
     cell they skip the wrapper (cheaper, and they are not the user's reads)."""
-    from gpunb.analysis.instruments import Instruments
+    from gpunb.analysis.steps.instruments import Instruments
 
     entered = []
     make_wrapper = Instruments._sync_wrapper

@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import gpunb  # noqa: E402
-from gpunb.analysis.step_events import READ_BACK_EVERY  # noqa: E402
+from gpunb.analysis.steps.events import READ_BACK_EVERY  # noqa: E402
 from gpunb.readings import nvml as nvml_module  # noqa: E402
 from gpunb.readings import torch_state  # noqa: E402
 from gpunb.readings.nvml import NvmlSession  # noqa: E402
@@ -178,7 +178,7 @@ def test_fp32_params_on_h200_get_bf16_advice(fake_cuda):
 
 
 def test_one_line_reads_util_samples_only_for_cells_nvml_can_describe(fake_cuda):
-    from gpunb.analysis.cell_meter import UTIL_MIN_S, CellMeter
+    from gpunb.analysis.profile.meter import UTIL_MIN_S, CellMeter
 
     calls = []
     session = nvml_module.default_session()

@@ -21,9 +21,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpunb.analysis.rank_channel import BOOT_DIR, RankChannel  # noqa: E402
-from gpunb.analysis.rank_records import RanksPart  # noqa: E402
-from gpunb.analysis.ranks import build_ranks, judge_ranks, rank_stats  # noqa: E402
+from gpunb.analysis.profile.rank_verdict import judge_ranks  # noqa: E402
+from gpunb.analysis.ranks.channel import BOOT_DIR, RankChannel  # noqa: E402
+from gpunb.analysis.ranks.records import RanksPart  # noqa: E402
+from gpunb.analysis.ranks.summary import build_ranks, rank_stats  # noqa: E402
 from gpunb.readings.nvml import NvmlSession  # noqa: E402
 from gpunb.testing import scenario  # noqa: E402
 from gpunb.views.ranks_view import ranks_html, ranks_text  # noqa: E402
@@ -144,7 +145,7 @@ def test_a_fork_outside_a_profiled_cell_records_nothing(shell, tmp_path):
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
-        from gpunb.analysis import rank_recorder
+        from gpunb.analysis.ranks import recorder as rank_recorder
 
         os.write(w, b"1" if rank_recorder.active() is None else b"0")
         os._exit(0)
@@ -302,7 +303,7 @@ def test_the_boot_file_is_no_package_and_imports_only_when_asked(tmp_path):
     import subprocess
 
     assert not os.path.exists(os.path.join(BOOT_DIR, "__init__.py"))
-    code = "import sys; print('gpunb.analysis.rank_recorder' in sys.modules)"
+    code = "import sys; print('gpunb.analysis.ranks.recorder' in sys.modules)"
     env = {**os.environ, "PYTHONPATH": BOOT_DIR + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.pop("GPUNB_RANK_CHANNEL", None)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
@@ -316,7 +317,7 @@ def test_a_rank_with_cuda_up_records_events_its_gpu_and_nvml_memory(tmp_path, mo
     """The CUDA path of a rank on the CPU: the user's torch with CUDA up (simulated: host-clock
     events, the recorded H200 allocator counters), the fake NVML listing this process on the
     recorded pair's GPU 0 with the memory the trace recorded for the training process."""
-    from gpunb.analysis.rank_recorder import RankRecorder
+    from gpunb.analysis.ranks.recorder import RankRecorder
     from gpunb.readings import nvml as nvml_module
     from gpunb.readings import torch_state
     from gpunb.testing import load_trace

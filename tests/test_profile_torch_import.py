@@ -72,7 +72,7 @@ def test_a_cell_that_imports_torch_is_profiled_like_any_other():
             "flops": p.flops.count.flops if p.flops is not None and p.flops.count is not None else None,
             "report": str(p),
             "post_hooks_left": len(optim_module._global_optimizer_post_hooks),
-            "next_unwrapped": _BaseDataLoaderIter.__next__.__module__ != "gpunb.analysis.instruments",
+            "next_unwrapped": _BaseDataLoaderIter.__next__.__module__ != "gpunb.analysis.steps.instruments",
             "item_unwrapped": "item" not in torch.Tensor.__dict__,
             "meta_path_restored": sys.meta_path == hooks_before,
         }}))

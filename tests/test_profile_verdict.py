@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from gpunb.analysis.profile import CellProfile, GpuPart, StepStats, TimeShares
-from gpunb.analysis.verdict import judge, sync_gain
+from gpunb.analysis.profile.cell import CellProfile, GpuPart, StepStats, TimeShares
+from gpunb.analysis.profile.verdict import judge, sync_gain
 from gpunb.readings.gpu_activity import UtilWindow, now_us, read_util_since
 from gpunb.readings.nvml import NvmlSession
 from gpunb.testing import scenario

@@ -15,9 +15,10 @@ import time
 import pytest
 from IPython.utils.capture import capture_output
 
-from gpunb.analysis import sampler as sampler_module
-from gpunb.analysis.oom_message import parse_oom_message
-from gpunb.analysis.sampler import THREAD_NAME, RingColumns, Sampler
+from gpunb.analysis.memory.oom_message import parse_oom_message
+from gpunb.analysis.monitor import sampler as sampler_module
+from gpunb.analysis.monitor.sampler import THREAD_NAME, Sampler
+from gpunb.analysis.monitor.series import RingColumns
 from gpunb.readings import nvml as nvml_module
 from gpunb.readings.nvml import NvmlSession
 from gpunb.testing import load_trace, scenario
@@ -216,7 +217,7 @@ def test_5_memory_info_none_gives_json_not_a_traceback(fake, capsys):
 
 
 def test_5_a_crash_while_reading_nvml_is_a_failed_check(fake, monkeypatch):
-    from gpunb.analysis import checks
+    from gpunb.analysis.checks import checklist as checks
 
     def broken(*args, **kwargs):
         raise RuntimeError("reader bug")
@@ -371,7 +372,7 @@ def test_9_unknown_fake_nvml_scenario_in_a_kernel(ip, monkeypatch):
 
 def test_9_a_crash_of_gpunb_exits_3_with_a_json_error(fake, monkeypatch, capsys):
     from gpunb import cli
-    from gpunb.analysis import checks
+    from gpunb.analysis.checks import checklist as checks
 
     def crash(*args, **kwargs):
         raise ZeroDivisionError("a bug")
@@ -407,7 +408,7 @@ def test_10_checks_that_read_nothing_do_not_say_ok():
 
 
 def test_10_device_of_a_lost_gpu_is_refused(fake2):
-    from gpunb.analysis.checks import DeviceChoiceError, check
+    from gpunb.analysis.checks.checklist import DeviceChoiceError, check
 
     with pytest.raises(DeviceChoiceError, match="lost"):
         check(quick=True, device=1)

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpunb.analysis.step_events import FIRST_READ_BACK, MIN_GAP_S, READ_BACK_EVERY, StepEvents, per_step_ms
+from gpunb.analysis.steps.events import FIRST_READ_BACK, MIN_GAP_S, READ_BACK_EVERY, StepEvents, per_step_ms
 
 
 class SimulatedGpu:

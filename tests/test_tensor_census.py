@@ -14,7 +14,7 @@ def ip(ip):
     ip.reset(new_session=False)  # the shell is a process-wide singleton: start from an empty namespace
     return ip
 
-from gpunb.analysis.tensor_census import EXCEPTION, NAMESPACE, OUTPUT_HISTORY, take_census  # noqa: E402
+from gpunb.analysis.memory.census import EXCEPTION, NAMESPACE, OUTPUT_HISTORY, take_census  # noqa: E402
 
 
 def _trained():

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# The precisions a training step's FLOPs are sorted into (analysis/flop_count.py).
+# The precisions a training step's FLOPs are sorted into (analysis/steps/flop_count.py).
 PRECISIONS = ("fp8", "bf16", "fp16", "tf32", "fp32", "fp64", "other")
 
 

@@ -19,6 +19,10 @@ for the life of the process.
 The library is passed in (``lib``): the real ``pynvml`` module by default, or
 ``gpunb.testing.FakePynvml`` in tests, which implements the same functions from
 recorded H200 readings.
+
+One module on purpose (~770 lines): the design allows one place that touches NVML, and the
+worker thread, the deadlines and the errors-as-values are one mechanism that every read passes
+through; split, each half would reach into the other's state.
 """
 
 from __future__ import annotations

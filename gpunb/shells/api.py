@@ -18,11 +18,11 @@ from gpunb.display import DisplayMixin, Render
 from gpunb.shells.session import ProgressLine, current_shell, display_or_print
 
 if TYPE_CHECKING:
-    from gpunb.analysis.batch_fit_records import BatchFit
-    from gpunb.analysis.check_report import CheckReport
-    from gpunb.analysis.memory_records import MemoryReport
-    from gpunb.analysis.oom_records import OomDiagnosis
-    from gpunb.analysis.profile_records import CellProfile
+    from gpunb.analysis.checks.records import CheckReport
+    from gpunb.analysis.fit.records import BatchFit
+    from gpunb.analysis.memory.oom_records import OomDiagnosis
+    from gpunb.analysis.memory.records import MemoryReport
+    from gpunb.analysis.profile.records import CellProfile
     from gpunb.readings.nvml import NvmlSession
 
 
@@ -37,7 +37,7 @@ def check(
     in_kernel: bool | None = None,
     probe_timeout_s: float = 180.0,
 ) -> CheckReport:
-    """Run the setup checklist and return a :class:`~gpunb.analysis.check_report.CheckReport`.
+    """Run the setup checklist and return a :class:`~gpunb.analysis.checks.records.CheckReport`.
 
     quick: skip the subprocess measurements (CUDA smoke test, matmul and copy speed).
     device: check only ``cuda:N`` (numbered as CUDA sees GPUs under CUDA_VISIBLE_DEVICES).
@@ -47,7 +47,7 @@ def check(
     in_kernel: whether to report this process's CUDA state as a notebook kernel's (default:
         inside IPython); it is reported anyway once this process has imported torch.
     """
-    from gpunb.analysis.checks import check as run_checks
+    from gpunb.analysis.checks.checklist import check as run_checks
 
     return run_checks(quick, device, deep=deep, environ=environ, nvml=nvml, progress=progress,
                       in_kernel=current_shell() is not None if in_kernel is None else in_kernel,
@@ -65,7 +65,7 @@ _NOT_FINISHED = "gpunb.profile: not finished yet (use it as `with gpunb.profile(
 class profile(DisplayMixin):  # noqa: N801  (used like a function: `with gpunb.profile():`)
     """``with gpunb.profile() as p:`` measures the block like ``%%gpuprofile`` measures a cell.
 
-    After the block ``p.result`` is the :class:`~gpunb.analysis.profile_records.CellProfile`
+    After the block ``p.result`` is the :class:`~gpunb.analysis.profile.records.CellProfile`
     (``p`` itself displays it, and ``p.to_dict()`` gives plain data). An exception in the
     block is recorded and then propagates unchanged. Options: ``warmup_steps`` (steps left out
     of median/p90), ``reset_peak`` (reset torch's global peak-memory counter; False leaves it
@@ -82,7 +82,7 @@ class profile(DisplayMixin):  # noqa: N801  (used like a function: `with gpunb.p
     def __init__(self, label: str = "", *, warmup_steps: int = 1, reset_peak: bool = True,
                  timeline: bool = True, show: bool | None = None, record: bool = True, flops: bool = True,
                  ops: bool = False, trace_dir: Any = None, ranks: bool = True) -> None:
-        from gpunb.analysis.profile import ProfileSession
+        from gpunb.analysis.profile.cell import ProfileSession
 
         if not isinstance(label, str):
             raise TypeError(f"label must be a string, got {type(label).__name__}")
@@ -138,7 +138,7 @@ def memory(
     shell's). Tensors shown are CUDA tensors when this kernel uses CUDA; otherwise (or with
     ``all_devices``) tensors on every device, so it also explains a CPU session.
     """
-    from gpunb.analysis.memory_report import memory as read_memory
+    from gpunb.analysis.memory.report import memory as read_memory
 
     shell = shell if shell is not None else current_shell()
     if namespace is None:
@@ -157,8 +157,9 @@ def diagnose_oom(exc: BaseException | None = None, *, release: bool = False, nam
     as the automatic doctor does after a failed cell (for an error you caught yourself:
     ``except torch.OutOfMemoryError as e``); that needs an IPython/Jupyter session.
     """
-    from gpunb.analysis.oom import gather_readings
-    from gpunb.analysis.oom_message import find_oom
+    from gpunb.analysis.fit.search import last_fit
+    from gpunb.analysis.memory.oom import gather_readings
+    from gpunb.analysis.memory.oom_message import find_oom
 
     exc = exc if exc is not None else getattr(sys, "last_value", None)
     shell = current_shell()
@@ -179,7 +180,7 @@ def diagnose_oom(exc: BaseException | None = None, *, release: bool = False, nam
         return handle_oom(shell, exc, keep=keep_traceback(kernel_state(shell)))
     if namespace is None and shell is not None:
         namespace = shell.user_ns
-    return gather_readings(exc, namespace=namespace, nvml=nvml)
+    return gather_readings(exc, namespace=namespace, nvml=nvml, last_fit=last_fit())
 
 
 def fit_batch_size(
@@ -206,7 +207,7 @@ def fit_batch_size(
     a function receives each line, False/None shows nothing.
     Note: this resets torch's peak-memory counters of the device.
     """
-    from gpunb.analysis.batch_fit import fit_batch_size as fit
+    from gpunb.analysis.fit.search import fit_batch_size as fit
 
     say = progress if callable(progress) else ProgressLine("gpunb %gpufit: ") if progress else None
     return fit(step_fn, start=start, max_batch=max_batch, margin=margin, device=device, steps=steps,

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from gpunb.analysis.check_report import CheckReport
-from gpunb.analysis.checks import CheckOptionError, check
+from gpunb.analysis.checks.checklist import CheckOptionError, check
+from gpunb.analysis.checks.records import CheckReport
 from gpunb.shells.arguments import output_option, parse_args, usage_error, whole_number
 
 if TYPE_CHECKING:

@@ -14,12 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from gpunb.analysis.profile_history import ProfileHistory
+from gpunb.analysis.profile.history import ProfileHistory
 
 if TYPE_CHECKING:  # only for the annotations: importing these costs %load_ext time
-    from gpunb.analysis.cell_meter import CellMeter
-    from gpunb.analysis.oom_records import OomDiagnosis
-    from gpunb.analysis.sampler import Sampler
+    from gpunb.analysis.memory.oom_records import OomDiagnosis
+    from gpunb.analysis.monitor.sampler import Sampler
+    from gpunb.analysis.profile.meter import CellMeter
 
 
 class LiveMonitor(Protocol):

@@ -67,7 +67,7 @@ class MemMagics(Magics):
             if not given(self.gpumem, args, "free", "release", "all_devices", "top", "output"):
                 return  # only the setting; any other option asks for the report as well
         if args.release:
-            from gpunb.analysis.release import release_failure
+            from gpunb.analysis.memory.release import release_failure
             from gpunb.readings.torch_state import cuda_initialized, imported_torch
             from gpunb.views.memory_view import release_lines
 
@@ -79,7 +79,7 @@ class MemMagics(Magics):
                                      devices={"cuda"} if cuda else None)
             what = "the last error" if last is not None else "(no error pinned)"
             print("\n".join([f"gpunb: released {what}", *release_lines(released)]))
-        from gpunb.analysis.memory_report import memory
+        from gpunb.analysis.memory.report import memory
 
         report = memory(free=args.free or (), top=args.top, all_devices=args.all_devices,
                         namespace=self.shell.user_ns, shell=self.shell)

@@ -1,6 +1,6 @@
 """``gpunb.monitor()``: live GPU charts that keep drawing while other cells run.
 
-A :class:`Monitor` is one view on the kernel's single :class:`~gpunb.analysis.sampler.Sampler`
+A :class:`Monitor` is one view on the kernel's single :class:`~gpunb.analysis.monitor.sampler.Sampler`
 (kept in the kernel's :class:`~gpunb.shells.kernel_state.KernelState`, so several
 monitors share one thread and a new one never starts a second).
 
@@ -23,7 +23,8 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from gpunb.analysis.sampler import HZ_DEFAULT, WINDOW_MAX_S, WINDOW_MIN_S, Sampler, Window, clamp_hz, gpu_column
+from gpunb.analysis.monitor.sampler import HZ_DEFAULT, WINDOW_MAX_S, WINDOW_MIN_S, Sampler, clamp_hz, gpu_column
+from gpunb.analysis.monitor.series import Window
 from gpunb.display import DisplayMixin, Render
 from gpunb.shells.extension import kernel_state
 from gpunb.shells.kernel_state import KernelState
@@ -186,7 +187,7 @@ class Monitor(DisplayMixin):
         """Per shown GPU, who holds its memory: notebooks when this kernel's Jupyter server
         runs gpunb's extension (asked in the background, never on the drawing path), else
         NVML's PIDs from the sampler's last process list."""
-        from gpunb.analysis.server_holders import ask_server, holder_lines, pid_lines
+        from gpunb.analysis.holders.server import ask_server, holder_lines, pid_lines
 
         reading = ask_server(wait=False)
         out = {}

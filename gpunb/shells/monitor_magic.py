@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from gpunb.analysis.sampler import HZ_DEFAULT, HZ_MAX, HZ_MIN, WINDOW_MAX_S, WINDOW_MIN_S
+from gpunb.analysis.monitor.sampler import HZ_DEFAULT, HZ_MAX, HZ_MIN, WINDOW_MAX_S, WINDOW_MIN_S
 from gpunb.shells.arguments import (
     decimal,
     given,

@@ -13,8 +13,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from gpunb.analysis.oom_message import find_oom
-from gpunb.analysis.release import keep_traceback_default
+from gpunb.analysis.memory.oom_message import find_oom
+from gpunb.analysis.memory.release import keep_traceback_default
 from gpunb.shells.kernel_state import KernelState
 
 
@@ -73,7 +73,8 @@ def handle_oom(shell: Any, exc: BaseException, *, before_ids: dict[str, int] | N
                keep: bool = False) -> Any:
     """Diagnose ``exc`` with the notebook's readings, then release what it pins (the
     release happens even when reading the notebook failed)."""
-    from gpunb.analysis.oom import gather_readings
+    from gpunb.analysis.fit.search import last_fit
+    from gpunb.analysis.memory.oom import gather_readings
     from gpunb.readings.nvml import default_session
     from gpunb.readings.torch_state import cuda_initialized, imported_torch
 
@@ -85,11 +86,11 @@ def handle_oom(shell: Any, exc: BaseException, *, before_ids: dict[str, int] | N
     with default_session().budget(DOCTOR_NVML_BUDGET_S, "the OOM doctor"):
         try:
             diagnosis = gather_readings(exc, namespace=ns, output_history=oh if isinstance(oh, dict) else None,
-                                        before_ids=before_ids, devices=devices)
+                                        before_ids=before_ids, devices=devices, last_fit=last_fit())
         except Exception as err:  # whatever the readings met, the memory is still given back below
-            from gpunb.analysis.oom import diagnose
+            from gpunb.analysis.memory.oom import diagnose
 
-            diagnosis = diagnose(exc)
+            diagnosis = diagnose(exc, last_fit=last_fit())
             diagnosis.notes.append(f"the notebook's memory could not be read ({_describe(err)}); this "
                                    "diagnosis uses the error message only")
         return _release(shell, exc, diagnosis, torch=torch, cuda=cuda, devices=devices, keep=keep)
@@ -97,9 +98,9 @@ def handle_oom(shell: Any, exc: BaseException, *, before_ids: dict[str, int] | N
 
 def _release(shell: Any, exc: BaseException, diagnosis: Any, *, torch: Any, cuda: bool, devices: Any,
              keep: bool) -> Any:
-    from gpunb.analysis.oom_message import parse_oom_message
-    from gpunb.analysis.release import release_failure
-    from gpunb.analysis.tensor_census import EXCEPTION
+    from gpunb.analysis.memory.census import EXCEPTION
+    from gpunb.analysis.memory.oom_message import parse_oom_message
+    from gpunb.analysis.memory.release import release_failure
     from gpunb.readings.devices import read_device_map, read_ownership
     from gpunb.readings.nvml import default_session
 
@@ -132,8 +133,8 @@ def held_by(census: Any) -> dict[str, int] | None:
         return None
     import re
 
-    from gpunb.analysis.oom import PREVIOUS_ERROR
-    from gpunb.analysis.tensor_census import EXCEPTION, OUTPUT_HISTORY
+    from gpunb.analysis.memory.census import EXCEPTION, OUTPUT_HISTORY
+    from gpunb.analysis.memory.oom import PREVIOUS_ERROR
 
     held = {"frames": census.total_bytes(source=EXCEPTION), "previous error": census.total_bytes(source=PREVIOUS_ERROR)}
     for e in census.entries:

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from gpunb.analysis.cell_meter import CellMeter
-from gpunb.analysis.profile import ProfileSession
-from gpunb.analysis.profile_records import HistoryReport
+from gpunb.analysis.profile.cell import ProfileSession
+from gpunb.analysis.profile.meter import CellMeter
+from gpunb.analysis.profile.records import HistoryReport
 from gpunb.shells.arguments import (
     free_text,
     given,

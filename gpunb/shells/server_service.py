@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpunb.analysis.gpu_holders import HoldersReport, build_report
+from gpunb.analysis.holders.gpus import HoldersReport, build_report
 from gpunb.readings.gpu import GpuInfo, read_info
 from gpunb.readings.nvml import NvmlSession, default_session
 from gpunb.readings.server_kernels import read_server_kernels

@@ -217,7 +217,7 @@ def _gib(n: int) -> str:
 
 
 class CachingMemory:
-    """:class:`gpunb.analysis.fit_trial.DeviceMemory` over a :class:`CachingAllocator`, for
+    """:class:`gpunb.analysis.fit.trial.DeviceMemory` over a :class:`CachingAllocator`, for
     training steps that run on the CPU and charge it the blocks their GPU twin would take."""
 
     def __init__(self, cap_bytes: int, *, torch: Any = None) -> None:

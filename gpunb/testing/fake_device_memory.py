@@ -8,7 +8,7 @@ caller (``%gpufit``, Lightning's ``BatchSizeFinder``, accelerate's
 behaviours the search reads: peak reserved above peak allocated (``fragmentation``), and the
 cache given back under pressure when reserved would exceed the budget.
 
-It implements :class:`gpunb.analysis.fit_trial.DeviceMemory`. The numbers are the test's
+It implements :class:`gpunb.analysis.fit.trial.DeviceMemory`. The numbers are the test's
 own; real ones come from the GPU tests.
 """
 

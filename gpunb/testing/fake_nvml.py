@@ -9,6 +9,9 @@ NVML error codes (``FakeGpu.faults``, ``FakePynvml.transient``), calls that hang
 (:class:`RandomFaults`, the fault-injection suite's source of trouble).
 
 Tests only: the product never uses it unless ``GPUNB_FAKE_NVML`` names a scenario.
+
+Over 500 lines on purpose: :class:`FakePynvml` mirrors pynvml function by function (one
+method each, the same names), and the scenarios are a short table of it.
 """
 
 from __future__ import annotations

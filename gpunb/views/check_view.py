@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import textwrap
 from html import escape
-from typing import TYPE_CHECKING
 
+from gpunb.analysis.checks.records import CheckReport, CheckResult
+from gpunb.display import register_views
 from gpunb.units import seconds
 from gpunb.views import chart
 from gpunb.views.markup import DIM, code_html
-
-if TYPE_CHECKING:  # the records import this module lazily to display themselves
-    from gpunb.analysis.check_report import CheckReport, CheckResult
 
 SYMBOL = {"ok": "✓", "warn": "!", "fail": "✗", "skip": "–"}
 # Readable on light and dark backgrounds alike (gpunb.views.chart's palette).
@@ -121,3 +119,8 @@ def render_html(report: CheckReport) -> str:
     rows = "".join(render_check_html(c) for c in report.checks)
     return f'<div class="gpunb-check" style="font-family:var(--jp-ui-font-family,sans-serif);font-size:13px">' \
            f"{head}{progress}{rows}</div>"
+
+
+# How the records show (gpunb.display looks these up; the records never import a view).
+register_views(CheckResult, {"text/plain": lambda c: "\n".join(render_check_text(c)), "text/html": render_check_html})
+register_views(CheckReport, {"text/plain": render_text, "text/html": render_html})

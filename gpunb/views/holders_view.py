@@ -1,5 +1,5 @@
 """Who holds a GPU's memory, as one short block under that GPU's charts (HTML) or indented
-lines (text). The lines come from :mod:`gpunb.analysis.server_holders`; notebook paths and
+lines (text). The lines come from :mod:`gpunb.analysis.holders.server`; notebook paths and
 process names in them are other people's words, so every one is escaped."""
 
 from __future__ import annotations

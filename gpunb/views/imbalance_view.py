@@ -1,4 +1,4 @@
-"""The monitor's finding of unbalanced GPUs (``analysis/imbalance.py``): one line above the
+"""The monitor's finding of unbalanced GPUs (``analysis/monitor/imbalance.py``): one line above the
 charts, in HTML and text, and a badge in the label of each GPU it names (the monitor draws
 its badges in ``SparkPanel.gpu_label``, beside the throttle badge). Kept apart from the chart
 views so that the monitor's layout and this finding can change on their own."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
-from gpunb.analysis.imbalance import ADVICE, Imbalance
+from gpunb.analysis.monitor.imbalance import ADVICE, Imbalance
 
 _TITLE = {"idle": "idle GPU", "utilization": "uneven utilization", "memory": "uneven memory"}
 

@@ -11,7 +11,11 @@ import io
 from html import escape
 from typing import Any
 
-from gpunb.analysis.tensor_census import GROUP_TITLES, ROLES
+from gpunb.analysis.fit.records import BatchFit
+from gpunb.analysis.memory.census import GROUP_TITLES, ROLES
+from gpunb.analysis.memory.oom_records import OomDiagnosis
+from gpunb.analysis.memory.records import MemoryReport
+from gpunb.display import register_views
 from gpunb.units import gib
 from gpunb.views import chart
 from gpunb.views.markup import DIM, code_html
@@ -553,3 +557,11 @@ def fit_chart_html(f: Any) -> str:
     return (f"<div style='margin-top:6px'><b>Peak memory over {escape(str(f.steps))} training steps</b>"
             f"<img class='gpunb-chart' src='data:image/png;base64,{png}' width='{width}' height='{height}' "
             f"alt='{words}' title='{words}' style='display:block;max-width:none'></div>")
+
+
+# How the records show (gpunb.display looks these up; the records never import a view). The
+# memory curve of a fit is inside its HTML (a separate image/png would lose to the HTML in
+# JupyterLab); ``BatchFit.figure()`` gives it as a matplotlib Figure.
+register_views(OomDiagnosis, {"text/plain": diagnosis_text, "text/html": diagnosis_html})
+register_views(MemoryReport, {"text/plain": memory_text, "text/html": memory_html})
+register_views(BatchFit, {"text/plain": fit_text, "text/html": fit_html}, figure=fit_figure)

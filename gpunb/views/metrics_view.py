@@ -1,4 +1,4 @@
-"""A :class:`~gpunb.analysis.gpu_holders.HoldersReport` in Prometheus' text format.
+"""A :class:`~gpunb.analysis.holders.gpus.HoldersReport` in Prometheus' text format.
 
 Written with ``prometheus_client`` (a custom collector of ``GaugeMetricFamily``), so the
 escaping of label values (notebook paths are the user's words) and the format itself are
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from gpunb.analysis.gpu_holders import KERNEL, KERNEL_CHILD, HoldersReport
+from gpunb.analysis.holders.gpus import KERNEL, KERNEL_CHILD, HoldersReport
 from gpunb.readings.gpu import CLOCK_EVENT_REASONS
 
 GPU_LABELS = ("gpu", "UUID", "modelName")

@@ -13,8 +13,10 @@ from collections.abc import Sequence
 from html import escape
 from typing import TYPE_CHECKING, Any
 
-from gpunb.analysis.profile_history import compare
-from gpunb.analysis.step_plan import COUNTED_STEP
+from gpunb.analysis.profile.history import compare
+from gpunb.analysis.profile.records import CellProfile, HistoryReport
+from gpunb.analysis.steps.plan import COUNTED_STEP
+from gpunb.display import register_views
 from gpunb.readings.devices import OWN_BY_RESERVE
 from gpunb.units import byte_rate, flop_count, flop_rate, gib, milliseconds, seconds
 from gpunb.views import chart
@@ -22,9 +24,8 @@ from gpunb.views.chart import DIM, SMALL
 from gpunb.views.markup import code_html
 from gpunb.views.ranks_view import ranks_html, ranks_text
 
-if TYPE_CHECKING:  # the records import this module lazily to display themselves
-    from gpunb.analysis.cell_meter import CellLine
-    from gpunb.analysis.profile_records import CellProfile
+if TYPE_CHECKING:
+    from gpunb.analysis.profile.meter import CellLine
 
 # How each verdict is marked: green when the GPU itself is the limit (as it should be).
 VERDICT_COLOR = {"compute-bound": chart.GREEN, "none": chart.GREY, "on-cpu": chart.RED,
@@ -462,3 +463,9 @@ def history_html(entries: Sequence[Any]) -> str:
     title = history_text(entries).splitlines()[0]
     return (f"<div><b>{escape(title)}</b></div><table class='gpunb-history' style='border-collapse:collapse'>"
             f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+
+
+# How the records show (gpunb.display looks these up; the records never import a view).
+register_views(CellProfile, {"text/plain": profile_text, "text/html": profile_html})
+register_views(HistoryReport, {"text/plain": lambda r: history_text(r.entries),
+                               "text/html": lambda r: history_html(r.entries)})

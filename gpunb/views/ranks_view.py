@@ -5,12 +5,10 @@ change on their own; the profile report appends it where a cell had worker proce
 from __future__ import annotations
 
 import html
-from typing import TYPE_CHECKING
 
+from gpunb.analysis.ranks.records import RanksPart, RankStats
+from gpunb.display import register_views
 from gpunb.units import gib, milliseconds
-
-if TYPE_CHECKING:  # the record imports this module lazily to display itself
-    from gpunb.analysis.rank_records import RanksPart, RankStats
 
 HEADER = ["rank", "GPU", "steps", "first step", "median", "p90", "data wait", "peak allocated", "NVML peak",
           "all-reduce (not hidden)"]
@@ -82,3 +80,7 @@ def ranks_html(part: RanksPart) -> str:
     notes = "".join(f"<div><small>{e(line)}</small></div>" for line in _footer(part))
     return (f"<div class='gpunb-ranks'><b>{e(_headline(part))}</b>"
             f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{notes}</div>")
+
+
+# How the record shows (gpunb.display looks it up; the record never imports a view).
+register_views(RanksPart, {"text/plain": lambda r: "\n".join(ranks_text(r)), "text/html": ranks_html})

@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from gpunb.analysis.sampler import GpuSeries, Window
+from gpunb.analysis.monitor.series import GpuSeries, Window
 from gpunb.readings.gpu import CLOCK_EVENT_REASONS, SLOWDOWN_BITS
 from gpunb.views import chart
 from gpunb.views.chart import DIM, SMALL
