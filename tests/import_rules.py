@@ -5,10 +5,14 @@ functions (a lazy import hides a dependency from the reader, not from the design
 
 - **cycles**: the graph of module -> module imports has no cycle;
 - **direction**: readings -> analysis -> views -> shells; a module imports only from its own
-  layer or the ones below. Foundation modules (``units``, ``display``, ``_version``) import no
-  layer; the entry points (the package ``__init__``, ``cli``, ``__main__``) may import any.
-  One exception, the written rule: a record (a class built on the display base) may import
-  the view that renders it inside one of its own methods, never at module level;
+  layer or the ones below, with no exception (records never import their views: the views
+  register themselves in ``gpunb.display``). Foundation modules (``units``, ``display``,
+  ``_version``) import no layer; the entry points (the package ``__init__``, ``cli``,
+  ``__main__``) may import any;
+- **capabilities**: ``analysis`` is split by capability (``analysis/checks``, ``profile``, ...).
+  A capability uses ``readings``, the foundation, the shared analysis modules
+  (:data:`SHARED`), itself, and only the other capabilities :data:`CAPABILITY_USES` names for
+  it: the allowed graph, written down;
 - **the shell**: only the shells layer (and the entry points) imports IPython, ipykernel or
   ipywidgets, or calls ``get_ipython``: analysis gets the namespace, a progress callback or an
   in-kernel flag as arguments.
@@ -28,8 +32,23 @@ FOUNDATION = ("units", "display", "_version")
 ENTRY_POINTS = ("", "cli", "__main__")  # "" is the package's own __init__
 # The fake NVML is what readings load instead of the driver (GPUNB_FAKE_NVML): the readings layer.
 SAME_AS = {"testing": "readings"}
-DISPLAY_BASE = "DisplayMixin"
 SHELL_PACKAGES = ("IPython", "ipykernel", "ipywidgets")
+
+# analysis/<capability>/ -> the other capabilities it may import. Everything else between
+# capabilities is refused; a new capability must be added here (with what it uses).
+CAPABILITY_USES: dict[str, frozenset[str]] = {
+    "checks": frozenset(),
+    "steps": frozenset(),  # the hooks inside one training process
+    "ranks": frozenset({"steps"}),  # each worker runs the same step hooks
+    "profile": frozenset({"steps", "ranks"}),  # a cell's steps, its worker processes
+    "memory": frozenset({"holders"}),  # the OOM doctor names the other processes on the GPU
+    "fit": frozenset({"memory"}),  # a trial recognises an OOM
+    "holders": frozenset(),
+    "monitor": frozenset(),
+}
+# analysis/<module>.py beside the capabilities: small pieces every capability may use; they
+# import no capability.
+SHARED = ("advice", "gpu_specs", "torch_wheels")
 
 
 @dataclass(frozen=True)
@@ -38,7 +57,6 @@ class Import:
     target: str  # imported module (a module of the package)
     line: int
     function: str | None  # enclosing function, None at module level
-    record_method: bool  # inside a method of a class built on the display base
     type_only: bool = False  # under ``if TYPE_CHECKING:``: read by type checkers, never run
 
 
@@ -67,37 +85,25 @@ class _Visitor(ast.NodeVisitor):
         self.found: list[Import] = []
         self.shell_imports: list[Import] = []  # IPython & co., by this module
         self._functions: list[str] = []
-        self._record_method: list[bool] = []
-        self._classes: list[bool] = []  # per enclosing class: built on the display base?
         self._type_only = 0
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
-        bases = {b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else ""
-                 for b in node.bases}
-        self._classes.append(DISPLAY_BASE in bases)
         outer = self._functions
-        self._functions = []  # a method is judged by its own class, not by an enclosing function
+        self._functions = []  # a method is named by itself, not by an enclosing function
         self.generic_visit(node)
         self._functions = outer
-        self._classes.pop()
 
     def _visit_function(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
-        method_of_record = not self._functions and bool(self._classes) and self._classes[-1]
-        self._record_method.append(method_of_record or bool(self._record_method and self._record_method[-1]))
         self._functions.append(node.name)
-        saved = self._classes
-        self._classes = []  # classes inside a function are not records of this module
         self.generic_visit(node)
-        self._classes = saved
         self._functions.pop()
-        self._record_method.pop()
 
     visit_FunctionDef = _visit_function
 
     def _shell_lookup(self, name: str, line: int) -> None:
         if name == "get_ipython":  # finding the shell without importing it (sys.modules["IPython"])
             self.shell_imports.append(Import(self.module, "IPython.get_ipython", line,
-                                             self._functions[-1] if self._functions else None, False))
+                                             self._functions[-1] if self._functions else None))
 
     def visit_Name(self, node: ast.Name) -> None:
         self._shell_lookup(node.id, node.lineno)
@@ -123,14 +129,14 @@ class _Visitor(ast.NodeVisitor):
     def _add(self, target: str, line: int) -> None:
         if target.split(".")[0] in SHELL_PACKAGES:
             function = self._functions[-1] if self._functions else None
-            self.shell_imports.append(Import(self.module, target, line, function, False, self._type_only > 0))
+            self.shell_imports.append(Import(self.module, target, line, function, self._type_only > 0))
             return
         # "from pkg.sub import name": name may be a submodule; else the edge goes to pkg.sub
         while target and target not in self.known:
             target = target.rpartition(".")[0]
         if target and target != self.module:
             self.found.append(Import(self.module, target, line, self._functions[-1] if self._functions else None,
-                                     bool(self._record_method and self._record_method[-1]), self._type_only > 0))
+                                     self._type_only > 0))
 
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
@@ -212,17 +218,45 @@ def layer_of(module: str, package: str) -> int | None:
 
 
 def upward(found: list[Import], package: str) -> list[str]:
-    """Imports from a higher layer, except a record's lazy import of its view."""
-    views = LAYERS.index("views")
+    """Imports from a higher layer."""
     bad = []
     for imp in found:
         src, dst = layer_of(imp.source, package), layer_of(imp.target, package)
         if src is None or dst is None or dst <= src:
             continue
-        if dst == views and src >= 0 and imp.record_method:
-            continue  # the written rule: a record reaches its view lazily, from its own methods
         where = f"in {imp.function}()" if imp.function else "at module level"
         bad.append(f"{imp.source}:{imp.line} imports {imp.target} {where}")
+    return bad
+
+
+def capability_of(module: str, package: str) -> str | None:
+    """``analysis/<capability>/`` of a module; "" for a shared analysis module; None outside analysis.
+    A module directly in ``analysis`` that is not shared is named (it belongs in a capability)."""
+    parts = module.removeprefix(package).lstrip(".").split(".")
+    if parts[0] != "analysis" or len(parts) == 1:
+        return None
+    if len(parts) == 2 and parts[1] not in CAPABILITY_USES:
+        if parts[1] in SHARED:
+            return ""
+        raise ValueError(f"{module} is in no capability: move it into analysis/<capability>/ or add it to SHARED "
+                         f"in {__file__}")
+    if parts[1] not in CAPABILITY_USES:
+        raise ValueError(f"{module}: capability {parts[1]!r} is not in CAPABILITY_USES ({__file__})")
+    return parts[1]
+
+
+def across_capabilities(found: list[Import], package: str) -> list[str]:
+    """Imports between analysis capabilities that CAPABILITY_USES does not allow, and imports of
+    a capability by a shared module."""
+    bad = []
+    for imp in found:
+        src, dst = capability_of(imp.source, package), capability_of(imp.target, package)
+        if src is None or dst is None or src == dst or dst == "":
+            continue
+        if src == "" or dst not in CAPABILITY_USES[src]:
+            where = f"in {imp.function}()" if imp.function else "at module level"
+            who = "a shared module" if src == "" else f"capability {src!r}"
+            bad.append(f"{imp.source}:{imp.line} imports {imp.target} {where} ({who} may not use {dst!r})")
     return bad
 
 
@@ -242,7 +276,8 @@ def violations(root: Path, package: str) -> list[str]:
     """Every broken rule, in words; empty when the package keeps them all."""
     for module in module_names(root, package):
         layer_of(module, package)  # a new module outside every layer is named, not ignored
+        capability_of(module, package)
     found, shell = imports(root, package)
     found_all = ([f"import cycle: {' <-> '.join(group)}" for group in cycles(found)] + upward(found, package)
-                 + shell_outside_shells(shell, package))
+                 + across_capabilities(found, package) + shell_outside_shells(shell, package))
     return list(dict.fromkeys(found_all))  # "from m import a, b" is one import, said once
