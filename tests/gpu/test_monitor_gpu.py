@@ -23,7 +23,7 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device here (this test runs on the GPU test machine)", allow_module_level=True)
 
-from gpunb.analysis.sampler import Sampler  # noqa: E402
+from gpunb.analysis.monitor.sampler import Sampler  # noqa: E402
 from gpunb.readings.nvml import default_session  # noqa: E402
 
 MIB = 2**20

@@ -25,7 +25,7 @@ try:
 except Exception:  # no driver here
     pytest.skip("no NVIDIA driver here (this test runs on the GPU test machine)", allow_module_level=True)
 
-from gpunb.analysis.sampler import Sampler  # noqa: E402
+from gpunb.analysis.monitor.sampler import Sampler  # noqa: E402
 from gpunb.readings.gpu import read_snapshot  # noqa: E402
 from gpunb.readings.nvml import NvmlSession, Unavailable  # noqa: E402
 

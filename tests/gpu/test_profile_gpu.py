@@ -21,7 +21,7 @@ pytestmark = [
 
 
 import gpunb  # noqa: E402
-from gpunb.analysis.cell_meter import CellMeter  # noqa: E402
+from gpunb.analysis.profile.meter import CellMeter  # noqa: E402
 from tests.gpu.results import save_json  # noqa: E402
 
 
@@ -133,7 +133,7 @@ def _truth_event(truth: list) -> None:
 def test_gpu_bound_steps_each_get_an_event_across_read_backs_and_a_side_stream():
     """More steps than one read-back batch (events are reused), a stretch of steps on a side
     stream (the recorder must follow the current stream), uneven GPU work per step."""
-    from gpunb.analysis.step_events import READ_BACK_EVERY
+    from gpunb.analysis.steps.events import READ_BACK_EVERY
 
     torch.manual_seed(0)
     layers = [m for _ in range(3) for m in (torch.nn.Linear(4096, 4096), torch.nn.ReLU())]  # ~2-7 ms GPU, ~1 ms host

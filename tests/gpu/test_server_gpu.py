@@ -151,7 +151,7 @@ print(os.getpid(), str(torch.cuda.get_device_properties(0).uuid))
 """
 
 SAY = """
-from gpunb.analysis.server_holders import ask_server, holder_lines
+from gpunb.analysis.holders.server import ask_server, holder_lines
 reading = ask_server(wait=True)
 print(reading.reason or "ok")
 for gpu in reading.data["gpus"] if reading else ():

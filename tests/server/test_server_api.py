@@ -14,7 +14,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpunb.analysis.gpu_holders import NAMESPACE_NOTE
+from gpunb.analysis.holders.gpus import NAMESPACE_NOTE
 
 from .conftest import GiB, child_holding_devices, hold, kernel_holding_devices, run_in_kernel, start_session
 
@@ -105,7 +105,7 @@ async def test_a_kernel_finds_its_server_and_names_its_notebook(jp_fetch, jp_ser
     hold(fake_gpu, my_pid, 2 * GiB)
     code = (
         "from gpunb.readings.server_sessions import find_server, default_sessions\n"
-        "from gpunb.analysis.server_holders import holder_lines\n"
+        "from gpunb.analysis.holders.server import holder_lines\n"
         "link = find_server()\n"
         "print(link.found_by, link.kernel_id)\n"
         "reading = default_sessions().get()\n"
