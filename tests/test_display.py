@@ -18,7 +18,7 @@ from gpunb.analysis.fit.search import search
 from gpunb.analysis.memory.oom import diagnose
 from gpunb.analysis.profile.cell import ProfileSession
 from gpunb.analysis.profile.records import HistoryReport
-from gpunb.display import DisplayMixin, jsonable
+from gpunb.display import DisplayMixin, jsonable, register_views
 from gpunb.readings.nvml import NvmlSession, Unavailable
 from gpunb.shells import monitor as monitor_module
 from gpunb.shells.kernel_state import STANDALONE_STATE
@@ -185,6 +185,21 @@ def test_a_record_without_a_view_says_so():
     class Bare(DisplayMixin):
         x: int = 1
 
-    with pytest.raises(NotImplementedError, match="Bare names no view"):
+    with pytest.raises(NotImplementedError, match="no view is registered for Bare"):
         str(Bare())
     assert Bare().to_dict() == {"x": 1}
+
+
+def test_a_view_registered_for_a_record_type_shows_it_and_its_subclasses():
+    @dataclasses.dataclass
+    class Base(DisplayMixin):
+        x: int = 1
+
+    class Child(Base):
+        pass
+
+    register_views(Base, {"text/plain": lambda r: f"x is {r.x}", "text/html": lambda r: f"<b>{r.x}</b>"})
+    assert str(Child(2)) == "x is 2"
+    assert Child(3)._repr_mimebundle_(include=["text/html"]) == {"text/html": "<b>3</b>"}
+    with pytest.raises(ValueError, match="need text/plain"):
+        register_views(Base, {"text/html": lambda r: ""})
