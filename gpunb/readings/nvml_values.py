@@ -209,6 +209,9 @@ SHAPES: dict[str, Check] = {
     "nvmlDeviceGetComputeRunningProcesses": sequence(
         struct(("usedGpuMemory",), pid=number(0, 2**32), usedGpuMemory=nullable(_BYTES)), 65_536),
     "nvmlDeviceGetSamples": _samples,
+    # what a GPU spent and moved (readings/energy.py)
+    "nvmlDeviceGetTotalEnergyConsumption": number(0, U64),  # mJ since the driver loaded
+    "nvmlDeviceGetPcieThroughput": number(0, 10**10),  # KB/s: up to 10 TB/s
     # between GPUs (readings/links.py): static facts read by %gpucheck, NVLink counters by %%gpuprofile
     "nvmlDeviceGetFieldValues": _field_values,
     "nvmlDeviceGetNvLinkState": _BIT,

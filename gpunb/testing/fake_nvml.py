@@ -36,10 +36,19 @@ TRACE_PATH = Path(__file__).with_name("h200_trace.json")
 # Two H200s on an NVSwitch board: NVLink per link, field values, P2P status and topology of
 # each pair, and the NCCL all-reduce figures, from benchmarks/results/h200x2_record.json.
 NVLINK_PAIR_PATH = Path(__file__).with_name("h200x2_nvlink.json")
+# The H200's energy counter, power and PCIe throughput through idle, a bf16 matmul burst and
+# pinned copies (2026-12-01, scripts/record_energy_links.py).
+ENERGY_PATH = Path(__file__).with_name("h200_energy_links.json")
 
 
 def load_trace() -> dict:
     return json.loads(TRACE_PATH.read_text())
+
+
+@functools.lru_cache(maxsize=1)
+def load_energy_links() -> dict:
+    with open(ENERGY_PATH) as f:
+        return json.load(f)
 
 
 def load_nvlink_pair() -> dict:
@@ -74,6 +83,23 @@ class FakeGpu:
     nvlinks: list[dict] = field(default_factory=list)
     # nvmlDeviceGetFieldValues answers by field id (str): {"value", "type"} or {"nvml_return"}
     fields: dict[str, dict] = field(default_factory=dict)
+    # The recorded energy counter and PCIe throughput ({"t", "energy_mj", "power_mw",
+    # "pcie_tx_kbs", "pcie_rx_kbs"}); None: a GPU without them (NVML says NOT_SUPPORTED).
+    energy: list[dict] | None = None
+
+    def energy_at(self, t: float) -> tuple[int, dict]:
+        """(energy counter in mJ, the recorded row) at fake time ``t``: the recording replayed in
+        a loop, each loop adding the recording's energy, so the counter never runs backwards."""
+        rows = self.energy or []
+        span = rows[-1]["t"] + 0.1
+        loops, within = divmod(max(0.0, t), span)
+        current = rows[0]
+        for row in rows:
+            if row["t"] > within:
+                break
+            current = row
+        per_loop = rows[-1]["energy_mj"] - rows[0]["energy_mj"]
+        return current["energy_mj"] + int(loops) * per_loop, current
 
     def file_rows(self) -> list[dict]:
         """The rows of ``processes_file`` (tests that start real processes write their PIDs
@@ -443,6 +469,21 @@ class FakePynvml:
         return self._now(self._gpu(h, "nvmlDeviceGetPowerUsage"))["power_mw"]
 
     @_nvml_function
+    def nvmlDeviceGetTotalEnergyConsumption(self, h: Any) -> int:
+        gpu = self._gpu(h, "nvmlDeviceGetTotalEnergyConsumption")
+        if gpu.energy is None:
+            raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.energy_at(self.clock())[0]
+
+    @_nvml_function
+    def nvmlDeviceGetPcieThroughput(self, h: Any, counter: int) -> int:
+        gpu = self._gpu(h, "nvmlDeviceGetPcieThroughput")
+        if gpu.energy is None:
+            raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
+        row = gpu.energy_at(self.clock())[1]
+        return row["pcie_tx_kbs"] if counter == _real.NVML_PCIE_UTIL_TX_BYTES else row["pcie_rx_kbs"]
+
+    @_nvml_function
     def nvmlDeviceGetTemperature(self, h: Any, sensor: int) -> int:
         return self._now(self._gpu(h, "nvmlDeviceGetTemperature"))["temp_c"]
 
@@ -535,10 +576,11 @@ class FakePynvml:
 
     @_nvml_function
     def nvmlDeviceGetSamples(self, h: Any, sampling_type: int, last_seen_us: int) -> tuple[int, list[Any]]:
-        """Utilization samples newer than ``last_seen_us`` (CPU wall clock in µs, like NVML),
-        replayed from the recorded trace rows of the last 20 s of the fake clock."""
+        """Utilization (or total power) samples newer than ``last_seen_us`` (CPU wall clock in µs,
+        like NVML), replayed from the recorded trace rows of the last 20 s of the fake clock."""
         gpu = self._gpu(h, "nvmlDeviceGetSamples")
-        if sampling_type != _real.NVML_GPU_UTILIZATION_SAMPLES:
+        column = {_real.NVML_GPU_UTILIZATION_SAMPLES: "util_gpu", _real.NVML_TOTAL_POWER_SAMPLES: "power_mw"}
+        if sampling_type not in column:
             raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
         now = self.clock()
         wall_us = time.time() * 1e6
@@ -551,7 +593,8 @@ class FakePynvml:
                 if now - 20.0 < t <= now:
                     stamp = int(wall_us - (now - t) * 1e6)
                     if stamp > last_seen_us:
-                        out.append(SimpleNamespace(timeStamp=stamp, sampleValue=SimpleNamespace(uiVal=s["util_gpu"])))
+                        value = SimpleNamespace(uiVal=s[column[sampling_type]])
+                        out.append(SimpleNamespace(timeStamp=stamp, sampleValue=value))
         if not out:
             raise _real.NVMLError(_real.NVML_ERROR_NOT_FOUND)
         return 1, out  # NVML_VALUE_TYPE_UNSIGNED_INT
@@ -560,6 +603,7 @@ class FakePynvml:
 # -- scenarios ---------------------------------------------------------------------------
 
 def _h200(trace: dict, **overrides: Any) -> FakeGpu:
+    overrides.setdefault("energy", load_energy_links()["samples"])
     return FakeGpu(facts=dict(trace["facts"]), samples=trace["samples"], **overrides)
 
 
@@ -644,7 +688,9 @@ def _scenario(name: str, clock: Callable[[], float] | None) -> FakePynvml:
 
 def _pair_scenario(name: str, trace: dict, clock: Callable[[], float] | None) -> FakePynvml:
     recorded = load_nvlink_pair()
-    gpus = [FakeGpu(facts={**trace["facts"], **g["facts"]}, samples=trace["samples"]) for g in recorded["gpus"]]
+    energy = load_energy_links()["samples"]
+    gpus = [FakeGpu(facts={**trace["facts"], **g["facts"]}, samples=trace["samples"], energy=energy)
+            for g in recorded["gpus"]]
     if name == "h200x2-nvlink":
         for gpu, g in zip(gpus, recorded["gpus"]):
             gpu.nvlinks = [dict(link) for link in g["nvlinks"]]
