@@ -1,0 +1,194 @@
+"""What a profiled cell's GPUs spent: joules per GPU and in all, per step and per sample.
+
+The cell's energy is NVML's energy counter read at the cell's start and end. Per step it is
+a *window's* energy divided by the steps inside it (the counter changes ~10 times a second on
+an H200, so one short step has no reading of its own): the meter reads the counter in the
+background at the step marks, at most every ``MARK_EVERY_S``, and the steady window runs from
+the first reading after the warm-up steps to the last one. A window under ``MIN_WINDOW_S`` is
+not trusted for a per-step figure. Where the counter is missing, NVML's power samples are
+integrated instead, and the record says it is an estimate.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from gpunb.readings.energy import PowerSamples, read_energy, read_power_since
+from gpunb.readings.gpu_activity import now_us
+from gpunb.readings.nvml import NvmlSession, PendingRun, is_available
+
+MARK_EVERY_S = 0.25  # a counter reading at a step mark at most this often (it moves every ~0.1 s)
+MIN_WINDOW_S = 1.0  # a per-step energy needs a steady window at least this long
+COUNTER = "energy counter"
+ESTIMATE = "power samples (estimate)"
+# How far the estimate was off, measured: 3 s of bf16 matmuls on an H200, 2026-12-01.
+ESTIMATE_NOTE = "NVML's ~1 s power averages integrated; 16 % under the counter on a matmul burst (H200)"
+
+
+@dataclass(frozen=True)
+class GpuEnergy:
+    index: int  # NVML's
+    joules: float
+    seconds: float
+    source: str  # COUNTER or ESTIMATE
+
+    @property
+    def average_w(self) -> float | None:
+        return self.joules / self.seconds if self.seconds > 0 else None
+
+
+@dataclass(frozen=True)
+class CellEnergy:
+    """The energy of one profiled cell, summed over its GPUs."""
+
+    gpus: tuple[GpuEnergy, ...]
+    seconds: float
+    step_joules: float | None = None  # per step, over the steady window
+    window_steps: int = 0
+    window_s: float | None = None
+    batch_size: int | None = None
+    idle_share: float | None = None  # share of the cell's energy spent while no kernel ran (estimate)
+    note: str = ""
+
+    @property
+    def joules(self) -> float:
+        return sum(g.joules for g in self.gpus)
+
+    @property
+    def wh(self) -> float:
+        return self.joules / 3600.0
+
+    @property
+    def average_w(self) -> float | None:
+        return self.joules / self.seconds if self.seconds > 0 else None
+
+    @property
+    def sample_joules(self) -> float | None:
+        if self.step_joules is None or not self.batch_size:
+            return None
+        return self.step_joules / self.batch_size
+
+    @property
+    def samples_per_joule(self) -> float | None:
+        per = self.sample_joules
+        return 1.0 / per if per else None
+
+    @property
+    def estimated(self) -> bool:
+        return any(g.source == ESTIMATE for g in self.gpus)
+
+
+@dataclass(frozen=True)
+class Mark:
+    """The counters (mJ per NVML index) when ``steps`` steps had ended, ``t_s`` into the cell."""
+
+    t_s: float
+    steps: int
+    energy_mj: dict[int, int]
+
+
+def _read_all(nvml: NvmlSession, indices: Sequence[int]) -> dict[int, int]:
+    out = {}
+    for i in indices:
+        value = read_energy(nvml, i).energy_mj
+        if is_available(value) and isinstance(value, int):
+            out[i] = value
+    return out
+
+
+def _none(_why: str) -> dict[int, int]:
+    return {}
+
+
+def steady_step_joules(marks: Sequence[Mark], warmup_steps: int) -> tuple[float | None, int, float | None]:
+    """(joules per step, steps in the window, window seconds) between the first mark after the
+    warm-up and the last mark, summed over the GPUs both marks read; None under MIN_WINDOW_S."""
+    usable = [m for m in marks if m.steps >= max(1, warmup_steps) and m.energy_mj]
+    if len(usable) < 2:
+        return None, 0, None
+    first, last = usable[0], usable[-1]
+    steps, seconds = last.steps - first.steps, last.t_s - first.t_s
+    both = set(first.energy_mj) & set(last.energy_mj)
+    if steps <= 0 or seconds < MIN_WINDOW_S or not both:
+        return None, steps, seconds
+    joules = sum(last.energy_mj[i] - first.energy_mj[i] for i in both) / 1000.0
+    return (joules / steps if joules >= 0 else None), steps, seconds
+
+
+class EnergyMeter:
+    """Reads the cell's GPUs' energy counters at its start, at step marks (in the background:
+    a step never waits for NVML) and at its end."""
+
+    def __init__(self, nvml: NvmlSession, indices: Sequence[int], clock: Callable[[], float] = time.monotonic) -> None:
+        self.nvml, self.indices, self.clock = nvml, tuple(indices), clock
+        self.t0, self.t0_us = clock(), now_us()
+        self._start: PendingRun[dict[int, int]] = nvml.run_soon(_read_all, nvml, self.indices, fallback=_none,
+                                                                 what="the energy counters")
+        self.marks: list[Mark] = []
+        self._pending: tuple[float, int, PendingRun[dict[int, int]]] | None = None
+        self._asked_at = -1.0
+
+    def at_step(self, steps: int) -> None:
+        """A step mark: keep the reading that came back, ask for the next one (never waits)."""
+        now = self.clock() - self.t0
+        pending = self._pending
+        if pending is not None and pending[2].ready():
+            self.marks.append(Mark(pending[0], pending[1], pending[2].result()))
+            pending = self._pending = None
+        if pending is None and now - self._asked_at >= MARK_EVERY_S:
+            self._asked_at = now
+            self._pending = (now, steps, self.nvml.run_soon(_read_all, self.nvml, self.indices, fallback=_none,
+                                                            budget_s=self.nvml.call_timeout_s,
+                                                            what="the energy counters"))
+
+    def finish(self, *, warmup_steps: int = 1, batch_size: int | None = None,
+               idle_time_share: float | None = None) -> CellEnergy | None:
+        """The cell's energy; None when no GPU gave a counter or power samples."""
+        seconds = self.clock() - self.t0
+        if self._pending is not None:  # the last mark still on its way: keep it
+            t_s, steps, run = self._pending
+            self.marks.append(Mark(t_s, steps, run.result()))
+            self._pending = None
+        start, end = self._start.result(), _read_all(self.nvml, self.indices)
+        end_us = now_us()
+        gpus = []
+        powers: dict[int, PowerSamples] = {}
+        for i in self.indices:
+            if i in start and i in end and end[i] >= start[i]:
+                gpus.append(GpuEnergy(i, (end[i] - start[i]) / 1000.0, seconds, COUNTER))
+                continue
+            samples = read_power_since(self.nvml, i, self.t0_us - 2_000_000)
+            joules = samples.joules(self.t0_us, end_us) if isinstance(samples, PowerSamples) else None
+            if joules is not None and isinstance(samples, PowerSamples):
+                powers[i] = samples
+                gpus.append(GpuEnergy(i, joules, seconds, ESTIMATE))
+        if not gpus:
+            return None
+        step_j, window_steps, window_s = steady_step_joules(self.marks, warmup_steps)
+        note = ESTIMATE_NOTE if powers else ""
+        if step_j is None and window_s is not None and window_s < MIN_WINDOW_S:
+            note = "; ".join(filter(None, [note, f"the steady steps lasted {window_s:.1f} s: too short for "
+                                                 f"a per-step energy (it needs {MIN_WINDOW_S:.0f} s)"]))
+        cell = CellEnergy(tuple(gpus), seconds, step_j, window_steps, window_s, batch_size, None, note)
+        return _with_idle_share(cell, idle_time_share, self.nvml, self.t0_us, end_us)
+
+
+def _with_idle_share(cell: CellEnergy, idle_time_share: float | None, nvml: NvmlSession, start_us: int,
+                     end_us: int) -> CellEnergy:
+    """The share of the energy spent while no kernel ran: the idle time (NVML's utilization
+    samples at 0 %) at the lowest power NVML saw in the cell, over the cell's energy. An
+    estimate; left out without both readings."""
+    if idle_time_share is None or not cell.joules or len(cell.gpus) != 1:
+        return cell
+    samples = read_power_since(nvml, cell.gpus[0].index, start_us)
+    if not isinstance(samples, PowerSamples):
+        return cell
+    inside = [w for t, w in samples.points if start_us <= t <= end_us]
+    if not inside:
+        return cell
+    idle_j = idle_time_share * cell.seconds * min(inside)
+    share = max(0.0, min(1.0, idle_j / cell.joules))
+    return CellEnergy(cell.gpus, cell.seconds, cell.step_joules, cell.window_steps, cell.window_s, cell.batch_size,
+                      share, cell.note)

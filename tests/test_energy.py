@@ -1,0 +1,127 @@
+"""Energy of a profiled cell (issue 23) on the fake NVML, whose energy counter, power and PCIe
+throughput replay the H200's recording (``gpunb/testing/h200_energy_links.json``)."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import pytest
+
+from gpunb.analysis.profile.energy import (
+    COUNTER,
+    ESTIMATE,
+    MIN_WINDOW_S,
+    EnergyMeter,
+    Mark,
+    steady_step_joules,
+)
+from gpunb.readings.energy import KB, PowerSamples, read_energy, read_pcie, read_power_since
+from gpunb.readings.gpu_activity import now_us
+from gpunb.readings.nvml import NvmlSession, is_available
+from gpunb.testing.fake_nvml import load_energy_links, scenario
+
+
+def _phase(name: str) -> dict:
+    return next(p for p in load_energy_links()["phases"] if p["name"].startswith(name))
+
+
+def _fake_at(t: dict):
+    return scenario("h200", clock=lambda: t["t"])
+
+
+def test_the_counter_is_read_as_recorded_and_never_runs_backwards_when_the_recording_loops():
+    t = {"t": 0.0}
+    nvml = NvmlSession(_fake_at(t))
+    rows = load_energy_links()["samples"]
+    seen = []
+    for step in range(0, 400):
+        t["t"] = step * 0.1  # 40 s: the 9 s recording four times over
+        seen.append(read_energy(nvml, 0).energy_mj)
+    assert seen[0] == rows[0]["energy_mj"]
+    assert all(b >= a for a, b in itertools.pairwise(seen))
+    assert seen[-1] - seen[0] > 3 * (rows[-1]["energy_mj"] - rows[0]["energy_mj"])
+
+
+def test_pcie_throughput_during_the_recorded_host_to_device_copies_is_tens_of_gb_per_s():
+    copy = _phase("pinned host->device")
+    t = {"t": (copy["t0"] + copy["t1"]) / 2}
+    got = read_pcie(NvmlSession(_fake_at(t)), 0)
+    assert got.rx_bytes_s > 40e9 and got.rx_bytes_s % KB == 0  # host -> GPU
+    idle = _phase("idle")
+    t["t"] = (idle["t0"] + idle["t1"]) / 2
+    assert read_pcie(NvmlSession(_fake_at(t)), 0).rx_bytes_s < 1e8
+
+
+def test_a_gpu_without_the_counter_says_not_supported():
+    fake = scenario("h200")
+    fake.gpus[0].energy = None
+    value = read_energy(NvmlSession(fake), 0).energy_mj
+    assert not is_available(value) and "not supported" in str(value)
+
+
+def test_power_samples_integrate_to_power_times_time():
+    s = PowerSamples(((1_000_000, 100.0), (2_000_000, 300.0), (3_000_000, 300.0)))
+    # 100 W held from the window's start (1.5 s) to 2.0 s, then 300 W to 3.5 s
+    assert s.joules(1_500_000, 3_500_000) == pytest.approx(0.5 * 100 + 1.5 * 300)
+    assert s.joules(5_000_000, 6_000_000) is None  # no reading inside: nothing to integrate
+
+
+def test_the_fake_answers_power_samples_from_the_trace():
+    got = read_power_since(NvmlSession(scenario("h200")), 0, now_us() - 30_000_000)
+    assert isinstance(got, PowerSamples) and got.points
+    assert all(0 < w < 1000 for _, w in got.points)
+
+
+def test_the_steady_window_excludes_the_warm_up_and_divides_by_its_steps():
+    marks = [Mark(0.1, 0, {0: 0}), Mark(0.5, 1, {0: 400_000}),  # warm-up: 400 J for one step
+             Mark(1.0, 11, {0: 600_000}), Mark(2.0, 31, {0: 1_000_000})]
+    joules, steps, seconds = steady_step_joules(marks, warmup_steps=1)
+    assert (steps, seconds) == (30, 1.5)
+    assert joules == pytest.approx(600.0 / 30)  # (1000 - 400) J over 30 steps
+
+
+def test_a_window_shorter_than_a_second_gives_no_per_step_energy():
+    marks = [Mark(0.0, 1, {0: 0}), Mark(MIN_WINDOW_S - 0.1, 20, {0: 500_000})]
+    assert steady_step_joules(marks, warmup_steps=1)[0] is None
+
+
+def test_the_meter_reads_a_cells_energy_from_the_counter_and_per_step_over_the_steady_window():
+    matmul = _phase("bf16 matmul")
+    t = {"t": matmul["t0"] + 0.1}
+    nvml = NvmlSession(_fake_at(t))
+    meter = EnergyMeter(nvml, [0], clock=lambda: t["t"])
+    meter._start.result()
+    for step in range(1, 41):  # 40 steps over 2.5 s of the recorded matmul burst
+        t["t"] += 2.5 / 40
+        meter.at_step(step)
+        time.sleep(0.005)  # the worker answers in the background
+    cell = meter.finish(warmup_steps=1, batch_size=64)
+    assert cell is not None and cell.gpus[0].source == COUNTER
+    rows = load_energy_links()["samples"]
+    expected = _counter_at(rows, t["t"]) - _counter_at(rows, matmul["t0"] + 0.1)
+    assert cell.joules == pytest.approx(expected / 1000)
+    assert 400 < cell.average_w < 800  # the H200 near its 700 W limit
+    assert cell.step_joules is not None and cell.window_s >= MIN_WINDOW_S
+    assert cell.step_joules == pytest.approx(cell.joules / 40, rel=0.35)
+    assert cell.sample_joules == pytest.approx(cell.step_joules / 64)
+
+
+def _counter_at(rows: list[dict], t: float) -> int:
+    return [r for r in rows if r["t"] <= t][-1]["energy_mj"]
+
+
+def test_without_the_counter_the_meter_integrates_power_samples_and_says_it_is_an_estimate():
+    fake = scenario("h200")
+    fake.gpus[0].energy = None
+    nvml = NvmlSession(fake)
+    meter = EnergyMeter(nvml, [0])
+    time.sleep(0.3)
+    cell = meter.finish()
+    assert cell is not None and cell.estimated and cell.gpus[0].source == ESTIMATE
+    assert cell.joules > 0 and "power averages" in cell.note
+
+
+def test_no_driver_gives_no_energy_and_no_error():
+    meter = EnergyMeter(NvmlSession(scenario("no-driver")), [0])
+    assert meter.finish() is None
