@@ -40,11 +40,12 @@ CAPABILITY_USES: dict[str, frozenset[str]] = {
     "checks": frozenset(),
     "steps": frozenset(),  # the hooks inside one training process
     "ranks": frozenset({"steps"}),  # each worker runs the same step hooks
-    "profile": frozenset({"steps", "ranks"}),  # a cell's steps, its worker processes
+    "profile": frozenset({"steps", "ranks", "energy"}),  # a cell's steps, its worker processes, its energy
     "memory": frozenset({"holders"}),  # the OOM doctor names the other processes on the GPU
     "fit": frozenset({"memory"}),  # a trial recognises an OOM
     "holders": frozenset(),
-    "monitor": frozenset(),
+    "monitor": frozenset({"energy"}),  # energy since the monitor started
+    "energy": frozenset(),  # the GPUs' energy over a window, its price
 }
 # analysis/<module>.py beside the capabilities: small pieces every capability may use; they
 # import no capability.

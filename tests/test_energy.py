@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from gpunb.analysis.profile.energy import (
+from gpunb.analysis.energy.meter import (
     COUNTER,
     ESTIMATE,
     MIN_WINDOW_S,
@@ -16,6 +16,7 @@ from gpunb.analysis.profile.energy import (
     Mark,
     steady_step_joules,
 )
+from gpunb.analysis.energy.tariff import Tariff, parse_carbon, parse_price, tariff_from_env
 from gpunb.readings.energy import KB, PowerSamples, read_energy, read_pcie, read_power_since
 from gpunb.readings.gpu_activity import now_us
 from gpunb.readings.nvml import NvmlSession, is_available
@@ -125,3 +126,37 @@ def test_without_the_counter_the_meter_integrates_power_samples_and_says_it_is_a
 def test_no_driver_gives_no_energy_and_no_error():
     meter = EnergyMeter(NvmlSession(scenario("no-driver")), [0])
     assert meter.finish() is None
+
+
+@pytest.mark.parametrize("text, per_kwh, currency", [
+    ("0.25/kWh", 0.25, ""), ("€0.25/kWh", 0.25, "€"), ("0.25 EUR/kWh", 0.25, "EUR"), ("$0.30 / kWh", 0.30, "$"),
+    ("0.00025/Wh", 0.25, ""), ("120/MWh", 0.12, ""), ("0.25", 0.25, ""),
+])
+def test_a_price_is_read_per_kwh_with_the_users_currency(text, per_kwh, currency):
+    assert parse_price(text) == (pytest.approx(per_kwh), currency)
+
+
+@pytest.mark.parametrize("text, grams", [("350g/kWh", 350), ("0.35kg/kWh", 350), ("350 gCO2/kWh", 350),
+                                         ("350", 350), ("350000 g/MWh", 350)])
+def test_a_carbon_intensity_is_read_in_grams_per_kwh(text, grams):
+    assert parse_carbon(text) == pytest.approx(grams)
+
+
+@pytest.mark.parametrize("bad", ["cheap", "0.25/kW", "-1/kWh", "", "1e3/kWh"])
+def test_a_price_that_is_not_one_is_refused_with_how_to_write_it(bad):
+    with pytest.raises(ValueError, match=r"write it as 0\.25/kWh"):
+        parse_price(bad)
+
+
+def test_cost_and_co2_only_when_named():
+    assert Tariff().cost(1000) is None and Tariff().co2_g(1000) is None and Tariff().empty
+    t = Tariff(0.25, "€", 350)
+    assert t.cost(70) == pytest.approx(0.0175) and t.cost_words(70) == "€0.02"
+    assert t.cost_words(10) == "€0.0025" and t.co2_g(70) == pytest.approx(24.5)
+    assert Tariff(0.25, "EUR").cost_words(1000) == "0.25 EUR"
+
+
+def test_the_environment_names_the_tariff_and_a_bad_value_becomes_a_note():
+    t, notes = tariff_from_env({"GPUNB_ENERGY_PRICE": "0.3/kWh", "GPUNB_CARBON_INTENSITY": "lots"})
+    assert t.price_per_kwh == pytest.approx(0.3) and t.carbon_g_per_kwh is None
+    assert len(notes) == 1 and "GPUNB_CARBON_INTENSITY" in notes[0]

@@ -1,0 +1,91 @@
+"""What energy costs, only when the user says so: a price per kWh and a carbon intensity.
+
+gpunb never guesses a region's price or grid mix. The user names them (``%gpuenergy --price
+0.25/kWh --carbon 350g/kWh``) or sets ``GPUNB_ENERGY_PRICE`` / ``GPUNB_CARBON_INTENSITY``;
+without them energy is shown in Wh and J only.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+PRICE_ENV = "GPUNB_ENERGY_PRICE"
+CARBON_ENV = "GPUNB_CARBON_INTENSITY"
+_PRICE = re.compile(r"^\s*(?P<pre>[^\d\s./-]{0,3})\s*(?P<amount>\d+(?:\.\d+)?)\s*(?P<post>[A-Za-z€$£¥]{0,3})\s*"
+                    r"(?:/\s*(?P<unit>kWh|MWh|Wh))?\s*$", re.IGNORECASE)
+_CARBON = re.compile(r"^\s*(?P<amount>\d+(?:\.\d+)?)\s*(?P<mass>g|kg)?\s*(?:CO2e?|CO₂e?)?\s*"
+                     r"(?:/\s*(?P<unit>kWh|MWh))?\s*$", re.IGNORECASE)
+_PER_KWH = {"wh": 1000.0, "kwh": 1.0, "mwh": 0.001}
+
+
+@dataclass(frozen=True)
+class Tariff:
+    price_per_kwh: float | None = None
+    currency: str = ""  # as the user wrote it: "€", "$", "EUR", or ""
+    carbon_g_per_kwh: float | None = None
+
+    @property
+    def empty(self) -> bool:
+        return self.price_per_kwh is None and self.carbon_g_per_kwh is None
+
+    def cost(self, wh: float) -> float | None:
+        return None if self.price_per_kwh is None else wh / 1000.0 * self.price_per_kwh
+
+    def cost_words(self, wh: float) -> str:
+        cost = self.cost(wh)
+        if cost is None:
+            return ""
+        amount = f"{cost:.4f}" if cost < 0.01 else f"{cost:.2f}"
+        symbol = self.currency
+        return f"{symbol}{amount}" if len(symbol) == 1 else f"{amount} {symbol}".strip()
+
+    def co2_g(self, wh: float) -> float | None:
+        return None if self.carbon_g_per_kwh is None else wh / 1000.0 * self.carbon_g_per_kwh
+
+    def words(self) -> str:
+        parts = []
+        if self.price_per_kwh is not None:
+            parts.append(f"{self.cost_words(1000.0)}/kWh")
+        if self.carbon_g_per_kwh is not None:
+            parts.append(f"{self.carbon_g_per_kwh:g} g CO₂/kWh")
+        return ", ".join(parts)
+
+
+def parse_price(text: str) -> tuple[float, str]:
+    """``"0.25/kWh"``, ``"€0.25/kWh"``, ``"0.25 EUR/kWh"``, ``"0.00025/Wh"`` -> (per kWh, currency)."""
+    m = _PRICE.match(text or "")
+    if not m:
+        raise ValueError(f"--price {text!r} is not a price per energy: write it as 0.25/kWh (€0.25/kWh, "
+                         "0.25 EUR/kWh and 0.00025/Wh work too)")
+    unit = (m["unit"] or "kWh").lower()
+    currency = (m["pre"] or m["post"] or "").strip()
+    return float(m["amount"]) * _PER_KWH[unit], currency
+
+
+def parse_carbon(text: str) -> float:
+    """``"350g/kWh"``, ``"0.35kg/kWh"``, ``"350 gCO2/kWh"`` -> grams of CO₂ per kWh."""
+    m = _CARBON.match(text or "")
+    if not m:
+        raise ValueError(f"--carbon {text!r} is not a carbon intensity: write it as 350g/kWh (grams of CO₂ per "
+                         "kWh; your grid operator or electricitymaps.com gives the figure for your region)")
+    grams = float(m["amount"]) * (1000.0 if (m["mass"] or "g").lower() == "kg" else 1.0)
+    return grams * _PER_KWH[(m["unit"] or "kWh").lower()]
+
+
+def tariff_from_env(environ: Mapping[str, str]) -> tuple[Tariff, list[str]]:
+    """The tariff the environment names, and a note per variable that could not be read."""
+    notes = []
+    price, currency, carbon = None, "", None
+    if environ.get(PRICE_ENV):
+        try:
+            price, currency = parse_price(environ[PRICE_ENV])
+        except ValueError as err:
+            notes.append(f"{PRICE_ENV}: {err}")
+    if environ.get(CARBON_ENV):
+        try:
+            carbon = parse_carbon(environ[CARBON_ENV])
+        except ValueError as err:
+            notes.append(f"{CARBON_ENV}: {err}")
+    return Tariff(price, currency, carbon), notes
