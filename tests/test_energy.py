@@ -12,9 +12,11 @@ from gpunb.analysis.energy.meter import (
     COUNTER,
     ESTIMATE,
     MIN_WINDOW_S,
+    CellEnergy,
     EnergyMeter,
     Mark,
     steady_step_joules,
+    window_step_joules,
 )
 from gpunb.analysis.energy.tariff import Tariff, parse_carbon, parse_price, tariff_from_env
 from gpunb.readings.energy import KB, PowerSamples, read_energy, read_pcie, read_power_since
@@ -160,3 +162,13 @@ def test_the_environment_names_the_tariff_and_a_bad_value_becomes_a_note():
     t, notes = tariff_from_env({"GPUNB_ENERGY_PRICE": "0.3/kWh", "GPUNB_CARBON_INTENSITY": "lots"})
     assert t.price_per_kwh == pytest.approx(0.3) and t.carbon_g_per_kwh is None
     assert len(notes) == 1 and "GPUNB_CARBON_INTENSITY" in notes[0]
+
+
+def test_consecutive_windows_of_a_second_give_the_per_step_spread():
+    marks = [Mark(0.0, 1, {0: 0})] + [Mark(0.5 * k, 1 + 10 * k, {0: 100_000 * k + (5_000 if k == 4 else 0)})
+                                      for k in range(1, 9)]
+    windows = window_step_joules(marks, warmup_steps=1)
+    assert len(windows) == 4  # 4 s of marks every 0.5 s: four windows of 1 s
+    assert windows[0] == pytest.approx(10.0) and windows[1] == pytest.approx(10.25)
+    cell = CellEnergy((), 4.0, window_step_joules=windows)
+    assert cell.step_spread == pytest.approx((10.25 - 9.75) / 10.0)

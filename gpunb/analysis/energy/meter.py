@@ -11,6 +11,7 @@ integrated instead, and the record says it is an estimate.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -51,6 +52,15 @@ class CellEnergy:
     batch_size: int | None = None
     idle_share: float | None = None  # share of the cell's energy spent while no kernel ran (estimate)
     note: str = ""
+    window_step_joules: tuple[float, ...] = ()  # per step in each consecutive window of >= MIN_WINDOW_S
+
+    @property
+    def step_spread(self) -> float | None:
+        """(max - min) / median of the per-step energy over the steady windows; None under two."""
+        w = sorted(self.window_step_joules)
+        if len(w) < 2 or w[len(w) // 2] <= 0:
+            return None
+        return (w[-1] - w[0]) / w[len(w) // 2]
 
     @property
     def joules(self) -> float:
@@ -117,6 +127,21 @@ def steady_step_joules(marks: Sequence[Mark], warmup_steps: int) -> tuple[float 
     return (joules / steps if joules >= 0 else None), steps, seconds
 
 
+def window_step_joules(marks: Sequence[Mark], warmup_steps: int) -> tuple[float, ...]:
+    """Joules per step in consecutive windows of at least MIN_WINDOW_S after the warm-up (the
+    same GPUs read at both edges): how steady the per-step figure is."""
+    usable = [m for m in marks if m.steps >= max(1, warmup_steps) and m.energy_mj]
+    out = []
+    edge = usable[0] if usable else None
+    for m in usable[1:]:
+        assert edge is not None
+        both = set(edge.energy_mj) & set(m.energy_mj)
+        if m.t_s - edge.t_s >= MIN_WINDOW_S and m.steps > edge.steps and both:
+            out.append(sum(m.energy_mj[i] - edge.energy_mj[i] for i in both) / 1000.0 / (m.steps - edge.steps))
+            edge = m
+    return tuple(out)
+
+
 class EnergyMeter:
     """Reads the cell's GPUs' energy counters at its start, at step marks (in the background:
     a step never waits for NVML) and at its end."""
@@ -171,7 +196,8 @@ class EnergyMeter:
         if step_j is None and window_s is not None and window_s < MIN_WINDOW_S:
             note = "; ".join(filter(None, [note, f"the steady steps lasted {window_s:.1f} s: too short for "
                                                  f"a per-step energy (it needs {MIN_WINDOW_S:.0f} s)"]))
-        cell = CellEnergy(tuple(gpus), seconds, step_j, window_steps, window_s, batch_size, None, note)
+        cell = CellEnergy(tuple(gpus), seconds, step_j, window_steps, window_s, batch_size, None, note,
+                          window_step_joules(self.marks, warmup_steps))
         return _with_idle_share(cell, idle_time_share, self.nvml, self.t0_us, end_us)
 
 
@@ -190,5 +216,4 @@ def _with_idle_share(cell: CellEnergy, idle_time_share: float | None, nvml: Nvml
         return cell
     idle_j = idle_time_share * cell.seconds * min(inside)
     share = max(0.0, min(1.0, idle_j / cell.joules))
-    return CellEnergy(cell.gpus, cell.seconds, cell.step_joules, cell.window_steps, cell.window_s, cell.batch_size,
-                      share, cell.note)
+    return dataclasses.replace(cell, idle_share=share)
