@@ -9,7 +9,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-from gpunb import display
+from gpunb import analysis, display  # noqa: F401  (analysis: the old module paths' finder, until 0.3)
 from gpunb._version import __version__
 
 # Public API name -> "module:attribute", imported on first access. The API twins of the

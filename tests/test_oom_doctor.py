@@ -405,11 +405,29 @@ def test_fixes_are_ranked_by_whether_they_cover_the_shortfall():
     assert grads.saving_bytes == 537001984 and grads.severity == 1  # 0.5 GiB of 3.46 GiB short
 
 
-def test_gpufit_value_of_this_kernel_is_offered(monkeypatch):
+def test_gpufit_value_of_this_kernel_is_offered():
     from gpunb.analysis.fit import search as batch_fit
 
     fit = batch_fit.BatchFit(True, recommended=363, capacity_bytes=20 * GiB, steps=50, step_name="step")
-    monkeypatch.setattr(batch_fit, "_LAST", [fit])
-    d = diagnose(message=PICTURE)
+    d = diagnose(message=PICTURE, last_fit=fit)
     small = next(f for f in d.fixes if f.title == "Use a smaller batch")
     assert small.how.startswith("batch_size = 363   # %gpufit step measured it trains 50 steps in 20.00 GiB")
+    unfitted = next(f for f in diagnose(message=PICTURE).fixes if f.title == "Use a smaller batch")
+    assert unfitted.how.startswith("%gpufit step")
+
+
+def test_the_oom_hook_quotes_this_kernels_last_fit(monkeypatch):
+    from gpunb.analysis.fit import search as batch_fit
+    from gpunb.shells import api
+
+    fit = batch_fit.BatchFit(True, recommended=363, capacity_bytes=20 * GiB, steps=50, step_name="step")
+    monkeypatch.setattr(batch_fit, "_LAST", [fit])
+    seen = {}
+
+    def gather(exc, **kw):
+        seen.update(kw)
+        return diagnose(exc, last_fit=kw["last_fit"])
+
+    monkeypatch.setattr("gpunb.analysis.memory.oom.gather_readings", gather)
+    api.diagnose_oom(RuntimeError(PICTURE), namespace={})
+    assert seen["last_fit"] is fit
