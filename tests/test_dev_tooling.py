@@ -33,3 +33,35 @@ def test_the_static_checkers_are_pinned_in_the_test_extra():
     for tool in ("ruff", "mypy"):
         pins = [r for r in test_extra if re.match(rf"{tool}\s*==", r)]
         assert pins, f"{tool} is not pinned with == in the test extra: a new release could fail CI by itself"
+
+
+def _pinned(tool: str) -> str:
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    pins = [r for r in project["project"]["optional-dependencies"]["test"] if re.match(rf"{tool}\s*==", r)]
+    assert pins, f"{tool} is not pinned with == in the test extra"
+    return pins[0].split("==", 1)[1].strip()
+
+
+def _pre_commit_repos() -> list[dict]:
+    yaml = pytest.importorskip("yaml")  # comes with jupyter; the test reads the file, it installs nothing
+    return yaml.safe_load((ROOT / ".pre-commit-config.yaml").read_text())["repos"]
+
+
+def test_the_pre_commit_ruff_is_the_version_ci_pins():
+    ruff = [r for r in _pre_commit_repos() if r["repo"].endswith("/ruff-pre-commit")]
+    assert len(ruff) == 1, "one ruff-pre-commit repo in .pre-commit-config.yaml"
+    assert ruff[0]["rev"] == f"v{_pinned('ruff')}", (
+        f"pre-commit runs ruff {ruff[0]['rev']}, CI runs ruff=={_pinned('ruff')} (pyproject.toml): change both")
+    hook = ruff[0]["hooks"][0]
+    assert hook["id"] == "ruff-check" and not hook.get("args"), "the hook checks as CI does: no --fix, no options"
+    assert "jupyter" in hook["types_or"], "CI's `ruff check .` reads the tutorial notebooks too"
+
+
+def test_the_pre_commit_mypy_runs_as_ci_runs_it():
+    hooks = [h for r in _pre_commit_repos() if r["repo"] == "local" for h in r["hooks"] if h["id"] == "mypy"]
+    assert len(hooks) == 1, "a local mypy hook"
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert hooks[0]["entry"] in ci, "the hook's command is the one .ci/run runs"
+    assert hooks[0]["language"] == "system" and hooks[0]["pass_filenames"] is False, (
+        "mypy checks the files pyproject.toml names, in the dev venv (torch and IPython types), as CI does")
