@@ -44,7 +44,7 @@ class LoopShape:
     bias: bool
 
 
-# (loop name, "cuda" or "cpu") -> shape. The CUDA shapes are the ones whose figures the README reports.
+# (loop name, "cuda" or "cpu") -> shape. The CUDA shapes are the ones whose figures benchmarks/README.md reports.
 SHAPES: dict[tuple[str, str], LoopShape] = {
     ("launch-bound", "cuda"): LoopShape(width=1024, depth=8, batch=64, dtype="float32", bias=True),
     ("launch-bound", "cpu"): LoopShape(width=32, depth=8, batch=16, dtype="float32", bias=True),

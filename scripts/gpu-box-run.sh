@@ -3,7 +3,7 @@
 #   bash scripts/gpu-box-run.sh OUTDIR tests [PYTEST ARGS]  # tests marked gpu (default: tests/gpu)
 #   bash scripts/gpu-box-run.sh OUTDIR bench                # every benchmark in benchmarks/, one after another
 #   bash scripts/gpu-box-run.sh OUTDIR proof                # every GPU test, both GPUs busy (under 10 min on 2 H200s)
-#   bash scripts/gpu-box-run.sh OUTDIR proof-bench          # the benchmarks the README quotes (about 7 min)
+#   bash scripts/gpu-box-run.sh OUTDIR proof-bench          # the benchmarks the docs quote (about 7 min)
 # `proof` runs the single-GPU tests on GPU 0 while the %gpufit zoo test (each model under its
 # own memory cap) and then the monitor-overhead benchmark run on GPU 1, then the tests that
 # need every GPU, alone (they measure bandwidth and rank timing). `proof-bench` runs the profile-overhead benchmark on GPU 0 beside the NVML

@@ -1,4 +1,4 @@
-"""Regenerate the README's screenshots: every gpunb view in JupyterLab 4, light and dark.
+"""Regenerate the screenshots of README.md and docs/gallery.md: every gpunb view in JupyterLab 4, light and dark.
 
 A notebook of every view (``tests/output_notebook.py``) is run by nbclient in a kernel that
 reads the fake NVML (``two-gpus``: readings recorded on an H200, replayed for two GPUs) and

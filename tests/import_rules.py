@@ -1,4 +1,4 @@
-"""The import rules of README "Design", checked from the source with ``ast`` (nothing is imported).
+"""The import rules of docs/architecture.md, checked from the source with ``ast`` (nothing is imported).
 
 Every ``import``/``from ... import`` inside the package counts, at module level and inside
 functions (a lazy import hides a dependency from the reader, not from the design). Three checks:

@@ -5,7 +5,7 @@ every entry point of gpunb.
 For every fault: no exception of gpunb's reaches the user's cell, every output stays valid
 (text, HTML, JSON), the monitor keeps drawing (at most one missing tick per fault) and memory
 stays bounded. ``GPUNB_RESULTS=DIR`` writes what was tried to ``DIR/fault_injection.json``
-(the README's table comes from it).
+(the table in docs/robustness.md comes from it).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The layer rules of README "Design", held by a checker that reads every module's imports
+"""The layer rules of docs/architecture.md, held by a checker that reads every module's imports
 (module level and inside functions) with ``ast``; the checker itself is tested on a small
 package with planted violations, so this test can fail."""
 

@@ -60,7 +60,7 @@ def test_slow_dataloader_is_input_bound():
     assert r.peak_rss_bytes and r.peak_rss_bytes > 10 * 2**20
 
 
-def test_fast_loop_is_compute_bound_on_cpu_with_step_times():
+def test_fast_loop_on_cpu_is_cpu_only_with_step_times():
     model, opt = _model()
     x, y = torch.randn(512, 16), torch.randn(512, 1)
     with gpunb.profile(warmup_steps=2) as p:
@@ -71,7 +71,7 @@ def test_fast_loop_is_compute_bound_on_cpu_with_step_times():
     assert len(r.steps.step_ms) == 30
     assert r.steps.median_ms > 0 and r.steps.p90_ms >= r.steps.median_ms
     assert r.steps.source == "host clock"
-    assert r.verdict.kind == "compute-bound"
+    assert r.verdict.kind == "cpu-only"
     assert abs(sum(r.steps.step_ms) / 1000 - (r.step_marks_s[-1])) < 1e-6
 
 
@@ -268,9 +268,9 @@ def test_report_html_escapes_and_to_dict():
     assert "<script>" not in bundle["text/html"] and "&lt;script&gt;" in bundle["text/html"]
     html = bundle["text/html"]
     assert "<svg" not in html and html.count('src="data:image/svg+xml;base64,') == 1  # the timeline, as an image
-    assert bundle["text/plain"].startswith("gpuprofile block: compute-bound")  # the verdict comes first
+    assert bundle["text/plain"].startswith("gpuprofile block: cpu-only")  # the verdict comes first
     d = p.to_dict()
-    assert d["steps"]["count"] == 3 and d["verdict"]["kind"] == "compute-bound"
+    assert d["steps"]["count"] == 3 and d["verdict"]["kind"] == "cpu-only"
 
 
 def test_import_and_load_do_not_import_torch():

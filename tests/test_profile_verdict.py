@@ -11,7 +11,7 @@ from gpunb.readings.gpu_activity import UtilWindow, now_us, read_util_since
 from gpunb.readings.nvml import NvmlSession
 from gpunb.testing import scenario
 from gpunb.views import chart
-from gpunb.views.profile_view import TIMELINE_H, profile_html, profile_text, timeline_html, timeline_svg
+from gpunb.views.profile_view import TIMELINE_H, VERDICT_COLOR, profile_html, profile_text, timeline_html, timeline_svg
 from tests.chart_html import SVG, images, svg_of
 
 GIB = 2**30
@@ -80,6 +80,22 @@ def test_params_on_cpu_with_cuda_build_is_on_cpu():
     verdict, advice = judge(_profile(devices=("cpu",)))
     assert verdict.kind == "on-cpu" and advice[0].severity == 2
     assert "Move the model" in advice[0].title and "NVIDIA H200" in advice[0].reason
+
+
+def test_a_cpu_only_run_is_never_called_compute_bound():
+    # tutorial 03's slow loader on CPU torch without a GPU: 19 % of the loop waited for batches
+    # loaded in the kernel, the rest computed on the same cores. Calling that "compute-bound" (the
+    # green verdict: the GPU is the limit) praised a loop that had no GPU and a slow input pipeline.
+    p = dataclasses.replace(_profile(loop=10.0, data=1.9, devices=("cpu",), visible=""), gpu=None,
+                            gpu_absent="torch 2.13.0+cpu is a CPU-only build")
+    verdict, advice = judge(p)
+    assert verdict.kind == "cpu-only" and verdict.headline == "trained on the CPU"
+    assert "torch 2.13.0+cpu is a CPU-only build" in verdict.reason and "data wait took 19%" in verdict.reason
+    assert "Load batches in worker processes" in {a.title for a in advice}  # the wait still gets its advice
+    assert VERDICT_COLOR.get(verdict.kind, chart.AMBER) != chart.GREEN  # not the "all is well" badge
+    # the same loop waiting more than a fifth of the time is input-bound, GPU or not
+    verdict, _ = judge(dataclasses.replace(p, shares=dataclasses.replace(p.shares, data_wait_s=3.0)))
+    assert verdict.kind == "input-bound"
 
 
 def test_input_and_output_bound():

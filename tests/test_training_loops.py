@@ -46,7 +46,7 @@ def test_the_same_seed_builds_the_same_loop(loops):
 
 
 def test_the_gpu_shapes_are_the_ones_the_readme_reports(loops):
-    # README "Benchmarks": launch-bound 8x1024 MLP (AdamW), compute-bound 4x8192^2 bf16
+    # benchmarks/README.md: launch-bound 8x1024 MLP (AdamW), compute-bound 4x8192^2 bf16
     assert loops.SHAPES[("launch-bound", "cuda")] == loops.LoopShape(1024, 8, 64, "float32", True)
     assert loops.SHAPES[("compute-bound", "cuda")] == loops.LoopShape(8192, 4, 8192, "bfloat16", False)
     assert {name for name, _ in loops.SHAPES} == set(loops.LOOPS)

@@ -13,7 +13,7 @@ pytest.importorskip("nbclient")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 from tests.gpu.results import RESULTS  # noqa: E402
-from tests.test_notebooks import NOTEBOOKS, errors, execute, unfinished_cell  # noqa: E402
+from tests.test_notebooks import NOTEBOOKS, errors, execute, unfinished_cell, untrue_sentences  # noqa: E402
 
 
 def _gpu_count() -> int:
@@ -37,3 +37,5 @@ def test_notebook_runs_on_the_gpu(path):
     assert errors(nb) == []
     text = "".join(str(o.get("text", "")) for cell in nb.cells for o in cell.get("outputs", []))
     assert "training on cuda" in text or path.name != "01-setup-checklist.ipynb"
+    # the text around each output says what a GPU shows (tests/test_notebooks.py: TRUE_IN, FALSE_IN)
+    assert untrue_sentences(nb, path.name, "gpu") == []

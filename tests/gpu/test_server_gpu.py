@@ -7,7 +7,7 @@ shutting down one idle kernel through ``/gpunb/api/kernels/<id>/shutdown`` must 
 memory back (read again from NVML). Results in ``$GPUNB_RESULTS/server_gpu.json``.
 
 Run on the GPU machine:  python -m pytest -m gpu tests/gpu/test_server_gpu.py -v
-It needs jupyter_server and prometheus_client there (see the README, "Testing on a GPU").
+It needs jupyter_server and prometheus_client there (see CONTRIBUTING.md, "On the GPU test machine").
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device here (this test runs on the GPU test machine)", allow_module_level=True)
-pytest.importorskip("jupyter_server", reason="the GPU machine needs the jupyter_server wheels (README)")
+pytest.importorskip("jupyter_server", reason="the GPU machine needs the jupyter_server wheels (CONTRIBUTING.md)")
 pytest.importorskip("jupyter_client")
 parser = pytest.importorskip("prometheus_client.parser")
 

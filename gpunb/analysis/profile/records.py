@@ -75,7 +75,8 @@ class TimeShares:
 
 @dataclass(frozen=True)
 class Verdict:
-    # input-bound | sync-bound | compute-bound | memory-bound | on-cpu | output-bound | host-bound | multi-gpu | none
+    # input-bound | sync-bound | compute-bound | memory-bound | on-cpu | cpu-only | output-bound | host-bound
+    # | multi-gpu | none
     kind: str
     headline: str
     reason: str

@@ -159,10 +159,12 @@ def judge(p: CellProfile) -> tuple[Verdict, list[Advice]]:
         if share >= VERDICT_SHARE:
             verdict = Verdict(kind, headline, reason)
         elif gpu is None:
+            # No GPU took part. "compute-bound" (green: the GPU is the limit) would praise a loop that
+            # had no GPU to keep busy, and on the CPU loading and computing share the same cores.
             where = p.gpu_absent or "no GPU"
-            verdict = Verdict("compute-bound", "compute-bound on the CPU",
-                              f"the loop spent its time computing ({where}); data wait {_pct(data)}, "
-                              f"output {_pct(output)}")
+            verdict = Verdict("cpu-only", "trained on the CPU",
+                              f"no GPU in this cell ({where}); of the loop, data wait took {_pct(data)}, "
+                              f"output {_pct(output)}, the rest computing")
         elif gpu.util_mean_pct is not None and gpu.util_mean_pct < 50:
             verdict = Verdict("host-bound", "the GPU waits for Python",
                               f"GPU busy only {gpu.util_mean_pct:.0f}% of the time with no data or sync wait: "

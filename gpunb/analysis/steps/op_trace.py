@@ -1,7 +1,7 @@
 """``%%gpuprofile --ops``: torch.profiler over a few training steps, driven by the step hook.
 
 torch.profiler costs +17 % (GPU-bound) to +190 % (launch-bound) per step on the H200
-(README "Benchmarks") and its post-processing takes seconds on long traces, so it runs for
+(benchmarks/README.md) and its post-processing takes seconds on long traces, so it runs for
 three steps only, on a ``torch.profiler.schedule`` that the optimizer-step hook advances
 (``profile.step()`` at every step end until the trace is complete):
 
