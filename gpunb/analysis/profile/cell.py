@@ -46,7 +46,7 @@ from gpunb.readings.devices import GpuOwnership, read_device_map, read_ownership
 from gpunb.readings.gpu import read_driver
 from gpunb.readings.gpu_activity import UtilWindow, now_us, read_util_since
 from gpunb.readings.nvml import NvmlSession, PendingRun, Unavailable, default_session, is_available
-from gpunb.readings.peak_cache import lookup as measured_peaks
+from gpunb.readings.peak_cache import lookup_noted as measured_peaks
 from gpunb.readings.process import read_process_usage, reset_peak_rss
 
 
@@ -250,14 +250,15 @@ class ProfileSession:
         if plan.steps_seen == 0:
             return None  # no training loop: nothing to say about FLOPs
         count = plan.flop_count
-        measured = None
+        measured, note = None, ""
         if gpu is not None and count is not None:
-            measured = measured_peaks(torch_state.device_uuid(torch, gpu.device), self.environ)
+            measured, note = measured_peaks(torch_state.device_uuid(torch, gpu.device), self.environ)
         # the GPU's peaks apply when the counted FLOPs ran on it (not a model left on the CPU)
         on_gpu = gpu is not None and count is not None and (
             count.gpu_flops * 2 >= count.flops if count.flops
             else self.instruments is not None and "cuda" in self.instruments.param_device_types)
-        return assess(count, plan.flops_why_not, steps.median_ms, gpu.name if on_gpu and gpu else None, measured)
+        return assess(count, plan.flops_why_not, steps.median_ms, gpu.name if on_gpu and gpu else None, measured,
+                      note)
 
     def _steps(self, ins: Instruments, excluded: AbstractSet[int] = frozenset()) -> StepStats:
         n = len(ins.step_t)
