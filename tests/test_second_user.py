@@ -1,0 +1,201 @@
+"""Issue 21's attack review, one test per finding: a second local user (another uid) plants
+files where gpunb looks, and gets nothing, writes nothing, and never sees a token.
+
+Run as root (CI containers), the "other user" is a real uid: files are ``chown``-ed to
+``nobody``'s uid. Otherwise ownership is simulated by telling gpunb that this user has another
+uid (``untrusted_file.my_uid``), which makes every file look like someone else's."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from gpunb.readings import server_sessions as ss
+from gpunb.readings import untrusted_file
+
+KERNEL_ID = "0b4b8f4e-7a0c-4d8e-9a43-1f2e3d4c5b6a"
+TOKEN = "server-token"
+HUB_TOKEN = "hub-token-never-to-be-sent"
+OTHER_UID = 65534  # nobody
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+
+@pytest.fixture
+def listener():
+    """A listener that records every request and its Authorization header; ``redirect_to`` makes
+    it answer 307 to another URL."""
+    seen: list[tuple[str, str | None]] = []
+    state: dict[str, str] = {}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            seen.append((self.path, self.headers.get("Authorization")))
+            if state.get("redirect_to"):
+                self.send_response(307)
+                self.send_header("Location", state["redirect_to"] + self.path.lstrip("/"))
+                self.end_headers()
+                return
+            data = json.dumps({"id": KERNEL_ID, "gpus": [], "kernels": [], "notes": []}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    servers = []
+
+    def start():
+        server = _Server(("127.0.0.1", 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}/"
+
+    yield start, seen, state
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def other_process():
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield p.pid
+    p.kill()
+    p.wait()
+
+
+def give_away(path, monkeypatch) -> None:
+    """Make ``path`` another user's: really (root), or as gpunb sees it (this user "has" another uid)."""
+    if os.geteuid() == 0:
+        os.chown(path, OTHER_UID, OTHER_UID)
+    else:
+        monkeypatch.setattr(untrusted_file, "my_uid", lambda: os.getuid() + 1)
+
+
+def plant(directory, url: str, pid: int, token: str | None = None, **extra):
+    f = directory / f"jpserver-{pid}.json"
+    f.write_text(json.dumps({"url": url, "pid": pid, **({"token": token} if token is not None else {}), **extra}))
+    os.chmod(f, 0o600)
+    return f
+
+
+def connection(directory):
+    c = directory / f"kernel-{KERNEL_ID}.json"
+    c.write_text(json.dumps({"ip": "127.0.0.1"}))
+    os.chmod(c, 0o600)
+    return str(c)
+
+
+def test_a_server_file_in_a_shared_runtime_directory_gets_no_token(tmp_path, listener, other_process,
+                                                                   monkeypatch):
+    start, seen, _ = listener
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", HUB_TOKEN)
+    shared = tmp_path / "runtime"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)  # a hub's runtime directory on shared storage
+    plant(shared, start(), other_process)  # another user's listener, no token: the hub token would go there
+    plant(shared, start(), os.getpid(), token="x")  # even one that claims to be our parent
+    found = ss.find_server(connection_file=connection(shared), runtime_dir=str(shared), parent_pid=os.getpid())
+    assert not found and "writable by other users" in found.reason
+    assert seen == []  # nothing was sent anywhere
+
+
+def test_another_users_server_file_is_not_believed(tmp_path, listener, monkeypatch):
+    start, seen, _ = listener
+    planted = plant(tmp_path, start(), os.getpid(), token=TOKEN)
+    give_away(planted, monkeypatch)
+    found = ss.find_server(connection_file=str(tmp_path / f"kernel-{KERNEL_ID}.json"), runtime_dir=str(tmp_path),
+                           parent_pid=os.getpid())
+    assert not found and "belongs to uid" in found.reason and seen == []
+
+
+def test_the_hub_token_never_goes_to_a_server_file_without_a_token(tmp_path, listener, other_process,
+                                                                   monkeypatch):
+    start, seen, _ = listener
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", HUB_TOKEN)
+    plant(tmp_path, start(), os.getpid())  # our own parent, a hub single-user server: no token in its file
+    plant(tmp_path, start(), other_process)  # not our parent: the "who knows this kernel" fallback
+    link = ss.find_server(connection_file=connection(tmp_path), runtime_dir=str(tmp_path), parent_pid=os.getpid())
+    assert link and link.token == ""
+    with pytest.raises(ss.ServerError):
+        ss.get_json(ss.ServerLink("http://127.0.0.1:9/", link.token, None, KERNEL_ID, ""), "gpunb/api/gpus", 0.3)
+    ss.get_json(link, "gpunb/api/gpus", 2.0)
+    found = ss.find_server(connection_file=connection(tmp_path), runtime_dir=str(tmp_path), parent_pid=1)
+    assert not found  # no token: the fallback asks nobody
+    assert all(auth is None for _, auth in seen) and len(seen) == 1
+
+
+def test_only_loopback_or_the_kernels_own_host(tmp_path, listener):
+    start, seen, _ = listener
+    url = start()
+    plant(tmp_path, "http://198.51.100.7:8888/", os.getpid(), token=TOKEN)
+    found = ss.find_server(connection_file=connection(tmp_path), runtime_dir=str(tmp_path), parent_pid=os.getpid())
+    assert not found and "neither loopback" in found.reason
+    port = url.rsplit(":", 1)[1]
+    plant(tmp_path, f"http://0.0.0.0:{port}", os.getpid(), token=TOKEN)  # --ip=0.0.0.0: reached on loopback
+    link = ss.find_server(connection_file=connection(tmp_path), runtime_dir=str(tmp_path), parent_pid=os.getpid())
+    assert link and link.url == f"http://127.0.0.1:{port}" and seen == []
+    c = tmp_path / f"kernel-{KERNEL_ID}.json"
+    c.write_text(json.dumps({"ip": "198.51.100.7"}))  # a kernel that listens on that host itself
+    plant(tmp_path, "http://198.51.100.7:8888/", os.getpid(), token=TOKEN)
+    assert ss.find_server(connection_file=str(c), runtime_dir=str(tmp_path), parent_pid=os.getpid())
+
+
+def test_authorization_is_never_forwarded_on_a_redirect(listener):
+    start, seen, state = listener
+    elsewhere = start()
+    server = start()
+    state["redirect_to"] = elsewhere
+    link = ss.ServerLink(server, TOKEN, None, KERNEL_ID, "parent process")
+    with pytest.raises(ss.ServerError, match="redirect"):
+        ss.get_json(link, "gpunb/api/gpus", 2.0)
+    assert seen == [("/gpunb/api/gpus", f"token {TOKEN}")]  # the first server only, never the second
+
+
+@pytest.mark.parametrize("content", [
+    "[1, 2, 3]",  # a JSON list
+    json.dumps({"url": "http://127.0.0.1:1/", "pid": 2**70, "token": "x"}),
+    json.dumps({"url": ["x"], "pid": 1, "token": "x"}),
+    json.dumps({"url": "http://127.0.0.1:1/", "pid": True, "token": "x"}),
+    json.dumps({"url": "http://127.0.0.1:1/", "pid": 1, "token": 5}),
+    "{not json",
+])
+def test_a_malformed_server_file_is_ignored_with_a_note(tmp_path, content):
+    (tmp_path / "jpserver-1.json").write_text(content)
+    found = ss.find_server(connection_file=connection(tmp_path), runtime_dir=str(tmp_path), parent_pid=1)
+    assert not found and "ignored" in found.reason
+
+
+def test_a_fifo_server_file_does_not_hang_discovery(tmp_path):
+    os.mkfifo(tmp_path / "jpserver-1.json")
+    done = threading.Event()
+    out = {}
+
+    def find():
+        out["found"] = ss.find_server(connection_file=connection(tmp_path), runtime_dir=str(tmp_path), parent_pid=1)
+        done.set()
+
+    threading.Thread(target=find, daemon=True).start()
+    assert done.wait(3.0) and "not a regular file" in out["found"].reason
+
+
+def test_a_discovery_that_raises_becomes_a_reason_not_a_thread_traceback():
+    def broken():
+        raise OverflowError("Python int too large to convert to C int")
+
+    sessions = ss.ServerSessions(find=broken)
+    reading = sessions.refresh()
+    assert not reading and "could not be looked up (OverflowError" in reading.reason
+    sessions.close()
