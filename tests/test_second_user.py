@@ -199,3 +199,157 @@ def test_a_discovery_that_raises_becomes_a_reason_not_a_thread_traceback():
     reading = sessions.refresh()
     assert not reading and "could not be looked up (OverflowError" in reading.reason
     sessions.close()
+
+
+# -- the rank channel ---------------------------------------------------------------------------
+
+def _victim(tmp_path):
+    v = tmp_path / "victim-private.json"
+    v.write_text("the victim's own data")
+    os.chmod(v, 0o600)
+    return v
+
+
+def test_a_worker_that_outlives_the_cell_writes_nothing_into_a_directory_recreated_by_another_user(tmp_path):
+    from gpunb.analysis.ranks.channel_dir import ChannelWriter, identity
+
+    parent = tmp_path / "tmp"
+    parent.mkdir(mode=0o1777)
+    channel = parent / "gpunb-ranks-abc"
+    channel.mkdir(mode=0o700)
+    ident = identity(os.stat(channel))
+    writer = ChannelWriter(str(channel), ident)
+    assert writer.write("rank-1.json", "{}") and os.listdir(channel) == ["rank-1.json"]
+    victim = _victim(tmp_path)
+    os.unlink(channel / "rank-1.json")
+    os.rmdir(channel)  # the cell ended
+    channel.mkdir(mode=0o777)  # the other user recreates the name it saw in `ls /tmp`...
+    os.chmod(channel, 0o777)
+    if os.geteuid() == 0:
+        os.chown(channel, OTHER_UID, OTHER_UID)
+    for tid in (threading.get_ident(),):  # ...and plants symlinks where the writer would write
+        (channel / f".rank-1.json.{os.getpid()}.{tid}.tmp").symlink_to(victim)
+    (channel / "rank-1.json").symlink_to(victim)
+    planted = sorted(os.listdir(channel))
+    assert not writer.write("rank-1.json", '{"host": "secret"}')
+    assert not writer.open  # closed for good
+    assert victim.read_text() == "the victim's own data" and sorted(os.listdir(channel)) == planted
+    assert not ChannelWriter(str(channel), ident).open  # a fresh start from the old environment: refused
+    assert not ChannelWriter(str(channel), identity(os.stat(channel))).open  # even with its identity
+
+
+def test_a_symlink_planted_at_a_records_temporary_name_is_never_followed(tmp_path):
+    from gpunb.analysis.ranks.channel_dir import ChannelWriter, identity
+
+    channel = tmp_path / "channel"
+    channel.mkdir(mode=0o700)
+    victim = _victim(tmp_path)
+    (channel / f".rank-1.json.{os.getpid()}.{threading.get_ident()}.tmp").symlink_to(victim)
+    writer = ChannelWriter(str(channel), identity(os.stat(channel)))
+    assert writer.write("rank-1.json", '{"pid": 1}')
+    assert victim.read_text() == "the victim's own data"
+    assert os.listdir(channel) == ["rank-1.json"] and (channel / "rank-1.json").read_text() == '{"pid": 1}'
+    assert oct(os.stat(channel / "rank-1.json").st_mode & 0o777) == "0o600"
+
+
+def test_a_channel_made_group_writable_or_given_away_is_no_longer_written(tmp_path, monkeypatch):
+    from gpunb.analysis.ranks import channel_dir
+    from gpunb.analysis.ranks.channel_dir import ChannelWriter, identity
+
+    channel = tmp_path / "channel"
+    channel.mkdir(mode=0o700)
+    writer = ChannelWriter(str(channel), identity(os.stat(channel)))
+    os.chmod(channel, 0o770)
+    assert not writer.write("rank-1.json", "{}")
+    channel2 = tmp_path / "channel2"
+    channel2.mkdir(mode=0o700)
+    writer = ChannelWriter(str(channel2), identity(os.stat(channel2)))
+    monkeypatch.setattr(channel_dir.os, "getuid", lambda: os.geteuid() + 1)
+    assert not writer.write("rank-1.json", "{}")
+    assert os.listdir(channel) == os.listdir(channel2) == []
+
+
+def test_a_fresh_worker_started_after_the_cell_writes_nowhere(tmp_path):
+    """A process that outlived the cell starts a Python child later: it inherits the channel's
+    environment, and the other user has recreated the directory by then."""
+    from gpunb.analysis.ranks.channel import BOOT_DIR, RankChannel
+
+    env: dict[str, str] = {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    ch = RankChannel(env).open()
+    kept = dict(env)  # what a surviving child keeps
+    path = ch.path
+    ch.close()
+    os.mkdir(path, 0o777)
+    os.chmod(path, 0o777)
+    if os.geteuid() == 0:
+        os.chown(path, OTHER_UID, OTHER_UID)
+    code = ("import torch\nm = torch.nn.Linear(2, 1); o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+            "for _ in range(15):\n    m(torch.randn(3, 2)).sum().backward(); o.step()\n")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **kept}, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert kept["PYTHONPATH"].startswith(BOOT_DIR) and os.listdir(path) == []
+    os.rmdir(path)
+
+
+def _record(**kw):
+    base = {"version": 1, "pid": 4242, "rank": 0, "world_size": 1, "launcher": "fork", "device": None, "gpu": {},
+            "steps": 3, "step_ms": [1.0, 2.0, 3.0], "step_ms_offset": 0, "source": "host clock",
+            "first_step_ms": 1.0, "batches": 0, "data_wait_s": 0.0, "batch_size": None, "first_batch_s": None,
+            "last_step_s": 0.1, "wall_s": 0.2, "started_unix": 1.0, "peak_allocated_bytes": None,
+            "peak_reserved_bytes": None, "nvml_peak_bytes": None, "ddp": None, "final": True, "group": None}
+    base.update(kw)
+    return base
+
+
+@pytest.mark.parametrize("bad", [
+    {"started_unix": "yesterday"}, {"step_ms": ["1", 2]}, {"step_ms": "fast"}, {"pid": "x"}, {"steps": 2.5},
+    {"gpu": ["H200"]}, {"gpu": {"nvml_index": "0"}}, {"ddp": {"iteration": "x"}}, {"ddp": {"forward_ms": "x"}},
+    {"rank": True}, {"launcher": 3}, {"first_batch_s": float("nan")}, {"group": "yes"}, {"last_step_s": [1]},
+])
+def test_a_malformed_rank_record_is_left_out_with_a_note_and_the_rest_reported(tmp_path, bad):
+    from gpunb.analysis.ranks.channel import read_records
+    from gpunb.analysis.ranks.summary import build_ranks
+
+    channel = tmp_path / "channel"
+    channel.mkdir(mode=0o700)
+    (channel / "rank-1.json").write_text(json.dumps(_record(pid=1)))
+    (channel / "rank-2.json").write_text(json.dumps(_record(**{"pid": 2, **bad})))
+    records, notes = read_records(str(channel))
+    assert [r["pid"] for r in records] == [1] and "rank-2.json" in notes[0]
+    assert build_ranks(records, notes=notes).notes[0] == notes[0]
+
+
+def test_two_records_with_a_non_numeric_start_cost_the_cell_nothing(tmp_path):
+    from gpunb.analysis.ranks.channel import read_records
+
+    channel = tmp_path / "channel"
+    channel.mkdir(mode=0o700)
+    for pid in (1, 2):
+        (channel / f"rank-{pid}.json").write_text(json.dumps(_record(pid=pid, started_unix="soon")))
+    records, notes = read_records(str(channel))
+    assert records == [] and "2 worker record(s) left out" in notes[0]
+
+
+def test_a_fifo_or_another_users_file_named_like_a_record_is_skipped_at_once(tmp_path, monkeypatch):
+    from gpunb.analysis.ranks.channel import read_records
+
+    channel = tmp_path / "channel"
+    channel.mkdir(mode=0o700)
+    os.mkfifo(channel / "rank-1.json")
+    (channel / "rank-2.json").write_text(json.dumps(_record(pid=2)))
+    (channel / "rank-3.json").write_text(json.dumps(_record(pid=3)))
+    if os.geteuid() == 0:
+        os.chown(channel / "rank-3.json", OTHER_UID, OTHER_UID)
+    done = threading.Event()
+    out = {}
+
+    def read():
+        out["r"] = read_records(str(channel))
+        done.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    assert done.wait(3.0)
+    records, notes = out["r"]
+    expected = [2] if os.geteuid() == 0 else [2, 3]
+    assert [r["pid"] for r in records] == expected and "rank-1.json (is not a regular file" in notes[0]

@@ -151,8 +151,9 @@ class ProfileSession:
         assert ins is not None, "stop() before start()"
         t_end = time.perf_counter()
         ins.remove()
-        records = self.channel.close() if self.channel is not None else []
-        self.channel = None
+        channel, self.channel = self.channel, None
+        records = channel.close() if channel is not None else []
+        rank_notes = channel.notes if channel is not None else []
         plan = self.plan
         if plan is not None:
             plan.stop_counting()  # before gpunb's own end-of-cell work could be counted
@@ -226,7 +227,8 @@ class ProfileSession:
         )
         verdict, advice = judge(profile)
         part = build_ranks(records, warmup_steps=self.warmup_steps, nvml=nvml,
-                           traffic=self.traffic.moved() if self.traffic is not None else None) if records else None
+                           traffic=self.traffic.moved() if self.traffic is not None else None,
+                           notes=rank_notes) if records else None
         if part is not None:
             rank_verdict, rank_advice = judge_ranks(part)
             if verdict.kind == "none":  # the training ran in the workers, not in the kernel
