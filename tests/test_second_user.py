@@ -353,3 +353,76 @@ def test_a_fifo_or_another_users_file_named_like_a_record_is_skipped_at_once(tmp
     records, notes = out["r"]
     expected = [2] if os.geteuid() == 0 else [2, 3]
     assert [r["pid"] for r in records] == expected and "rank-1.json (is not a regular file" in notes[0]
+
+
+# -- --ops traces ------------------------------------------------------------------------------
+
+class TorchLikeSave:
+    """What torch's ``export_chrome_trace`` does with a path: writes ``<path>.tmp`` with a plain
+    open (following symlinks), renames it, and refuses a second save."""
+
+    def __init__(self):
+        self.saved = 0
+
+    def __call__(self, path: str) -> None:
+        if self.saved:
+            raise RuntimeError("Trace is already saved")
+        self.saved += 1
+        with open(path + ".tmp", "w") as f:
+            f.write('{"traceEvents": []}')
+        os.replace(path + ".tmp", path)
+
+
+def test_a_trace_next_to_the_notebook_is_written_through_a_private_directory(tmp_path):
+    from gpunb.analysis.steps.trace_file import write_trace
+
+    victim = _victim(tmp_path)
+    notebook = tmp_path / "notebooks"
+    notebook.mkdir(mode=0o777)
+    os.chmod(notebook, 0o1777)  # a shared course directory
+    wanted = notebook / "gpuprofile-cell3-20261201-101010.pt.trace.json"
+    (notebook / (wanted.name + ".tmp")).symlink_to(victim)  # planted where torch writes first
+    path, size, note = write_trace(TorchLikeSave(), wanted)
+    assert (path, note) == (str(wanted), "") and size == len('{"traceEvents": []}')
+    assert victim.read_text() == "the victim's own data"
+    assert oct(os.stat(wanted).st_mode & 0o777) == "0o600"  # others can list this directory
+    assert sorted(os.listdir(notebook)) == sorted([wanted.name, wanted.name + ".tmp"])  # no staging left
+
+
+def test_a_read_only_notebook_directory_falls_back_to_a_private_temp_directory(tmp_path, monkeypatch):
+    import tempfile
+
+    from gpunb.analysis.steps import trace_file
+
+    real = tempfile.mkdtemp
+
+    def mkdtemp(*args, dir=None, **kwargs):
+        if dir is not None:  # the notebook's directory is read-only (root would write anyway)
+            raise PermissionError(13, "Permission denied")
+        return real(*args, dir=str(tmp_path / "tmp"), **kwargs)
+
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(trace_file.tempfile, "mkdtemp", mkdtemp)
+    save = TorchLikeSave()
+    path, size, note = trace_file.write_trace(save, tmp_path / "nb" / "t.pt.trace.json")
+    assert save.saved == 1 and path and size
+    assert os.path.dirname(path).startswith(str(tmp_path / "tmp" / "gpunb-trace-"))
+    assert oct(os.stat(os.path.dirname(path)).st_mode & 0o777) == "0o700"
+    assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+    assert "private temp directory" in note and "Permission denied" in note and "nb is not writable" in note
+
+
+def test_a_trace_that_torch_could_not_write_reports_the_real_error_and_no_path(tmp_path):
+    from gpunb.analysis.steps.trace_file import write_trace
+
+    def full_disk(path):
+        raise RuntimeError("No space left on device")
+
+    path, size, note = write_trace(full_disk, tmp_path / "t.pt.trace.json")
+    assert (path, size) == ("", None) and "No space left on device" in note and os.listdir(tmp_path) == []
+
+    def symlink_instead(path):
+        os.symlink(str(tmp_path / "elsewhere"), path)
+
+    path, size, note = write_trace(symlink_instead, tmp_path / "t.pt.trace.json")
+    assert path == "" and "not a regular file" in note and os.listdir(tmp_path) == []
