@@ -426,3 +426,35 @@ def test_a_trace_that_torch_could_not_write_reports_the_real_error_and_no_path(t
 
     path, size, note = write_trace(symlink_instead, tmp_path / "t.pt.trace.json")
     assert path == "" and "not a regular file" in note and os.listdir(tmp_path) == []
+
+
+# -- what the server shows of other processes and paths -----------------------------------------
+
+@pytest.mark.parametrize("cmdline,shown", [
+    (["python", "-W", "ignore:SECRET", "train.py"], "train.py"),
+    (["python3", "-uW", "ignore:SECRET", "train.py"], "train.py"),
+    (["python", "-X", "SECRET", "train.py"], "train.py"),
+    (["python", "--check-hash-based-pycs", "SECRET", "train.py"], "train.py"),
+    (["python", "-W", "SECRET"], ""),
+    (["python", "-u", "-m", "torch.distributed.run", "--token", "SECRET"], "-m torch.distributed.run"),
+    (["python", "-c", "SECRET"], "-c"),
+])
+def test_the_script_shown_for_a_process_never_carries_an_options_value(cmdline, shown):
+    from gpunb.readings.process_facts import _script
+
+    assert _script(cmdline) == shown
+
+
+def test_control_characters_in_a_notebook_path_never_reach_the_metrics_text():
+    pytest.importorskip("prometheus_client")
+    from gpunb.analysis.holders.gpus import HoldersReport, KernelUse
+    from gpunb.readings.server_kernels import KernelInfo, SessionInfo
+    from gpunb.views.metrics_view import metrics_text
+
+    path = 'a\r\ngpunb_forged{x="1"} 1\x1b[2J\x00.ipynb'
+    kernel = KernelInfo(KERNEL_ID, "python3\r", 1234, "idle", 1.0, 1, (SessionInfo(path, "n", "notebook"),))
+    body, _ = metrics_text(HoldersReport(1.0, True, kernels=(KernelUse(kernel, {}, (), True),)))
+    text = body.decode()
+    assert not any(line.startswith("gpunb_forged") for line in text.splitlines())
+    assert "\r" not in text and "\x1b" not in text and "\x00" not in text
+    assert 'path="a\ufffd\ufffdgpunb_forged{x=\\"1\\"} 1\ufffd[2J\ufffd.ipynb"' in text

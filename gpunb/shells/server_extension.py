@@ -28,6 +28,7 @@ from jupyter_server.utils import url_path_join
 from tornado import web
 from tornado.escape import json_encode
 
+from gpunb.analysis.holders.gpus import HoldersReport
 from gpunb.shells.server_service import GpuReportService, Refusal
 from gpunb.views.metrics_view import metrics_text
 
@@ -35,6 +36,11 @@ AUTH_RESOURCE = "gpunb"
 SERVICE_KEY = "gpunb_report_service"
 # jupyter_server's kernel ids are UUIDs; anything else is not a kernel of this server.
 _KERNEL_ID = r"(?P<kernel_id>[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})"
+
+
+def _json_body(report: HoldersReport) -> bytes:
+    # json_encode also escapes "</": the body can never close a <script> it is pasted into.
+    return json_encode(report.to_dict()).encode()
 
 
 class _GpunbHandler(APIHandler):
@@ -56,11 +62,11 @@ class GpusHandler(_GpunbHandler):
     @authorized(resource=AUTH_RESOURCE)
     async def get(self) -> None:
         try:
-            report = await self.service.report()
+            body = await self.service.rendered("json", _json_body)
         except Refusal as refusal:
             return self._refuse(refusal)
-        # json_encode also escapes "</": the body can never close a <script> it is pasted into.
-        self.finish(json_encode(report.to_dict()))
+        self.set_header("Content-Type", "application/json")
+        self.finish(body)
 
 
 class MetricsHandler(_GpunbHandler):
@@ -70,10 +76,9 @@ class MetricsHandler(_GpunbHandler):
     @authorized(resource=AUTH_RESOURCE)
     async def get(self) -> None:
         try:
-            report = await self.service.report()
+            body, content_type = await self.service.rendered("metrics", metrics_text)
         except Refusal as refusal:
             return self._refuse(refusal)
-        body, content_type = metrics_text(report)
         self.finish(body, set_content_type=content_type)
 
 
