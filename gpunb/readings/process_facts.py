@@ -184,6 +184,11 @@ def _user_name(uid: int) -> str:
 
 
 @functools.lru_cache(maxsize=8)
+def _has_proc(proc_root: str) -> bool:
+    return hasattr(os, "sysconf") and os.path.isdir(f"{proc_root}/self")
+
+
+@functools.lru_cache(maxsize=8)
 def _boot_time(proc_root: str) -> float | None:
     try:
         with open(f"{proc_root}/stat", "rb") as f:
@@ -193,6 +198,9 @@ def _boot_time(proc_root: str) -> float | None:
     except (OSError, ValueError):
         pass
     return None
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def _read(path: str, limit: int = 1 << 16) -> bytes | None:
@@ -231,7 +239,7 @@ def _from_proc(pid: int, proc_root: str, ancestors: AncestorCache) -> ProcessFac
     return ProcessFacts(
         pid=pid, exists=True, name=name, username=_user_name(uid), uid=uid, ppid=ppid,
         ancestors=ancestors.ancestors(ppid),
-        create_time_unix=boot + start_ticks / os.sysconf("SC_CLK_TCK") if boot is not None else None,
+        create_time_unix=boot + start_ticks / _CLOCK_TICKS if boot is not None else None,
         script=_script(cmdline), kernel_id=kernel_id_of(cmdline), is_jupyter_kernel=_is_kernel(cmdline),
         nvidia_files=nvidia_files(pid, proc_root),
     )
@@ -241,7 +249,7 @@ def read_process_facts(pid: int, proc_root: str = "/proc", ancestors: AncestorCa
     """Facts about ``pid`` that this user may read; never raises. ``ancestors``: a cache shared
     by the calls of one report; with it, and a ``/proc`` to read, the facts come from ``/proc``
     directly (a report over thousands of processes)."""
-    if ancestors is not None and hasattr(os, "sysconf") and os.path.isdir(f"{proc_root}/self"):
+    if ancestors is not None and _has_proc(proc_root):
         return _from_proc(pid, proc_root, ancestors)
     try:
         import psutil

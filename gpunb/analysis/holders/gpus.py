@@ -64,12 +64,16 @@ class GpuHolder:
     note: str = ""  # why it could not be mapped, or what else is known
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # every field is a str, a number or None: no deep copy (asdict) needed, thousands per report
+        return {name: getattr(self, name) for name in _HOLDER_FIELDS}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GpuHolder:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
+
+
+_HOLDER_FIELDS = tuple(f.name for f in fields(GpuHolder))
 
 
 @dataclass(frozen=True)
