@@ -10,8 +10,8 @@ processes (real PIDs, so ``/proc`` is read as on a real node), and gpunb's fake 
    and the two answer bodies (JSON, metrics text) made from it;
 2. **a real Jupyter server** (``127.0.0.1``, a random port, a random token, gpunb's extension,
    the same fake NVML): for ``--seconds``, 4 clients ask ``/gpunb/api/gpus`` and
-   ``/gpunb/metrics`` back to back while one client asks Jupyter's ``/api/status`` every 20 ms
-   and times each answer. Before the load, ``/api/status`` alone gives the baseline.
+   ``/gpunb/metrics`` back to back while another process asks Jupyter's ``/api/status`` every
+   20 ms and times each answer. Before the load, ``/api/status`` alone (2 s) gives the baseline.
 
     python benchmarks/server_scale.py [--processes 3000] [--seconds 10] [--out DIR]
 
@@ -84,6 +84,27 @@ def part_report(pids: list[int]) -> dict[str, float]:
     return out
 
 
+POLLER = """
+import json, sys, time, urllib.request
+url, token, seconds, out = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+times, end = [], time.monotonic() + seconds
+while time.monotonic() < end:
+    t0 = time.perf_counter()
+    with opener.open(urllib.request.Request(url, headers={"Authorization": "token " + token}), timeout=30) as r:
+        r.read()
+    times.append(time.perf_counter() - t0)
+    time.sleep(0.02)
+json.dump(times, open(out, "w"))
+"""
+
+
+def _poll_status(url: str, token: str, seconds: float, out: Path) -> subprocess.Popen:
+    """Jupyter's /api/status asked every 20 ms from a process of its own (the load clients'
+    threads would otherwise delay the timing client too)."""
+    return subprocess.Popen([sys.executable, "-c", POLLER, url, token, str(seconds), str(out)])
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -137,17 +158,13 @@ def part_server(pids: list[int], seconds: float, work: Path) -> dict[str, object
                 log = (work / "server.log").read_text()[-3000:]
                 raise RuntimeError(f"the Jupyter server did not start:\n{log}")
             time.sleep(0.2)
-        baseline = [_get(base + "api/status", token)[1] for _ in range(50)]
+        _poll_status(base + "api/status", token, 2.0, work / "alone.json").wait(60)
+        baseline = json.loads((work / "alone.json").read_text())
         code, first = _get(base + "gpunb/api/gpus", token)
         stop = threading.Event()
-        status: list[float] = []
         gpunb: dict[str, list[float]] = {"gpunb/api/gpus": [], "gpunb/metrics": []}
         errors: list[int] = []
-
-        def poll_status() -> None:
-            while not stop.is_set():
-                status.append(_get(base + "api/status", token)[1])
-                stop.wait(0.02)
+        poller = _poll_status(base + "api/status", token, seconds, work / "loaded.json")
 
         def load(path: str) -> None:
             while not stop.is_set():
@@ -156,14 +173,14 @@ def part_server(pids: list[int], seconds: float, work: Path) -> dict[str, object
                 if c != 200:
                     errors.append(c)
 
-        threads = [threading.Thread(target=poll_status)] + [
-            threading.Thread(target=load, args=(p,)) for p in ("gpunb/api/gpus", "gpunb/metrics") * 2]
+        threads = [threading.Thread(target=load, args=(p,)) for p in ("gpunb/api/gpus", "gpunb/metrics") * 2]
         for t in threads:
             t.start()
-        time.sleep(seconds)
+        poller.wait(seconds + 60)
         stop.set()
         for t in threads:
             t.join(60)
+        status = json.loads((work / "loaded.json").read_text())
         return {"first_gpus_code": code, "first_gpus_s": first, "status_alone": _summary(baseline),
                 "status_under_load": _summary(status),
                 **{path: _summary(times) for path, times in gpunb.items()}, "errors": errors[:10]}
