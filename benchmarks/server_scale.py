@@ -140,11 +140,13 @@ def part_server(pids: list[int], seconds: float, work: Path) -> dict[str, object
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     env.pop("GPUNB_FAKE_NVML", None)
     (work / "root").mkdir()
-    server = subprocess.Popen(
-        [sys.executable, "-c", SERVER, str(work / "pids.json"), "--ip=127.0.0.1", f"--port={port}",
-         "--ServerApp.port_retries=0", "--allow-root", f"--IdentityProvider.token={token}", "--ServerApp.open_browser=False",
-         f"--ServerApp.root_dir={work / 'root'}", "--ServerApp.jpserver_extensions={'gpunb': True}"],
-        env=env, stdout=subprocess.DEVNULL, stderr=open(work / "server.log", "w"), start_new_session=True)
+    with open(work / "server.log", "w") as log:  # the child keeps its own copy of the descriptor
+        server = subprocess.Popen(
+            [sys.executable, "-c", SERVER, str(work / "pids.json"), "--ip=127.0.0.1", f"--port={port}",
+             "--ServerApp.port_retries=0", "--allow-root", f"--IdentityProvider.token={token}",
+             "--ServerApp.open_browser=False", f"--ServerApp.root_dir={work / 'root'}",
+             "--ServerApp.jpserver_extensions={'gpunb': True}"],
+            env=env, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
     base = f"http://127.0.0.1:{port}/"
     try:
         deadline = time.monotonic() + 60

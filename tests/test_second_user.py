@@ -458,3 +458,17 @@ def test_control_characters_in_a_notebook_path_never_reach_the_metrics_text():
     assert not any(line.startswith("gpunb_forged") for line in text.splitlines())
     assert "\r" not in text and "\x1b" not in text and "\x00" not in text
     assert 'path="a\ufffd\ufffdgpunb_forged{x=\\"1\\"} 1\ufffd[2J\ufffd.ipynb"' in text
+
+
+def test_an_answer_cut_short_is_a_reason_not_a_thread_traceback():
+    import http.client
+
+    link = ss.ServerLink("http://127.0.0.1:1/", TOKEN, None, KERNEL_ID, "parent process")
+
+    def cut_short(link, path, timeout):
+        raise http.client.IncompleteRead(b"{", 100)
+
+    sessions = ss.ServerSessions(find=lambda: link, fetch=cut_short)
+    reading = sessions.refresh()
+    assert not reading and "broken answer (IncompleteRead" in reading.reason
+    sessions.close()

@@ -365,10 +365,12 @@ class ServerSessions:
             try:
                 data = self._fetch(link, API_PATH, self.request_timeout_s)
                 reading = ServerReading(data, link.kernel_id, link.url, fetched_at=now)
-            except ServerError as exc:
-                reading = ServerReading(None, link.kernel_id, link.url, reason=str(exc), fetched_at=now)
+            except Exception as exc:  # noqa: BLE001 (ServerError, or an answer cut short: never a thread traceback)
+                why = str(exc) if isinstance(exc, ServerError) else \
+                    f"the Jupyter server at {link.url} sent a broken answer ({type(exc).__name__}: {exc})"
+                reading = ServerReading(None, link.kernel_id, link.url, reason=why, fetched_at=now)
                 with self._lock:  # find it again later: the server may have restarted elsewhere
-                    self._link, self._link_at = NoServer(str(exc)), now
+                    self._link, self._link_at = NoServer(why), now
         with self._lock:
             self._reading = reading
         return reading
