@@ -94,9 +94,12 @@ def read_records(path: str, expected_id: str | None = None) -> tuple[list[dict[s
     fd = open_dir(path, expected_id)
     if fd is None:
         return [], [f"the rank channel {path} was replaced or is no longer private: no worker record was read"]
-    out, bad, not_ranks = [], [], []
+    out, bad, not_ranks, names = [], [], [], []
     try:
-        names = sorted(n for n in os.listdir(fd) if n.startswith("rank-") and n.endswith(".json"))
+        try:
+            names = sorted(n for n in os.listdir(fd) if n.startswith("rank-") and n.endswith(".json"))
+        except OSError as exc:
+            return [], [f"the rank channel {path} could not be listed ({exc.strerror or exc})"]
         for name in names[:MAX_RECORDS]:
             try:
                 record = read_json(name, dir_fd=fd, owned=True, max_bytes=MAX_RECORD_BYTES)
