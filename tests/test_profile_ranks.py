@@ -289,28 +289,98 @@ def test_the_channel_restores_what_the_cell_changed_itself(monkeypatch, tmp_path
     env["PYTHONPATH"] += os.pathsep + "/b"  # the cell appended its own entry
     (tmp_path / "x").mkdir()
     with open(os.path.join(channel.path, "rank-1.json"), "w") as f:
-        json.dump(_record(0, 3, [1.0, 2.0, 3.0]), f)
+        json.dump(_record(0, 3, [1.0, 2.0, 3.0], group={"backend": "gloo", "world_size": 2, "rendezvous": ""}), f)
     with open(os.path.join(channel.path, "rank-2.json"), "w") as f:
         f.write('{"half a reco')  # a worker killed while writing
     path = channel.path
     records = channel.close()
     assert [r["rank"] for r in records] == [0]
+    assert channel.notes == ["1 worker record(s) left out, unreadable or not gpunb's: rank-2.json (is not valid JSON "
+                             "(half-written, or not gpunb's))"]
     assert env == {"PYTHONPATH": "/a" + os.pathsep + "/b"}
     assert not os.path.exists(path)
 
 
-def test_the_boot_file_is_no_package_and_imports_only_when_asked(tmp_path):
+def _run_with_boot(code: str, **env_extra: str) -> str:
     import subprocess
 
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUNB_RANK")}
+    env["PYTHONPATH"] = BOOT_DIR + os.pathsep + os.environ.get("PYTHONPATH", "")
+    env.update(env_extra)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    return out.stdout.strip() + out.stderr.strip()
+
+
+def _channel_env(path) -> dict[str, str]:
+    st = os.stat(path)
+    return {"GPUNB_RANK_CHANNEL": str(path), "GPUNB_RANK_CHANNEL_ID": f"{st.st_dev}:{st.st_ino}"}
+
+
+def test_the_boot_file_is_no_package_and_loads_gpunb_only_in_a_process_that_imports_torch(tmp_path):
     assert not os.path.exists(os.path.join(BOOT_DIR, "__init__.py"))
-    code = "import sys; print('gpunb.analysis.ranks.recorder' in sys.modules)"
-    env = {**os.environ, "PYTHONPATH": BOOT_DIR + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    env.pop("GPUNB_RANK_CHANNEL", None)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert out.stdout.strip() == "False"  # without a channel the hook does nothing
-    env["GPUNB_RANK_CHANNEL"] = str(tmp_path)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert out.stdout.strip() == "True"
+    loaded = "import sys; print('gpunb' in sys.modules)"
+    with_torch = "import sys, torch; print('gpunb.analysis.ranks.recorder' in sys.modules)"
+    assert _run_with_boot(loaded) == "False"  # without a channel the hook does nothing
+    channel = tmp_path / "channel"
+    channel.mkdir(mode=0o700)
+    assert _run_with_boot(loaded, **_channel_env(channel)) == "False"  # an unrelated child: no gpunb at all
+    assert _run_with_boot(with_torch, **_channel_env(channel)) == "True"
+    assert _run_with_boot(with_torch, GPUNB_RANK_CHANNEL=str(channel)) == "False"  # no identity: not the cell's
+    other = tmp_path / "other"
+    other.mkdir(mode=0o700)
+    assert _run_with_boot(with_torch, **dict(_channel_env(channel), GPUNB_RANK_CHANNEL=str(other))) == "False"
+    os.chmod(channel, 0o755)
+    assert _run_with_boot(with_torch, **_channel_env(channel)) == "False"
+
+
+def test_the_users_sitecustomize_errors_show_as_python_shows_them(tmp_path):
+    own = tmp_path / "site"
+    own.mkdir()
+    (own / "sitecustomize.py").write_text("import no_such_module_gpunb_test\n")
+    channel = tmp_path / "channel"
+    channel.mkdir(mode=0o700)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUNB_RANK")}
+    import subprocess
+
+    without = subprocess.run([sys.executable, "-c", "print('ran')"], capture_output=True, text=True,
+                             env=dict(env, PYTHONPATH=str(own))).stderr
+    with_boot = _run_with_boot("print('ran')", PYTHONPATH=BOOT_DIR + os.pathsep + str(own), **_channel_env(channel))
+    assert "Error in sitecustomize; set PYTHONVERBOSE for traceback:\nModuleNotFoundError: No module named " \
+           "'no_such_module_gpunb_test'" in without
+    assert with_boot == "ran" + without.strip()
+    (own / "sitecustomize.py").write_text("raise ImportError('a broken site')\n")
+    assert "ImportError: a broken site" in _run_with_boot("pass", PYTHONPATH=BOOT_DIR + os.pathsep + str(own))
+
+
+def test_gpunbs_pythonpath_entry_never_outlives_the_cell_also_when_the_cell_prepends():
+    env = {"PYTHONPATH": "/a"}
+    channel = RankChannel(env).open()
+    env["PYTHONPATH"] = "/mine" + os.pathsep + env["PYTHONPATH"]  # sys.path idiom: the cell's first
+    channel.close()
+    assert env == {"PYTHONPATH": "/mine" + os.pathsep + "/a"}
+    env = {}
+    channel = RankChannel(env).open()
+    env["PYTHONPATH"] = "/mine" + os.pathsep + env["PYTHONPATH"]
+    channel.close()
+    assert env == {"PYTHONPATH": "/mine"}
+
+
+def test_an_unrelated_training_script_started_from_the_cell_is_not_a_rank(shell, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        torch.set_num_threads(1)
+        model = torch.nn.Linear(8, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(15):
+            model(torch.randn(4, 8)).sum().backward(); opt.step(); opt.zero_grad()
+    """))
+    shell.user_ns["script"] = str(script)
+    shell.run_cell_magic("gpuprofile", "-o p", (
+        "import subprocess, sys\n"
+        "r = subprocess.run([sys.executable, script], capture_output=True, text=True)\n"))
+    assert shell.user_ns["r"].returncode == 0, shell.user_ns["r"].stderr[-2000:]
+    assert shell.user_ns["p"].ranks is None  # it trained, but joined no process group of the cell
 
 
 def test_a_rank_with_cuda_up_records_events_its_gpu_and_nvml_memory(tmp_path, monkeypatch):

@@ -10,6 +10,12 @@ each entry says when, and by which process, it was measured.
 File: ``$GPUNB_CACHE_DIR/matmul_peaks.json``, else ``$XDG_CACHE_HOME/gpunb/...``, else
 ``~/.cache/gpunb/...``. A file that cannot be read or written is no error: the figures of
 this process are still used, and a profile without them names only the datasheet peak.
+
+The file may sit in a directory another user controls (a shared ``GPUNB_CACHE_DIR``), so it is
+read as untrusted (``untrusted_file``: no symlinks, no FIFOs, at most 256 KiB, schema-checked):
+a bad file or entry is ignored and :func:`lookup_noted` says why in one sentence. Writes go
+through a 0600 temporary file in the same directory that is removed when the write fails (a
+full disk leaves nothing behind).
 """
 
 from __future__ import annotations
@@ -23,7 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpunb.readings.untrusted_file import Untrusted, is_number, read_json
+
 FILE_NAME = "matmul_peaks.json"
+MAX_BYTES = 256 * 1024  # one entry per GPU is ~200 bytes
 PRECISIONS = ("bf16", "tf32", "fp32")  # what the probe measures (cuda_probe_script.matmul)
 
 _this_process: dict[str, MeasuredPeaks] = {}  # uuid -> peaks measured by this process's checks
@@ -62,22 +71,24 @@ def cache_file(environ: Mapping[str, str] | None = None) -> Path:
 
 
 def _read_file(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+    """The cache's entries; raises :class:`Untrusted` when the file is not a cache file."""
+    if not os.path.lexists(path):
         return {}
-    return data if isinstance(data, dict) else {}
+    data: dict[str, Any] = read_json(path, max_bytes=MAX_BYTES)
+    return data
 
 
 def _entry(uuid: str, raw: object) -> MeasuredPeaks | None:
-    if not isinstance(raw, dict):
+    """One entry, or None when it does not have the shape :func:`remember` writes."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("tflops"), dict):
         return None
-    tflops = {p: float(v) for p, v in (raw.get("tflops") or {}).items()
-              if p in PRECISIONS and isinstance(v, (int, float)) and v > 0}
-    if not tflops:
+    tflops = {p: float(v) for p, v in raw["tflops"].items() if p in PRECISIONS and is_number(v) and v > 0}
+    pid = raw.get("pid", -1)
+    text = {k: raw.get(k, "") for k in ("name", "measured_at", "torch_version")}
+    if not tflops or not (isinstance(pid, int) and not isinstance(pid, bool)) \
+            or not all(isinstance(v, str) for v in text.values()):
         return None
-    return MeasuredPeaks(uuid, str(raw.get("name", "")), tflops, str(raw.get("measured_at", "")),
-                         int(raw.get("pid", -1)), str(raw.get("torch_version", "")))
+    return MeasuredPeaks(uuid, text["name"], tflops, text["measured_at"], pid, text["torch_version"])
 
 
 def remember(uuid: str, name: str, result: Mapping[str, object], *, torch_version: str = "",
@@ -96,28 +107,60 @@ def remember(uuid: str, name: str, result: Mapping[str, object], *, torch_versio
     path = cache_file(environ)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        data = _read_file(path)
+        try:
+            data = _read_file(path)
+        except Untrusted:  # replaced below by this process's good entry
+            data = {}
         data[uuid] = {"name": name, "tflops": tflops, "measured_at": peaks.measured_at, "pid": peaks.pid,
                       "torch_version": torch_version}
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".matmul_peaks-", delete=False) as tmp:
-            json.dump(data, tmp, indent=1, sort_keys=True)
-        os.replace(tmp.name, path)
+        _write_atomically(path, json.dumps(data, indent=1, sort_keys=True))
     except OSError:
         pass
     return peaks
 
 
+def _write_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` by ``text`` through a 0600 temporary file (``mkstemp``: never a file that
+    exists, never through a symlink), removed when anything fails."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".matmul_peaks-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
 def lookup(uuid: str | None, environ: Mapping[str, str] | None = None) -> MeasuredPeaks | None:
     """The latest measured peaks of this GPU: this process's own check first, then the file."""
+    return lookup_noted(uuid, environ)[0]
+
+
+def lookup_noted(uuid: str | None, environ: Mapping[str, str] | None = None) -> tuple[MeasuredPeaks | None, str]:
+    """:func:`lookup` and, when the cache had something for this GPU that was ignored, why (one
+    sentence for the report; '' otherwise)."""
     if not uuid:
-        return None
+        return None, ""
     own = _this_process.get(_norm(uuid))
     if own is not None:
-        return own
-    for key, raw in _read_file(cache_file(environ)).items():
+        return own, ""
+    path = cache_file(environ)
+    fix = f"run %gpucheck to measure again, or delete {path}"
+    try:
+        data = _read_file(path)
+    except Untrusted as exc:
+        return None, f"the measured-peak cache was ignored: {exc}; {fix}"
+    for key, raw in data.items():
         if isinstance(key, str) and _norm(key) == _norm(uuid):
-            return _entry(key, raw)
-    return None
+            entry = _entry(key, raw)
+            if entry is None:
+                return None, f"the measured-peak cache's entry for this GPU was ignored (not gpunb's format); {fix}"
+            return entry, ""
+    return None, ""
 
 
 def forget_this_process() -> None:

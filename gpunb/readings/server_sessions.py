@@ -13,10 +13,18 @@ Everything is lazy, cached and bounded: discovery happens on first use, a reques
 waits longer than its timeout, failures are remembered for a while instead of retried on
 every redraw, and :meth:`ServerSessions.latest` never blocks (it refreshes in a short-lived
 background thread). Requests bypass HTTP proxies: the token must go to the server only.
+
+What is trusted (docs/security.md): a runtime directory may be shared (mode 1777 on some
+hubs), so a ``jpserver-*.json`` counts only when this user owns it and nobody else can write it
+or its directory; it is read as untrusted (``untrusted_file``: no symlinks, FIFOs or huge files,
+fields type-checked); its URL must be loopback (or the host this kernel's connection file
+names); the token sent is the file's own, never ``JUPYTERHUB_API_TOKEN``; redirects are not
+followed.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -24,16 +32,20 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpunb.readings.untrusted_file import Untrusted, check_private_dir, read_json
+
 API_PATH = "gpunb/api/gpus"
 FIND_TIMEOUT_S = 0.5  # per server asked "is this kernel yours?"
 RETRY_AFTER_S = 60.0  # after "no server" or a failed request, look again this much later
 THREAD_NAME = "gpunb-server-link"
+MAX_ANSWER_BYTES = 64 << 20  # the report for 60,000 GPU processes is ~30 MiB
 _KERNEL_FILE = re.compile(r"kernel-(.+)\.json$")
 
 
@@ -99,25 +111,87 @@ def kernel_connection_file() -> str | None:
     return None
 
 
-def _server_files(dirs: list[Path]) -> list[dict[str, Any]]:
+MAX_SERVER_FILE_BYTES = 64 * 1024
+MAX_PID = 2**31 - 1  # Linux caps PIDs at 2**22; anything past a C int is not a PID
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1", "ip6-localhost")
+WILDCARD_HOSTS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "localhost"}  # listening everywhere: here too
+
+
+@dataclass(frozen=True)
+class _ServerFile:
+    path: str
+    url: str  # the base URL to use (a wildcard host replaced by loopback)
+    token: str
+    pid: int
+
+
+def _trusted_dir(d: Path, notes: list[str]) -> bool:
+    """A runtime directory is trusted only when this user owns it and nobody else can write to
+    it: in a shared one (mode 1777) another user could plant a server file."""
+    problem = check_private_dir(d)
+    if problem and os.path.isdir(d):
+        notes.append(f"server files in {d} were not trusted: {problem}")
+    return not problem
+
+
+def _server_files(dirs: list[Path], allowed_hosts: tuple[str, ...] = (), notes: list[str] | None = None,
+                  ) -> list[_ServerFile]:
+    """The live servers' files in ``dirs`` that this user wrote (owned, not writable by others,
+    in a directory with the same property), schema-checked, naming a local host."""
+    notes = [] if notes is None else notes
     seen, out = set(), []
     for d in dirs:
         try:
             names = sorted(os.listdir(d))
         except OSError:
             continue
+        names = [n for n in names if n.startswith("jpserver-") and n.endswith(".json") and (d / n) not in seen]
+        if not names or not _trusted_dir(d, notes):
+            continue
         for name in names:
-            if not (name.startswith("jpserver-") and name.endswith(".json")) or (d / name) in seen:
-                continue
             seen.add(d / name)
             try:
-                info = json.loads((d / name).read_text())
-            except (OSError, ValueError):  # being written, or not ours to read
+                info = read_json(d / name, owned=True, max_bytes=MAX_SERVER_FILE_BYTES)
+            except Untrusted as exc:
+                notes.append(f"ignored: {exc}")
                 continue
-            pid = info.get("pid")
-            if isinstance(info, dict) and isinstance(pid, int) and _alive(pid):
-                out.append(info)
+            found = _server_file(str(d / name), info, allowed_hosts, notes)
+            if found is not None and _alive(found.pid):
+                out.append(found)
     return out
+
+
+def _server_file(path: str, info: dict[str, Any], allowed_hosts: tuple[str, ...],
+                 notes: list[str]) -> _ServerFile | None:
+    pid, url, token = info.get("pid"), info.get("url"), info.get("token", "")
+    if not (isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid <= MAX_PID) \
+            or not isinstance(url, str) or not isinstance(token, (str, type(None))):
+        notes.append(f"ignored: {path} is not a Jupyter server file (pid, url or token of the wrong type)")
+        return None
+    if info.get("sock"):
+        return None  # a UNIX socket server: urllib cannot reach it
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        return None
+    host = (parts.hostname or "").lower()
+    if host in WILDCARD_HOSTS:
+        netloc = WILDCARD_HOSTS[host] if ":" not in WILDCARD_HOSTS[host] else f"[{WILDCARD_HOSTS[host]}]"
+        parts = parts._replace(netloc=f"{netloc}:{parts.port}" if parts.port else netloc)
+    elif not (_loopback(host) or host in allowed_hosts):
+        notes.append(f"ignored: {path} names the host {host!r}, neither loopback nor the host this kernel's "
+                     "connection file names; gpunb sends its token to neither")
+        return None
+    base = urllib.parse.urlunsplit(parts)
+    return _ServerFile(path, base if base.endswith("/") else base + "/", token or "", pid)
+
+
+def _loopback(host: str) -> bool:
+    if host in LOOPBACK_HOSTS:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _alive(pid: int) -> bool:
@@ -127,7 +201,7 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:  # exists, another user's
         return True
-    except OSError:
+    except (OSError, OverflowError, ValueError):
         return False
     return True
 
@@ -148,10 +222,13 @@ def _runtime_dirs(connection_file: str | None, runtime_dir: str | None) -> list[
     return dirs
 
 
-def _token(info: dict[str, Any]) -> str:
-    # A JupyterHub single-user server writes no token; its kernels inherit the server's
-    # API token, which the server accepts for its own user.
-    return str(info.get("token") or os.environ.get("JUPYTERHUB_API_TOKEN") or "")
+def _connection_host(connection_file: str) -> tuple[str, ...]:
+    """The host this kernel's own connection file names (``ip``), when the file is this user's."""
+    try:
+        ip = read_json(connection_file, owned=True, max_bytes=MAX_SERVER_FILE_BYTES).get("ip")
+    except Untrusted:
+        return ()
+    return (ip.lower(),) if isinstance(ip, str) and ip and ip not in WILDCARD_HOSTS else ()
 
 
 def find_server(
@@ -162,7 +239,10 @@ def find_server(
     timeout_s: float = FIND_TIMEOUT_S,
     opener: Any = None,
 ) -> ServerLink | NoServer:
-    """The server that runs this kernel, or why none was found."""
+    """The server that runs this kernel, or why none was found. Only a server file this user
+    wrote is believed, and its token goes only to a local URL (see ``_server_files``); a file
+    without a token (a JupyterHub single-user server) gets no credential at all: gpunb never
+    sends ``JUPYTERHUB_API_TOKEN`` to a URL a file names."""
     connection_file = connection_file or kernel_connection_file()
     if not connection_file:
         return NoServer("this is not a Jupyter kernel (terminal IPython or plain Python): no server to ask")
@@ -171,36 +251,38 @@ def find_server(
         return NoServer(f"the kernel's connection file {os.path.basename(connection_file)!r} does not carry a "
                         "Jupyter server's kernel id (VS Code and other frontends start kernels themselves)")
     kernel_id = m.group(1)
-    servers = _server_files(_runtime_dirs(connection_file, runtime_dir))
+    notes: list[str] = []
+    servers = _server_files(_runtime_dirs(connection_file, runtime_dir), _connection_host(connection_file), notes)
+    why = f" ({'; '.join(notes[:2])})" if notes else ""
     if not servers:
-        return NoServer("no running Jupyter server was found in the runtime directory (jpserver-*.json)")
+        return NoServer(f"no running Jupyter server was found in the runtime directory (jpserver-*.json){why}")
     parent_pid = os.getppid() if parent_pid is None else parent_pid
-    usable = []
-    for info in servers:
-        url, token = str(info.get("url") or ""), _token(info)
-        if info.get("sock") or not url.startswith(("http://", "https://")):
-            continue
-        link = ServerLink(url if url.endswith("/") else url + "/", token, info.get("pid"), kernel_id, "")
-        if info.get("pid") == parent_pid:
-            return _with(link, "parent process")
-        usable.append(link)
-    for link in usable:  # not our parent (a kernel started by a wrapper): ask who knows our id
+    for found in servers:
+        if found.pid == parent_pid:
+            return ServerLink(found.url, found.token, found.pid, kernel_id, "parent process")
+    for found in servers:  # not our parent (a kernel started by a wrapper): ask who knows our id
+        if not found.token:
+            continue  # nothing to prove it is ours, and no login to ask with
+        link = ServerLink(found.url, found.token, found.pid, kernel_id, "kernel listed by the server")
         try:
             get_json(link, f"api/kernels/{kernel_id}", timeout_s, opener)
         except ServerError:
             continue
-        return _with(link, "kernel listed by the server")
-    return NoServer(f"none of the {len(servers)} running Jupyter server(s) here runs this kernel "
-                    "(or they listen on a UNIX socket)")
-
-
-def _with(link: ServerLink, how: str) -> ServerLink:
-    return ServerLink(link.url, link.token, link.server_pid, link.kernel_id, how)
+        return link
+    return NoServer(f"none of the {len(servers)} running Jupyter server(s) here runs this kernel{why}")
 
 
 # -- requests -------------------------------------------------------------------------------
 
-_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is an error: following it would carry the ``Authorization`` header (urllib
+    copies it) to wherever the answer points."""
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> None:
+        return None
+
+
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
 
 
 def get_json(link: ServerLink, path: str, timeout_s: float, opener: Any = None) -> Any:
@@ -210,11 +292,16 @@ def get_json(link: ServerLink, path: str, timeout_s: float, opener: Any = None) 
         request.add_header("Authorization", f"token {link.token}")
     try:
         with (opener or _NO_PROXY).open(request, timeout=timeout_s) as response:
-            body = response.read()
+            body = response.read(MAX_ANSWER_BYTES + 1)
+        if len(body) > MAX_ANSWER_BYTES:
+            raise ServerError(f"the Jupyter server at {link.url} sent more than {MAX_ANSWER_BYTES >> 20} MiB")
     except urllib.error.HTTPError as exc:
         if exc.code == 404 and path.startswith("gpunb/"):
             raise ServerError(f"the Jupyter server at {link.url} does not run gpunb's server extension "
                               "(enable it: `jupyter server extension enable gpunb`, then restart the server)") from None
+        if 300 <= exc.code < 400:
+            raise ServerError(f"the Jupyter server at {link.url} answered with a redirect (HTTP {exc.code}); gpunb "
+                              "does not follow it, so its token goes nowhere else") from None
         if exc.code in (401, 403):
             raise ServerError(f"the Jupyter server at {link.url} refused gpunb's request (HTTP {exc.code}): it "
                               "needs a login this kernel does not have") from None
@@ -260,7 +347,10 @@ class ServerSessions:
         with self._lock:
             link, at = self._link, self._link_at
         if link is None or (not link and self._clock() - at >= RETRY_AFTER_S):
-            link = self._find()
+            try:
+                link = self._find()
+            except Exception as exc:  # noqa: BLE001 (an odd runtime directory costs the attribution only)
+                link = NoServer(f"the Jupyter server could not be looked up ({type(exc).__name__}: {exc})")
             with self._lock:
                 self._link, self._link_at = link, self._clock()
         return link
@@ -275,10 +365,12 @@ class ServerSessions:
             try:
                 data = self._fetch(link, API_PATH, self.request_timeout_s)
                 reading = ServerReading(data, link.kernel_id, link.url, fetched_at=now)
-            except ServerError as exc:
-                reading = ServerReading(None, link.kernel_id, link.url, reason=str(exc), fetched_at=now)
+            except Exception as exc:  # noqa: BLE001 (ServerError, or an answer cut short: never a thread traceback)
+                why = str(exc) if isinstance(exc, ServerError) else \
+                    f"the Jupyter server at {link.url} sent a broken answer ({type(exc).__name__}: {exc})"
+                reading = ServerReading(None, link.kernel_id, link.url, reason=why, fetched_at=now)
                 with self._lock:  # find it again later: the server may have restarted elsewhere
-                    self._link, self._link_at = NoServer(str(exc)), now
+                    self._link, self._link_at = NoServer(why), now
         with self._lock:
             self._reading = reading
         return reading

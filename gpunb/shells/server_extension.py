@@ -6,7 +6,8 @@ package); ``jupyter server extension disable gpunb`` turns it off. Endpoints, un
 server's base URL:
 
 ``GET  gpunb/api/gpus``                         devices, processes, kernels, notebooks (JSON)
-``GET  gpunb/metrics``                          the same in Prometheus' text format
+``GET  gpunb/metrics``                          the same in Prometheus' text format (also with the
+                                                scrape-only token, ``scrape_token.py``)
 ``POST gpunb/api/kernels/<id>/shutdown``        body ``{"confirm": "<id>", "force": false}``
 
 Every handler needs the server's authentication (``@web.authenticated``: an API request
@@ -22,19 +23,27 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from jupyter_server.auth.decorator import authorized
+from jupyter_server.auth.decorator import allow_unauthenticated, authorized
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 from tornado import web
 from tornado.escape import json_encode
 
+from gpunb.analysis.holders.gpus import HoldersReport
+from gpunb.shells import scrape_token
 from gpunb.shells.server_service import GpuReportService, Refusal
 from gpunb.views.metrics_view import metrics_text
 
 AUTH_RESOURCE = "gpunb"
 SERVICE_KEY = "gpunb_report_service"
+SCRAPE_TOKEN_KEY = "gpunb_scrape_token"
 # jupyter_server's kernel ids are UUIDs; anything else is not a kernel of this server.
 _KERNEL_ID = r"(?P<kernel_id>[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})"
+
+
+def _json_body(report: HoldersReport) -> bytes:
+    # json_encode also escapes "</": the body can never close a <script> it is pasted into.
+    return json_encode(report.to_dict()).encode()
 
 
 class _GpunbHandler(APIHandler):
@@ -56,24 +65,37 @@ class GpusHandler(_GpunbHandler):
     @authorized(resource=AUTH_RESOURCE)
     async def get(self) -> None:
         try:
-            report = await self.service.report()
+            body = await self.service.rendered("json", _json_body)
         except Refusal as refusal:
             return self._refuse(refusal)
-        # json_encode also escapes "</": the body can never close a <script> it is pasted into.
-        self.finish(json_encode(report.to_dict()))
+        self.set_header("Content-Type", "application/json")
+        self.finish(body)
 
 
 class MetricsHandler(_GpunbHandler):
+    """The metrics, for the server's own login or for the scrape-only token (which opens this
+    handler and no other: the server's identity provider does not know it)."""
+
     _track_activity = False
 
-    @web.authenticated
-    @authorized(resource=AUTH_RESOURCE)
+    @allow_unauthenticated  # checked below: the scrape token, else the server's login and authorizer
     async def get(self) -> None:
+        if scrape_token.matches(self.settings.get(SCRAPE_TOKEN_KEY), self.request.headers.get("Authorization")):
+            return await self._metrics()
+        checked = self._get_with_login()  # 403 without a login (tornado's wrapper may return None)
+        if checked is not None:
+            await checked
+
+    @web.authenticated
+    @authorized(action="read", resource=AUTH_RESOURCE)
+    async def _get_with_login(self) -> None:
+        await self._metrics()
+
+    async def _metrics(self) -> None:
         try:
-            report = await self.service.report()
+            body, content_type = await self.service.rendered("metrics", metrics_text)
         except Refusal as refusal:
             return self._refuse(refusal)
-        body, content_type = metrics_text(report)
         self.finish(body, set_content_type=content_type)
 
 
@@ -113,6 +135,17 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
     web_app = serverapp.web_app
     service = GpuReportService(serverapp.kernel_manager, getattr(serverapp, "session_manager", None))
     web_app.settings[SERVICE_KEY] = service
+    try:
+        token, warning = scrape_token.load()
+    except scrape_token.ScrapeTokenError as exc:
+        token, warning = None, ""
+        serverapp.log.error("gpunb: %s", exc)
+    web_app.settings[SCRAPE_TOKEN_KEY] = token
+    if warning:
+        serverapp.log.warning("gpunb: %s", warning)
+    if token is not None:
+        serverapp.log.info("gpunb: a scrape-only token opens %sgpunb/metrics (and nothing else)",
+                           web_app.settings["base_url"])
     web_app.add_handlers(".*$", handlers(web_app.settings["base_url"]))
     serverapp.log.info("gpunb: GPU holders at %sgpunb/api/gpus, Prometheus metrics at %sgpunb/metrics",
                        web_app.settings["base_url"], web_app.settings["base_url"])

@@ -5,6 +5,11 @@ One report is built at a time in a dedicated one-thread executor (NVML and ``/pr
 a driver that hangs then delays only gpunb's endpoints, never the server's own executor or
 its event loop), and a report younger than ``max_age_s`` is reused: a Prometheus scrape
 and every notebook's monitor asking at once cost one NVML pass.
+
+Each answer's body (JSON, metrics text) is made once per report, in a second one-thread
+executor, never on the event loop: for 3,000 GPU processes that is ~80 ms of JSON and ~50 ms
+of metrics text that would otherwise stall every other request of the server
+(``benchmarks/server_scale.py`` measures Jupyter's own ``/api/status`` meanwhile).
 """
 
 from __future__ import annotations
@@ -98,6 +103,8 @@ class GpuReportService:
         self.timeout_s = timeout_s
         self._build = build
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpunb-nvml")
+        self._render_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpunb-render")
+        self._rendered: dict[str, tuple[HoldersReport, asyncio.Future]] = {}  # body kind -> (report, body)
         self._infos: tuple[GpuInfo, ...] | None = None
         self._cached: tuple[float, HoldersReport] | None = None
         self._inflight: asyncio.Future | None = None
@@ -127,6 +134,22 @@ class GpuReportService:
                                "check `nvidia-smi` on the server machine") from None
         except Exception as exc:  # a bug or an odd host: say so in the answer, keep the server serving
             raise Refusal(500, f"gpunb could not read the GPUs and kernels ({type(exc).__name__}: {exc}); "
+                               "the server log has details") from exc
+
+    async def rendered(self, kind: str, render: Callable[[HoldersReport], Any]) -> Any:
+        """``render(report)`` of the current report, made once per report off the event loop
+        (concurrent requests for the same report share it). Raises :class:`Refusal` as
+        :meth:`report` does."""
+        report = await self.report()
+        made = self._rendered.get(kind)
+        if made is None or made[0] is not report or (made[1].done() and made[1].exception() is not None):
+            loop = asyncio.get_running_loop()
+            made = (report, asyncio.ensure_future(loop.run_in_executor(self._render_executor, render, report)))
+            self._rendered[kind] = made
+        try:
+            return await asyncio.shield(made[1])
+        except Exception as exc:
+            raise Refusal(500, f"gpunb could not write its answer ({type(exc).__name__}: {exc}); "
                                "the server log has details") from exc
 
     async def _new_report(self) -> HoldersReport:
@@ -184,6 +207,7 @@ class GpuReportService:
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._render_executor.shutdown(wait=False, cancel_futures=True)
 
 
 def _others(report: HoldersReport, pids: tuple[int, ...], gpus: set[int]) -> dict[int, int]:

@@ -6,6 +6,10 @@ the library's. GPU series carry the ``gpu`` (index) and ``UUID`` labels that NVI
 dcgm-exporter uses, so a lab can join them with its existing DCGM series; per-kernel
 series add ``kernel_id`` and ``path`` (the notebook). A reading NVML cannot give is left
 out rather than exported as 0.
+
+Label values are the user's words (notebook paths) and NVML's strings: control characters in
+them (``\r``, ``\n``, escape sequences) are replaced by U+FFFD before they reach the text, so no
+label can forge a line of the exposition or of a log that quotes it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,14 @@ from gpunb.readings.gpu import CLOCK_EVENT_REASONS
 
 GPU_LABELS = ("gpu", "UUID", "modelName")
 KERNEL_LABELS = ("kernel_id", "path", "kernel_name")
+
+
+def clean_label(value: object) -> str:
+    """A label value without control characters (each becomes U+FFFD)."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() or ch == " " else "\ufffd" for ch in text)
 
 
 def _gauge(name: str, doc: str, labels: tuple[str, ...]) -> Any:
@@ -65,7 +77,7 @@ class ReportCollector:
                             "GPU memory held by a kernel of this Jupyter server and its child processes.",
                             GPU_LABELS + KERNEL_LABELS)
         for d in r.devices:
-            labels = [str(d.index), d.uuid, d.name]
+            labels = [str(d.index), clean_label(d.uuid), clean_label(d.name)]
             lost.add_metric(labels, 1.0 if d.lost else 0.0)
             for key, (_, _, scale) in per_gpu.items():
                 value = getattr(d, key)
@@ -88,7 +100,7 @@ class ReportCollector:
             for use in r.kernels:
                 if use.kernel.kernel_id in by_kernel:
                     k = use.kernel
-                    kernel_mem.add_metric([*labels, k.kernel_id, k.path, k.spec_name], by_kernel[k.kernel_id])
+                    kernel_mem.add_metric([*labels, *_kernel_labels(k)], by_kernel[k.kernel_id])
         yield from families.values()
         yield from (active, lost, other, kernel_mem)
 
@@ -102,13 +114,17 @@ class ReportCollector:
                       KERNEL_LABELS)
         for use in r.kernels:
             k = use.kernel
-            labels = [k.kernel_id, k.path, k.spec_name]
+            labels = _kernel_labels(k)
             busy.add_metric(labels, 1.0 if k.execution_state == "busy" else 0.0)
             if k.last_activity_unix is not None:
                 activity.add_metric(labels, k.last_activity_unix)
             if use.has_cuda_context is not None:
                 cuda.add_metric(labels, 1.0 if use.has_cuda_context else 0.0)
         yield from (busy, activity, cuda)
+
+
+def _kernel_labels(k: Any) -> list[str]:
+    return [clean_label(k.kernel_id), clean_label(k.path), clean_label(k.spec_name)]
 
 
 def metrics_text(report: HoldersReport) -> tuple[bytes, str]:

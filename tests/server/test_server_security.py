@@ -71,3 +71,54 @@ async def test_the_servers_authorizer_decides(jp_fetch, fake_gpu):
     for method, parts, body in ENDPOINTS:
         assert await _code(jp_fetch, method, parts, body) == 403, parts
     assert ("read", "gpunb") in DenyGpunb.asked and ("write", "kernels") in DenyGpunb.asked
+
+
+SCRAPE = "s" * 8 + "-scrape-only-token-for-prometheus-0123"
+
+
+@pytest.fixture
+def scrape_token(tmp_path, monkeypatch):
+    """The scrape-only token, set (in a 0600 file) before the server starts."""
+    f = tmp_path / "scrape-token"
+    f.write_text(SCRAPE + "\n")
+    f.chmod(0o600)
+    monkeypatch.setenv("GPUNB_METRICS_TOKEN_FILE", str(f))
+    return SCRAPE
+
+
+async def test_the_scrape_token_reads_the_metrics_and_nothing_else(scrape_token, jp_fetch, fake_gpu):
+    bearer = {"Authorization": f"Bearer {scrape_token}"}
+    r = await jp_fetch("gpunb", "metrics", headers=bearer)
+    assert r.code == 200 and b"gpunb_nvml_up 1.0" in r.body
+    for method, parts, body in [*ENDPOINTS[::2], ("GET", ("api", "status"), None), ("GET", ("api", "kernels"), None),
+                                ("GET", ("api", "contents"), None), ("POST", ("api", "kernels"), "{}")]:
+        assert await _code(jp_fetch, method, parts, body, headers=bearer) == 403, parts
+    assert await _code(jp_fetch, "GET", ("gpunb", "metrics"), None,
+                       headers={"Authorization": f"Bearer {scrape_token[:-1]}x"}) == 403
+    assert await _code(jp_fetch, "GET", ("gpunb", "metrics"), None) == 200  # the server's own login still works
+
+
+@pytest.mark.parametrize("jp_server_config", [{"ServerApp": {
+    "jpserver_extensions": {"gpunb": True, "jupyter_server_terminals": False},
+    "allow_unauthenticated_access": False}}])
+async def test_the_scrape_token_where_the_server_forbids_unauthenticated_handlers(scrape_token, jp_fetch, fake_gpu):
+    assert await _code(jp_fetch, "GET", ("gpunb", "metrics"), None,
+                       headers={"Authorization": f"Bearer {scrape_token}"}) == 200
+    assert await _code(jp_fetch, "GET", ("gpunb", "metrics"), None, headers={"Authorization": ""}) == 403
+
+
+def test_a_weak_or_unsafe_scrape_token_is_refused_with_the_fix(tmp_path):
+    from gpunb.shells import scrape_token as st
+
+    assert st.load({}) == (None, "")
+    with pytest.raises(st.ScrapeTokenError, match="fewer than 32"):
+        st.load({"GPUNB_METRICS_TOKEN": "short"})
+    f = tmp_path / "t"
+    f.write_text(SCRAPE)
+    f.chmod(0o622)
+    with pytest.raises(st.ScrapeTokenError, match="writable by other users"):
+        st.load({"GPUNB_METRICS_TOKEN_FILE": str(f)})
+    f.chmod(0o644)
+    token, warning = st.load({"GPUNB_METRICS_TOKEN_FILE": str(f)})
+    assert token == SCRAPE.encode() and "chmod 600" in warning
+    assert not st.matches(token, "Basic " + SCRAPE) and st.matches(token, "bearer " + SCRAPE)

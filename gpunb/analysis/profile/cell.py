@@ -46,7 +46,7 @@ from gpunb.readings.devices import GpuOwnership, read_device_map, read_ownership
 from gpunb.readings.gpu import read_driver
 from gpunb.readings.gpu_activity import UtilWindow, now_us, read_util_since
 from gpunb.readings.nvml import NvmlSession, PendingRun, Unavailable, default_session, is_available
-from gpunb.readings.peak_cache import lookup as measured_peaks
+from gpunb.readings.peak_cache import lookup_noted as measured_peaks
 from gpunb.readings.process import read_process_usage, reset_peak_rss
 
 
@@ -151,8 +151,9 @@ class ProfileSession:
         assert ins is not None, "stop() before start()"
         t_end = time.perf_counter()
         ins.remove()
-        records = self.channel.close() if self.channel is not None else []
-        self.channel = None
+        channel, self.channel = self.channel, None
+        records = channel.close() if channel is not None else []
+        rank_notes = channel.notes if channel is not None else []
         plan = self.plan
         if plan is not None:
             plan.stop_counting()  # before gpunb's own end-of-cell work could be counted
@@ -226,7 +227,8 @@ class ProfileSession:
         )
         verdict, advice = judge(profile)
         part = build_ranks(records, warmup_steps=self.warmup_steps, nvml=nvml,
-                           traffic=self.traffic.moved() if self.traffic is not None else None) if records else None
+                           traffic=self.traffic.moved() if self.traffic is not None else None,
+                           notes=rank_notes) if records else None
         if part is not None:
             rank_verdict, rank_advice = judge_ranks(part)
             if verdict.kind == "none":  # the training ran in the workers, not in the kernel
@@ -250,14 +252,15 @@ class ProfileSession:
         if plan.steps_seen == 0:
             return None  # no training loop: nothing to say about FLOPs
         count = plan.flop_count
-        measured = None
+        measured, note = None, ""
         if gpu is not None and count is not None:
-            measured = measured_peaks(torch_state.device_uuid(torch, gpu.device), self.environ)
+            measured, note = measured_peaks(torch_state.device_uuid(torch, gpu.device), self.environ)
         # the GPU's peaks apply when the counted FLOPs ran on it (not a model left on the CPU)
         on_gpu = gpu is not None and count is not None and (
             count.gpu_flops * 2 >= count.flops if count.flops
             else self.instruments is not None and "cuda" in self.instruments.param_device_types)
-        return assess(count, plan.flops_why_not, steps.median_ms, gpu.name if on_gpu and gpu else None, measured)
+        return assess(count, plan.flops_why_not, steps.median_ms, gpu.name if on_gpu and gpu else None, measured,
+                      note)
 
     def _steps(self, ins: Instruments, excluded: AbstractSet[int] = frozenset()) -> StepStats:
         n = len(ins.step_t)

@@ -44,8 +44,9 @@ def _ideal_s(count: FlopCount, peaks: dict[str, float | None]) -> float | None:
 
 
 def assess(count: FlopCount | None, why_not: str, step_ms: float | None, gpu_name: str | None,
-           measured: MeasuredPeaks | None = None) -> Throughput:
-    """The rates of a cell. ``gpu_name``: the CUDA device the cell trained on (None: the CPU)."""
+           measured: MeasuredPeaks | None = None, measured_note: str = "") -> Throughput:
+    """The rates of a cell. ``gpu_name``: the CUDA device the cell trained on (None: the CPU).
+    ``measured_note``: why a cached measurement of this GPU was ignored, if one was."""
     if count is None:
         return Throughput(None, why_not or "not counted", step_ms, None)
     step_s = step_ms / 1000.0 if step_ms else None
@@ -58,7 +59,7 @@ def assess(count: FlopCount | None, why_not: str, step_ms: float | None, gpu_nam
     peak = count.flops / ideal / 1e12 if ideal else None
     mfu = achieved / peak if achieved is not None and peak else None
     measured_peak = mfu_measured = None
-    source = "no %gpucheck measurement of this GPU yet (run %gpucheck)"
+    source = measured_note or "no %gpucheck measurement of this GPU yet (run %gpucheck)"
     if measured is not None:
         ideal_m = _ideal_s(count, dict(measured.tflops)) if count.flops else None
         if ideal_m:

@@ -38,10 +38,10 @@ import weakref
 from itertools import pairwise
 from typing import Any
 
+from gpunb.analysis.ranks.channel_dir import ChannelWriter, from_environ
 from gpunb.analysis.steps.instruments import Instruments
 from gpunb.readings import torch_state
 
-ENV_CHANNEL = "GPUNB_RANK_CHANNEL"
 FLUSH_EVERY_S = 2.0
 FLUSH_AT_STEP = 12  # DDP times iterations 1-10 (and every 100th): their figures exist by then
 KEEP_STEPS = 4096  # step times kept per rank (the most recent ones)
@@ -117,12 +117,17 @@ def _rank_from_env() -> dict[str, Any]:
 class RankRecorder:
     """One worker process's measurements and its record file."""
 
-    def __init__(self, torch: Any, channel: str, launcher: str) -> None:
+    def __init__(self, torch: Any, channel: str, launcher: str, channel_id: str | None = None) -> None:
         self.torch = torch
         self.channel = channel
         self.launcher = launcher
         self.pid = os.getpid()
-        self.path = os.path.join(channel, f"rank-{self.pid}.json")
+        self.name = f"rank-{self.pid}.json"
+        self.path = os.path.join(channel, self.name)
+        self.writer = ChannelWriter(channel, channel_id)  # the private directory, opened once (channel_dir.py)
+        if not self.writer.open:
+            raise LookupError(f"{channel} is not the profiled cell's private directory: nothing is recorded")
+        self.group: dict[str, Any] | None = None  # the torch.distributed process group this process joined
         self.t0 = time.perf_counter()
         self.flushed_at = self.t0
         self.ddp: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -174,6 +179,7 @@ class RankRecorder:
         """In a forked child of this process: take the hooks out, write nothing."""
         self.finished = True
         self.instruments.remove()
+        self.writer.close()
 
     # -- the record ------------------------------------------------------------------------
     def _learn_identity(self) -> None:
@@ -185,6 +191,10 @@ class RankRecorder:
             if dist is not None and dist.is_available() and dist.is_initialized():
                 self.identity.update(rank=dist.get_rank(), world_size=dist.get_world_size())
                 self.backend = str(dist.get_backend())
+                if self.group is None:  # joined a process group: what makes a fresh interpreter a rank
+                    master = ":".join(os.environ.get(k, "") for k in ("MASTER_ADDR", "MASTER_PORT")).strip(":")
+                    self.group = {"backend": self.backend, "world_size": self.identity["world_size"],
+                                  "rendezvous": master}
         except Exception:  # noqa: BLE001 (a group being torn down)
             pass
         if self.device is None and torch_state.cuda_initialized(torch):
@@ -308,30 +318,27 @@ class RankRecorder:
             "started_unix": time.time() - (now - self.t0),
             "peak_allocated_bytes": peak.peak_allocated_bytes if peak else None,
             "peak_reserved_bytes": peak.peak_reserved_bytes if peak else None,
-            "nvml_peak_bytes": self.nvml_peak, "ddp": self.ddp_stats, "final": final,
+            "nvml_peak_bytes": self.nvml_peak, "ddp": self.ddp_stats, "final": final, "group": self.group,
         }
 
     def flush(self, final: bool = False) -> None:
-        """Write the record (atomically); nothing before the first step, nothing once the
-        channel is gone (the cell ended)."""
+        """Write the record (atomically, into the private directory only: ``channel_dir``);
+        nothing before the first step, nothing once the channel is gone (the cell ended)."""
         self.flushed_at = time.perf_counter()
-        if not self.instruments.step_t or not os.path.isdir(self.channel):
+        if not self.instruments.step_t or not self.writer.usable():
             return
         try:
-            data = json.dumps(self.record(final))
-            tmp = f"{self.path}.{threading.get_ident()}.tmp"
-            with open(tmp, "w") as f:
-                f.write(data)
-            os.replace(tmp, self.path)
+            self.writer.write(self.name, json.dumps(self.record(final)))
         except Exception:  # noqa: BLE001 (the user's training must not notice)
             pass
 
 
 # -- starting in a worker ----------------------------------------------------------------------
 
-def start(channel: str, launcher: str) -> RankRecorder | None:
-    """Record this process's steps into ``channel``: now if torch is imported, else as soon as
-    it is. Returns the recorder when it started now."""
+def start(channel: str, launcher: str, channel_id: str | None = None) -> RankRecorder | None:
+    """Record this process's steps into ``channel`` (the directory whose identity is
+    ``channel_id``): now if torch is imported, else as soon as it is. Returns the recorder when
+    it started now; None also when ``channel`` is not the cell's private directory."""
     global _active
     _register_fork_handler()
     torch = torch_state.imported_torch()
@@ -340,24 +347,24 @@ def start(channel: str, launcher: str) -> RankRecorder | None:
 
 
         def start_then(module: Any) -> None:
-            start(channel, launcher)
+            start(channel, launcher, channel_id)
 
         when_imported("torch", start_then)
         return None
     if _active is not None and not _active.finished and _active.pid == os.getpid():
         return _active
     try:
-        _active = RankRecorder(torch, channel, launcher)
-    except Exception:  # noqa: BLE001 (never break the user's process)
+        _active = RankRecorder(torch, channel, launcher, channel_id)
+    except Exception:  # noqa: BLE001 (never break the user's process; LookupError: not the cell's directory)
         _active = None
     return _active
 
 
 def boot() -> None:
-    """From ``boot/sitecustomize.py`` at a fresh interpreter's start."""
-    channel = os.environ.get(ENV_CHANNEL)
-    if channel and os.path.isdir(channel):
-        start(channel, "fresh interpreter")
+    """From ``boot/sitecustomize.py``, once a fresh interpreter has imported torch."""
+    found = from_environ()
+    if found:
+        start(found[0], "fresh interpreter", found[1])
 
 
 def set_kernel_instruments(instruments: Instruments | None) -> None:
@@ -383,9 +390,9 @@ def _after_fork_in_child() -> None:
         from gpunb.readings.nvml import set_default_session
 
         set_default_session(None)  # the parent's NVML session is not this process's
-        channel = os.environ.get(ENV_CHANNEL)
-        if channel and os.path.isdir(channel):
-            start(channel, "fork")
+        found = from_environ()
+        if found:
+            start(found[0], "fork", found[1])
     except Exception:  # noqa: BLE001 (a fork must never fail because of gpunb)
         pass
 

@@ -105,8 +105,9 @@ def _read_all_traffic(nvml: NvmlSession) -> dict[int, tuple[int, int] | None]:
 
 
 def build_ranks(records: Sequence[dict[str, Any]], *, warmup_steps: int = 1, nvml: NvmlSession | None = None,
-                traffic: dict[int, int] | None = None) -> RanksPart | None:
-    """The ranks of one cell from their records; None when no worker took a step."""
+                traffic: dict[int, int] | None = None, notes: Sequence[str] = ()) -> RanksPart | None:
+    """The ranks of one cell from their records; None when no worker took a step. ``notes``:
+    what the channel left out (``channel.read_records``), shown with the ranks."""
     ranks = [rank_stats(r, warmup_steps) for r in records if r.get("steps")]
     if not ranks:
         return None
@@ -121,7 +122,7 @@ def build_ranks(records: Sequence[dict[str, Any]], *, warmup_steps: int = 1, nvm
 
         links = read_link_map(nvml, [read_info(nvml, i) for i in gpus])
     link, pcie = _link_words(links, gpus)
-    notes = []
+    notes = list(notes)
     unfinished = [r.name for r in ranks if not r.finished]
     if unfinished:
         notes.append(f"{', '.join(unfinished)} had not exited when the cell ended (still running, or killed): "

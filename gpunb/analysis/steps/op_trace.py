@@ -19,7 +19,6 @@ record_shapes keeps tensors alive until profiling ends, and each costs more per 
 
 from __future__ import annotations
 
-import os
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from gpunb.analysis.steps.records import OpRow, OpsReport
+from gpunb.analysis.steps.trace_file import write_trace
 
 WAIT, WARMUP, ACTIVE = 1, 1, 3  # counted from the profiler's start at the end of step 1
 FIRST_TRACED = 1 + WAIT + WARMUP  # 0-based index of the first recorded step (step 4)
@@ -213,20 +213,9 @@ class OpTrace:
                          path, size, time.perf_counter() - t0, "; ".join(x for x in (note, where) if x))
 
     def _write_trace(self, prof: Any) -> tuple[str, int | None, str]:
-        """The Chrome/Perfetto trace next to the notebook, else in the temp directory."""
-        import tempfile
-
-        candidates = [self.trace_path, Path(tempfile.gettempdir()) / self.trace_path.name]
-        problem = ""
-        for path in candidates:
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                prof.export_chrome_trace(str(path))
-                where = "" if path == candidates[0] else f"written to the temp directory ({problem})"
-                return str(path), os.path.getsize(path), where
-            except Exception as exc:
-                problem = f"{path.parent} is not writable: {type(exc).__name__}: {exc}"
-        return "", None, f"no trace file: {problem}"
+        """The Chrome/Perfetto trace next to the notebook, else privately in the temp directory
+        (``trace_file``: torch saves a trace once, and never through another user's path)."""
+        return write_trace(prof.export_chrome_trace, self.trace_path)
 
 
 def device_summary(events: list[Any], steps: list[Any],
