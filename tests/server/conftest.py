@@ -69,14 +69,19 @@ async def start_session(jp_fetch, path: str, kind: str = "notebook") -> dict:
     return json.loads(r.body)
 
 
+def _client(serverapp, kernel_id: str):
+    """An async client of the server's kernel, made by its kernel manager: whether the kernel is
+    alive is then asked of the manager (a bare client asks the heartbeat, which jupyter_client
+    8.10 reads as dead before the kernel's first beat: "Kernel died before replying")."""
+    kc = serverapp.kernel_manager.get_kernel(kernel_id).client()
+    kc.start_channels()
+    return kc
+
+
 async def run_in_kernel(serverapp, kernel_id: str, code: str, timeout: float = 60) -> str:
     """Run ``code`` in a kernel of the server through an async client on the server's own
     event loop (so the server keeps answering meanwhile); its printed output."""
-    from jupyter_client import AsyncKernelClient
-
-    kc = AsyncKernelClient()
-    kc.load_connection_info(serverapp.kernel_manager.get_kernel(kernel_id).get_connection_info())
-    kc.start_channels()
+    kc = _client(serverapp, kernel_id)
     out: list[str] = []
 
     def collect(msg):
@@ -138,11 +143,7 @@ def stray_processes():
 
 async def start_cell(serverapp, kernel_id: str, code: str):
     """Start ``code`` in a kernel without waiting for it; the client (stop its channels)."""
-    from jupyter_client import AsyncKernelClient
-
-    kc = AsyncKernelClient()
-    kc.load_connection_info(serverapp.kernel_manager.get_kernel(kernel_id).get_connection_info())
-    kc.start_channels()
+    kc = _client(serverapp, kernel_id)
     await kc.wait_for_ready(timeout=60)
     kc.execute(code)
     return kc
