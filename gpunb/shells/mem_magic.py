@@ -56,6 +56,8 @@ class MemMagics(Magics):
             %gpumem --top 50 -o mem
         """
         args = parse_args(self.gpumem, line)
+        if args is None:  # --help: the usage was printed
+            return
         if args.keep_traceback is not None:
             self.kernel.oom_keep_traceback = args.keep_traceback == "on"
             if self.kernel.oom_keep_traceback:

@@ -134,6 +134,10 @@ class ProfileMagics(Magics):
         API twin: ``with gpunb.profile() as p: ...``.
         """
         args = parse_args(self.gpuprofile, line)
+        if args is None:  # --help: the usage was printed, the cell's code is not run
+            if cell is not None:
+                print("(the cell did not run: remove --help to profile it)")
+            return None
         if cell is None:
             return self._line(args)
         if args.action is not None:
