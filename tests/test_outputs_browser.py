@@ -110,7 +110,7 @@ def _check_every_view(page, shot: Path) -> None:
     text = output_text(page)
     assert "model not found" not in text and "Error displaying" not in text
     # the conclusions, first in their outputs
-    assert "gpunb check · 1 fail: torch is a CUDA build this driver supports" in text
+    assert "is a CPU-only build: every model trains on the CPU" in text
     assert "stopped at" in text and "gpuprofile In [" in text and "MLP, batch 128" in text
     assert "gpuprofile history: 2 cells" in text and "one-line" in text
 
