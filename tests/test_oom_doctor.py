@@ -146,7 +146,7 @@ def test_other_processes_are_named_by_notebook_when_the_jupyter_server_says():
     import time
 
     from gpunb.readings import server_sessions as ss
-    from gpunb.views.memory_view import diagnosis_text
+    from gpunb.views.oom_view import diagnosis_text
 
     now = time.time()
     row = {"gpu_index": 0, "pid": 999_001, "used_bytes": 40 * GiB, "kind": "kernel", "kernel_id": "k1",
