@@ -9,7 +9,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from gpunb.analysis.memory.census import GROUP_TITLES, ROLES
+from gpunb.analysis.memory.census import GROUP_TITLES, NAMESPACE, ROLES
 from gpunb.units import gib
 
 GiB = 2**30
@@ -29,12 +29,17 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
     return f"<table style='{_STYLE}'><tr>{head}</tr>{body}</table>"
 
 
+def holder(source: str) -> str:
+    """Who keeps a tensor alive, in the user's words (the census says "namespace")."""
+    return "a variable" if source == NAMESPACE else source
+
+
 def tensor_rows(entries: Any, top: int) -> list[list[str]]:
     return [[e.name, size(e.nbytes), "×".join(map(str, e.shape)) or "scalar", e.dtype, e.device, e.role,
-             e.source] for e in list(entries)[:top]]
+             holder(e.source)] for e in list(entries)[:top]]
 
 
-TENSOR_HEAD = ["reference", "size", "shape", "dtype", "device", "role", "held by"]
+TENSOR_HEAD = ["reference", "size", "shape", "dtype", "device", "role", "kept by"]
 
 
 def group_lines(census: Any) -> list[str]:

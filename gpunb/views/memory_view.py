@@ -5,6 +5,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
+from gpunb.analysis.memory.census import GROUP_TITLES, NAMESPACE, ROLES
 from gpunb.analysis.memory.records import MemoryReport
 from gpunb.display import register_views
 from gpunb.views import chart
@@ -112,31 +113,47 @@ def memory_bar_html(g: Any) -> str:
             f"<div style='font-size:11px;margin-top:2px'>{items}</div></div>")
 
 
+def most_of(census: Any) -> str:
+    """", most of it optimizer state" when one kind of tensor holds more than half; else ""."""
+    total = census.total_bytes() if census is not None else 0
+    if not total:
+        return ""
+    by = census.by_role()
+    role = max(ROLES, key=lambda r: by.get(r, 0))
+    return f", most of it {GROUP_TITLES[role]}" if by.get(role, 0) > total / 2 else ""
+
+
 def _gpu_conclusion(g: Any) -> str:
     if g.used_bytes is None or not g.total_bytes:
         return f"GPU {g.index}: memory not readable"
-    s = f"GPU {g.index} {size(g.used_bytes)} of {size(g.total_bytes)} used"
-    if g.process_bytes is not None:
-        s += f", this kernel {size(g.process_bytes)}"
-    if g.torch_allocated_bytes is not None:
-        s += f" (torch {size(g.torch_allocated_bytes)} allocated, {size(g.torch_reserved_bytes)} reserved)"
+    s = f"GPU {g.index}: {size(g.used_bytes)} of {size(g.total_bytes)} used"
     if g.other_processes_bytes:
-        s += f", other processes {size(g.other_processes_bytes)}"
+        s += f", {size(g.other_processes_bytes)} by other processes"
     return s
 
 
+def _idle(g: Any) -> bool:
+    """A GPU nothing here or elsewhere uses (under 1 MiB): said in one line with the others."""
+    return g.used_bytes is not None and g.used_bytes < 2**20
+
+
 def memory_headline(r: Any) -> str:
-    """The first line: how full each GPU is and who holds it; without a GPU, why, and the tensors."""
+    """The first line: how full each GPU is and what fills it; without a GPU, the tensors."""
     c = r.census
     where = "CUDA" if r.devices_shown == "cuda" else "live"
-    tensors = (f"{size(c.total_bytes())} in {len(c.entries)} {where} tensors" if c is not None and c.entries
+    tensors = (f"{size(c.total_bytes())} in {len(c.entries)} {where} tensors{most_of(c)}" if c is not None and c.entries
                else f"no {where} tensors")
-    if r.gpus:
-        parts = [_gpu_conclusion(g) for g in r.gpus[:2]]
-        if len(r.gpus) > 2:
-            parts.append(f"and {len(r.gpus) - 2} more GPUs")
-        return "gpunb memory: " + "; ".join(parts) + f" · {tensors}"
-    return f"gpunb memory: no GPU memory to show · {tensors}"
+    if not r.gpus:
+        return f"gpunb memory: no GPU memory to show · {tensors}"
+    busy = sorted((g for g in r.gpus if not _idle(g)), key=lambda g: -(g.used_bytes or 0))
+    idle = [g for g in r.gpus if _idle(g)]
+    parts = [_gpu_conclusion(g) for g in busy[:2]]
+    if len(busy) > 2:
+        parts.append(f"{len(busy) - 2} more GPUs in use")
+    if idle:
+        parts.append(f"GPU {idle[0].index} empty" if len(idle) == 1 else
+                     f"{'all ' if not busy else ''}{len(idle)} GPUs empty")
+    return "gpunb memory: " + "; ".join(parts) + f" · {tensors}"
 
 
 MIN_LISTED = 5  # tensors always named (the largest), however small: a tiny notebook still shows its names
@@ -196,7 +213,7 @@ def memory_text(r: Any) -> str:
             shown, rest = _listed(c, r.top)
             for e in shown:
                 lines.append(f"  {size(e.nbytes):>11}  {e.name}  {'×'.join(map(str, e.shape))} {e.dtype} "
-                             f"{e.device} [{e.role}]" + ("" if e.source == "namespace" else f" held by {e.source}"))
+                             f"{e.device} {e.role}" + ("" if e.source == NAMESPACE else f", kept by {e.source}"))
             if rest:
                 lines.append("  " + _rest_line(rest, r.top, len(shown)))
         else:
@@ -210,23 +227,32 @@ def memory_text(r: Any) -> str:
 
 
 def memory_html(r: Any) -> str:
-    parts = [f"<div class='gpunb-memory' style='font-family:var(--jp-ui-font-family,sans-serif);font-size:13px'>"
-             f"<div style='font-weight:600;margin-bottom:4px'>{escape(memory_headline(r))}</div>"]
+    """The headline, what is wrong, a bar per GPU in use (its legend carries the numbers), the
+    largest tensors; the per-GPU table one click away (the same numbers, for reading off)."""
+    parts = [f"<div class='gpunb-memory' style='font-family:var(--jp-ui-font-family,sans-serif);font-size:13px;"
+             f"overflow-wrap:anywhere'><div style='font-weight:600;margin-bottom:4px'>"
+             f"{escape(memory_headline(r))}</div>"]
+    parts += [f"<div style='color:{chart.ORANGE}'>{code_html(p)}</div>" for p in r.problems]
     if r.freed is not None:
         parts.append(f"<div>{escape(_freed_line(r.freed))}</div>")
-    parts += [memory_bar_html(g) for g in r.gpus]
+    idle = [g for g in r.gpus if _idle(g)]
+    parts += [memory_bar_html(g) for g in r.gpus if not _idle(g)]
+    if idle:
+        sizes = sorted({size(g.total_bytes) for g in idle})
+        names = ", ".join(f"GPU {g.index}" for g in idle)
+        parts.append(f"<div style='margin:4px 0'>{escape(names)}: empty, {escape(' / '.join(sizes))}"
+                     f"{' each' if len(idle) > 1 else ''}</div>")
     if r.gpus:
         head, rows = _gpu_table_rows(r)
-        parts.append(table(head, rows))
         note = _absent_note(r)
-        if note:
-            parts.append(f"<div style='font-size:11px;{DIM}'>{escape(note)}</div>")
-    for p in r.problems:
-        parts.append(f"<div style='color:{chart.ORANGE}'>{code_html(p)}</div>")
+        parts.append("<details style='margin:2px 0'><summary style='cursor:pointer'>per GPU in numbers</summary>"
+                     + table(head, rows)
+                     + (f"<div style='font-size:11px;{DIM}'>{escape(note)}</div>" if note else "") + "</details>")
     c = r.census
     if c is not None:
         if c.entries:
-            parts.append(f"<div style='margin-top:6px'><b>{escape(_census_title(r))}</b></div>")
+            parts.append(f"<div style='margin-top:6px'><b>Largest tensors</b> "
+                         f"<span style='{DIM}'>{escape('; '.join(group_lines(c)))}</span></div>")
             shown, rest = _listed(c, r.top)
             parts.append(table(TENSOR_HEAD, tensor_rows(shown, len(shown))))
             if rest:
@@ -234,8 +260,8 @@ def memory_html(r: Any) -> str:
         else:
             parts.append("<div>No live tensors found in the notebook's variables.</div>")
         if c.leftovers:
-            parts.append("<div>Leftovers (no variable holds them): " + escape(", ".join(
-                f"{e.name} ({size(e.nbytes)})" for e in c.leftovers[:6])) + "</div>")
+            parts.append("<div>Leftovers no variable holds: " + escape(", ".join(
+                f"{e.name} {size(e.nbytes)}" for e in c.leftovers[:6])) + "</div>")
     return "".join(parts) + "</div>"
 
 
