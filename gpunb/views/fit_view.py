@@ -15,18 +15,19 @@ from gpunb.views.memory_tables import GiB, size, table
 # -- %gpufit ------------------------------------------------------------------------------------
 
 def fit_headline(f: Any) -> str:
-    """The answer in one line, with the measurement that justifies it."""
+    """The answer: the batch size to use."""
+    return f"recommended batch: {f.recommended}"
+
+
+def fit_basis(f: Any) -> str:
+    """The measurement behind the answer, in one sentence."""
     t = f.verified_trial
-    line = f"recommended batch: {f.recommended}"
-    basis = []
-    if f.safety and f.verified is not None:
-        basis.append(f"{f.safety * 100:.0f} % below {f.verified}, which")
-    elif t is not None:
-        basis.append("it")
-    if t is not None and t.peak_reserved_bytes is not None and f.capacity_bytes:
-        basis.append(f"trained {t.steps_done} steps from a fresh start at {size(t.peak_reserved_bytes)} peak reserved "
-                     f"of {size(f.capacity_bytes)}: {size(f.headroom_bytes)} free")
-    return line + (f" ({' '.join(basis)})" if len(basis) == 2 else "")
+    if t is None or t.peak_reserved_bytes is None or not f.capacity_bytes:
+        return ""
+    which = (f"{f.verified} trained" if f.safety and f.verified is not None else "It trained")
+    below = (f"; {f.recommended} is {f.safety * 100:.0f} % below it" if f.safety and f.verified is not None else "")
+    return (f"{which} {t.steps_done} steps from a fresh start at {size(t.peak_reserved_bytes)} peak reserved of "
+            f"{size(f.capacity_bytes)}, {size(f.headroom_bytes)} free{below}.")
 
 
 def _trial_line(t: Any) -> str:
@@ -42,14 +43,16 @@ def _trial_line(t: Any) -> str:
 def _why_below(f: Any) -> str:
     if not f.safety:
         return ""
-    return (f"  {f.verified} trained; {f.recommended} is {f.safety * 100:.0f} % below it: near the limit fresh "
-            "processes differ by a sample or two (the allocator's layout depends on the exact sizes)")
+    return ("  Why below: near the limit fresh processes differ by a sample or two, because the allocator's "
+            "layout depends on the exact sizes.")
 
 
 def fit_text(f: Any) -> str:
     if not f.ok:
         return f"gpunb %gpufit: {f.problem}"
     lines = [f"gpunb %gpufit on {f.device}: {fit_headline(f)}"]
+    if fit_basis(f):
+        lines.append(f"  {fit_basis(f)}")
     if _why_below(f):
         lines.append(_why_below(f))
     if f.predicted is not None:
@@ -69,18 +72,25 @@ def fit_text(f: Any) -> str:
 
 
 def fit_html(f: Any) -> str:
+    """The answer and its basis, the memory chart; the trials' table one click away."""
     if not f.ok:
         return f"<div><b>gpunb %gpufit</b>: {escape(f.problem)}</div>"
     rows = [[str(t.index), str(t.batch), t.purpose, t.verdict, size(t.peak_allocated_bytes),
              size(t.peak_reserved_bytes), f"{t.steps_done}/{t.steps}", f"{t.seconds:.1f} s"] for t in f.trials]
-    head = (f"<div><b>gpunb %gpufit</b> on {escape(f.device)}: <b>{escape(fit_headline(f))}</b></div>"
-            + (f"<div>{escape(_why_below(f).strip())}</div>" if _why_below(f) else "")
-            + f"<div>{f.trial_count} trials in {f.seconds:.1f} s, each a sustained run from a fresh start; "
-            f"predicted {escape(str(f.predicted))} (allocated line), "
-            f"{escape(str(f.predicted_reserved))} (reserved line)</div>")
+    predicted = (f"Predicted {f.predicted} from the allocated-memory line"
+                 + (f", {f.predicted_reserved} from the reserved-memory line" if f.predicted_reserved is not None
+                    else "") + ". ") if f.predicted is not None else ""
+    head = (f"<div style='font-size:14px'><b>gpunb %gpufit</b> on {escape(f.device)}: "
+            f"<b>{escape(fit_headline(f))}</b></div>"
+            + (f"<div>{escape(fit_basis(f))}</div>" if fit_basis(f) else ""))
     notes = "".join(f"<div>note: {escape(n)}</div>" for n in f.notes)
-    return (head + table(["#", "batch", "why", "result", "peak allocated", "peak reserved", "steps", "time"],
-                          rows) + notes + fit_chart_html(f))
+    trials = (f"<details style='margin:4px 0'><summary style='cursor:pointer'>{f.trial_count} trials in "
+              f"{f.seconds:.1f} s</summary><div>{escape(predicted)}Each trial is a sustained run of {f.steps} steps "
+              f"from a fresh start.{(' ' + escape(_why_below(f).strip())) if _why_below(f) else ''}</div>"
+              + table(["#", "batch", "why", "result", "peak allocated", "peak reserved", "steps", "time"], rows)
+              + "</details>")
+    return ("<div class='gpunb-fit' style='font-family:var(--jp-ui-font-family,sans-serif);font-size:13px'>"
+            + head + notes + fit_chart_html(f) + trials + "</div>")
 
 
 FIT_FIGSIZE = (7.6, 3.4)  # inches at 100 dpi: the plot and its legend beside it
@@ -110,14 +120,17 @@ def fit_figure(f: Any, title: bool = True) -> Any:
     ok = [t for t in f.trials if t.fits and t.peak_allocated_bytes is not None]
     bad = [t for t in f.trials if not t.fits]
     edge = [t for t in ok if t.at_edge]
-    ax.scatter([t.batch for t in ok], [t.peak_allocated_bytes / GiB for t in ok], color=chart.BLUE,
-               label="peak allocated", zorder=3)
-    ax.scatter([t.batch for t in ok], [(t.peak_reserved_bytes or 0) / GiB for t in ok], marker="s",
+    # Points of one trial lie close together: the reserved square is largest and drawn first,
+    # the allocated dot on it, the before-step triangle hollow on top, so each stays visible.
+    ax.scatter([t.batch for t in ok], [(t.peak_reserved_bytes or 0) / GiB for t in ok], marker="s", s=64,
                color=chart.ORANGE, label="peak reserved", zorder=3)
+    ax.scatter([t.batch for t in ok], [t.peak_allocated_bytes / GiB for t in ok], color=chart.BLUE, s=22,
+               label="peak allocated", zorder=4)
     fb = [t for t in ok if getattr(t, "peak_before_step_bytes", None) is not None]
     if fb:
-        ax.scatter([t.batch for t in fb], [t.peak_before_step_bytes / GiB for t in fb], marker="^",
-                   color=chart.PURPLE, label="peak before optimizer.step (fitted)", zorder=3)
+        ax.scatter([t.batch for t in fb], [t.peak_before_step_bytes / GiB for t in fb], marker="^", s=40,
+                   facecolors="none", edgecolors=chart.PURPLE, linewidths=1.2,
+                   label="peak before optimizer.step, fitted", zorder=5)
     if f.capacity_bytes:
         ax.axhline(f.capacity_bytes / GiB, color=chart.RED, lw=1, ls="--", label="capacity")
         for t in bad:
@@ -137,17 +150,44 @@ def fit_figure(f: Any, title: bool = True) -> Any:
         ax.axvline(f.recommended, color=chart.GREEN, lw=1.2, label=f"recommended {f.recommended}")
     ax.set_xscale("log")
     ax.set_xlim(xmin, xmax)
+    _plain_batch_ticks(ax)
     ax.set_ylim(bottom=0)
-    ax.set_xlabel("batch size (log scale)")
+    ax.set_xlabel("batch size, log scale")
     ax.set_ylabel("GiB")
     if title:
         ax.set_title(f"peak memory over {f.steps} training steps", color=chart.GREY, fontsize=10)
     # beside the plot, not on it: the capacity line and the curve stay clear
-    legend = ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
-    for text in legend.get_texts():
-        text.set_color(chart.GREY)
+    legend = ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
+    # each entry in its series' colour: those read on light and dark pages alike, a grey did not
+    for text, handle in zip(legend.get_texts(), legend.legend_handles, strict=False):
+        text.set_color(_handle_color(handle))
     fig.tight_layout()
     return fig
+
+
+def _plain_batch_ticks(ax: Any) -> None:
+    """Batch sizes as numbers people use (1, 2, 5, 10, 20, 50, 100…), not 10¹ and 10²."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x:,.0f}" if x >= 1 else f"{x:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def _handle_color(handle: Any) -> str:
+    """The colour a legend entry is drawn in: a line's colour, a marker's face (its edge when
+    hollow); grey when it has none."""
+    from matplotlib.colors import to_hex
+
+    try:
+        if not hasattr(handle, "get_offsets"):  # a line
+            return str(to_hex(handle.get_color()))
+        for colors in (handle.get_facecolor(), handle.get_edgecolor()):
+            if len(colors) and colors[0][3] > 0:
+                return str(to_hex(colors[0]))
+    except (AttributeError, TypeError, ValueError, IndexError):
+        pass
+    return chart.GREY
 
 
 def fit_png(f: Any, dpi: int = 100, title: bool = True) -> str | None:
