@@ -194,3 +194,16 @@ def test_gpumem_headline_says_how_full_and_what_fills_it_once():
     assert "GPU 1, GPU 2, GPU 3, GPU 4, GPU 5, GPU 6, GPU 7: empty, 140.00 GiB each" in html
     assert html.index("<details") < html.index("used (NVML)")  # the table is behind a click
     assert "namespace" not in html and "namespace" not in str(report)
+
+
+def test_gpumem_says_identical_gpus_once():
+    from gpunb.analysis.memory.records import GpuMemoryRow, MemoryReport
+    from gpunb.views.memory_view import memory_headline, memory_html
+
+    GiB = 2**30
+    rows = tuple(GpuMemoryRow(i, "NVIDIA H200", 140 * GiB, 9 * GiB, None, None, None, 9 * GiB) for i in range(8))
+    report = MemoryReport(rows, None)
+    assert memory_headline(report) == ("gpunb memory: all 8 GPUs: 9.00 GiB of 140.00 GiB used, 9.00 GiB by other "
+                                       "processes · no CUDA tensors")
+    html = memory_html(report)
+    assert html.count("gpunb-chart") == 1 and "GPU 0, 1, 2, 3, 4, 5, 6, 7, each" in html

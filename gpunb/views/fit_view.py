@@ -216,7 +216,7 @@ def fit_chart_html(f: Any) -> str:
     width, height = (round(v * 100) for v in FIT_FIGSIZE)
     return (f"<div style='margin-top:6px'><b>Peak memory over {escape(str(f.steps))} training steps</b>"
             f"<img class='gpunb-chart' src='data:image/png;base64,{png}' width='{width}' height='{height}' "
-            f"alt='{words}' title='{words}' style='display:block;max-width:none'></div>")
+            f"alt='{words}' title='{words}' style='display:block;max-width:100%;height:auto'></div>")
 
 
 # How the record shows. The memory curve is inside its HTML (a separate image/png would lose

@@ -11,6 +11,7 @@ from gpunb.display import register_views
 from gpunb.views import chart
 from gpunb.views.markup import DIM, code_html
 from gpunb.views.memory_tables import TENSOR_HEAD, group_lines, size, table, tensor_rows
+from gpunb.views.per_gpu import fold
 
 # -- %gpumem ------------------------------------------------------------------------------------
 
@@ -97,8 +98,9 @@ def memory_parts(g: Any) -> list[tuple[str, int, str]]:
     return parts
 
 
-def memory_bar_html(g: Any) -> str:
-    """One GPU's memory as a stacked bar with a legend that carries the numbers."""
+def memory_bar_html(g: Any, label: str = "") -> str:
+    """One GPU's memory as a stacked bar with a legend that carries the numbers (``label``
+    names the GPUs the bar stands for when several hold the same)."""
     total = g.total_bytes
     parts = memory_parts(g)
     if not total or not parts:
@@ -108,7 +110,7 @@ def memory_bar_html(g: Any) -> str:
     image = chart.img(svg, width=BAR_W, height=BAR_H, alt=f"GPU {g.index} memory of {size(total)}: {words}",
                       css_class="gpunb-chart")
     items = chart.legend([(c, f"{w} {size(n)}", False) for w, n, c in parts if n or w == "free"])
-    return (f"<div style='margin:4px 0'><div style='margin-bottom:2px'><b>GPU {g.index}</b> "
+    return (f"<div style='margin:4px 0'><div style='margin-bottom:2px'><b>{escape(label or f'GPU {g.index}')}</b> "
             f"<span style='{DIM}'>{escape(g.name)} · {escape(size(total))}</span></div>{image}"
             f"<div style='font-size:11px;margin-top:2px'>{items}</div></div>")
 
@@ -137,6 +139,22 @@ def _idle(g: Any) -> bool:
     return g.used_bytes is not None and g.used_bytes < 2**20
 
 
+def _same_memory(gpus: Any) -> list[list[Any]]:
+    """The GPUs in use, grouped where their bars would read the same (one bar says it once)."""
+    groups: dict[tuple, list[Any]] = {}
+    for g in gpus:
+        if not _idle(g):
+            key = (g.name, g.total_bytes, tuple((w, size(n)) for w, n, _ in memory_parts(g)))
+            groups.setdefault(key, []).append(g)
+    return list(groups.values())
+
+
+def _group_label(group: list[Any]) -> str:
+    if len(group) == 1:
+        return f"GPU {group[0].index}"
+    return "GPU " + ", ".join(str(g.index) for g in group) + ", each"
+
+
 def memory_headline(r: Any) -> str:
     """The first line: how full each GPU is and what fills it; without a GPU, the tensors."""
     c = r.census
@@ -147,9 +165,13 @@ def memory_headline(r: Any) -> str:
         return f"gpunb memory: no GPU memory to show · {tensors}"
     busy = sorted((g for g in r.gpus if not _idle(g)), key=lambda g: -(g.used_bytes or 0))
     idle = [g for g in r.gpus if _idle(g)]
-    parts = [_gpu_conclusion(g) for g in busy[:2]]
-    if len(busy) > 2:
-        parts.append(f"{len(busy) - 2} more GPUs in use")
+    folded = fold("; ".join(_gpu_conclusion(g).replace("GPU ", "GPU", 1) for g in busy))
+    if len(busy) > 2 and folded.count(";") <= 1:  # all the same, or two kinds: said once each
+        parts = [folded]
+    else:
+        parts = [_gpu_conclusion(g) for g in busy[:2]]
+        if len(busy) > 2:
+            parts.append(f"{len(busy) - 2} more GPUs in use")
     if idle:
         parts.append(f"GPU {idle[0].index} empty" if len(idle) == 1 else
                      f"{'all ' if not busy else ''}{len(idle)} GPUs empty")
@@ -236,7 +258,7 @@ def memory_html(r: Any) -> str:
     if r.freed is not None:
         parts.append(f"<div>{escape(_freed_line(r.freed))}</div>")
     idle = [g for g in r.gpus if _idle(g)]
-    parts += [memory_bar_html(g) for g in r.gpus if not _idle(g)]
+    parts += [memory_bar_html(group[0], _group_label(group)) for group in _same_memory(r.gpus)]
     if idle:
         sizes = sorted({size(g.total_bytes) for g in idle})
         names = ", ".join(f"GPU {g.index}" for g in idle)
