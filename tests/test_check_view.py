@@ -41,7 +41,7 @@ def test_eight_gpus_say_each_shared_value_once():
     report = report_of("eight-gpus")
     text = render_text(report)
     assert "all 8 GPUs: 35 °C" in text and "all 8 GPUs: 81 W of 700 W limit" in text
-    assert "8 × NVIDIA H200, 140.4 GiB" in text and "all 28 pairs: PCIe, peer access n/a" in text
+    assert "8 × NVIDIA H200, 140.4 GiB" in text and "all 28 pairs: PCIe; peer access n/a" in text
     for line in text.splitlines():  # no row lists the GPUs one by one any more
         assert len(re.findall(r"GPU\d+:", line)) <= 1, line
         assert "(slowdown at" not in line  # asides go to the details
