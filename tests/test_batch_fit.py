@@ -216,7 +216,9 @@ def test_result_renders_text_and_html_with_the_curve_inside():
     import base64
 
     png = base64.b64decode(curve["src"].split(",", 1)[1])
-    assert png[:8] == b"\x89PNG\r\n\x1a\n" and html.index("<table") < html.index("<img")
+    # the answer, then the curve; the trials' table one click away
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and html.index("<img") < html.index("<details") < html.index("<table")
+    assert html.index(f"recommended batch: {fit.recommended}") < html.index("<img")
     assert "log scale" in curve["alt"] and f"recommended {fit.recommended}" in curve["alt"]
     d = fit.to_dict()
     assert d["trial_count"] == len(d["trials"]) and d["recommended"] == fit.recommended
@@ -240,6 +242,16 @@ def test_the_curve_has_a_log_batch_axis_and_no_background():
     fig.savefig(buf, format="png", transparent=True)
     corner = Image.open(io.BytesIO(buf.getvalue())).convert("RGBA").getpixel((1, 1))
     assert corner[3] == 0  # transparent: the page's own background shows, light or dark
+    # a batch axis people read: plain numbers, not 10¹/10²
+    fig.canvas.draw()
+    labels = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+    assert labels and all(label.replace(",", "").isdigit() for label in labels), labels
+    # each legend entry in its series' colour (a grey one vanished on the dark theme)
+    from matplotlib.colors import to_hex
+
+    colors = {t.get_text(): to_hex(t.get_color()) for t in ax.get_legend().get_texts()}
+    assert colors["peak allocated"] == "#3b7dd8" and colors["peak reserved"] == "#e06c00"
+    assert "#7d8590" not in colors.values()
 
 
 def optimizer_bound_gpu(params_bytes, per_sample, capacity, with_hook, overhead=0.02):

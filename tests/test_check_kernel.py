@@ -16,7 +16,7 @@ def test_progress_then_final_report_in_one_output(monkeypatch, tmp_path):
     outputs = nb.cells[1].outputs
     assert [o.output_type for o in outputs] == ["display_data"]  # updated in place, not appended
     data = outputs[0].data
-    assert data["text/plain"].startswith("gpunb check · ")
+    assert data["text/plain"].splitlines()[1].startswith("gpunb check · ")
     assert "⏳" not in data["text/html"] and "<details" in data["text/html"]
     assert "NVIDIA H200" in data["text/html"]
     # The probe really ran (in a subprocess, with this machine's CPU torch): its verdict is in.

@@ -20,7 +20,9 @@ def test_quick_check_prints_the_report(ip, fake_nvml):
     with capture_output() as out:
         ip.run_line_magic("gpucheck", "--quick")
     text = shown(out)
-    assert text.startswith("gpunb check · ")
+    # the finding first (the fake H200 beside this machine's CPU torch), then the counts
+    assert text.startswith("torch ") and "is a CPU-only build: every model trains on the CPU" in text.splitlines()[0]
+    assert text.splitlines()[1].startswith("gpunb check · 1 problem · ")
     assert "text/html" in out.outputs[-1].data  # notebooks get the HTML checklist
     assert "NVIDIA driver sees the GPUs" in text and "NVIDIA H200" in text
 
@@ -74,7 +76,8 @@ def _cli(*args, scenario="h200"):
 def test_cli_exit_code_follows_failures():
     healthy_fake_but_cpu_torch = _cli("--quick")  # a GPU without a CUDA torch build: that check fails
     assert healthy_fake_but_cpu_torch.returncode == 1
-    assert "✗ FAIL torch is a CUDA build" in healthy_fake_but_cpu_torch.stdout
+    assert "is a CPU-only build: every model trains on the CPU — torch is a CUDA build" in \
+        healthy_fake_but_cpu_torch.stdout
     no_driver = _cli("--quick", "--json", scenario="no-driver")
     assert no_driver.returncode == 1
     assert json.loads(no_driver.stdout)["checks"][0]["status"] == "fail"

@@ -56,8 +56,8 @@ def test_healthy_h200_has_no_failure(h200_torch):
 def test_summary_line_counts_every_check(h200_torch):
     report = run()
     assert sum(report.counts.values()) == len(report.checks) == len(checks_module.CHECKS)
-    first = str(report).splitlines()[0]
-    assert first.startswith("gpunb check · ") and f"{report.counts['ok']} ok" in first
+    second = str(report).splitlines()[1]  # under the finding: the counts
+    assert second.startswith("gpunb check · ") and f"{report.counts['ok']} ok" in second
 
 
 def test_progress_names_each_probe_step(h200_torch):

@@ -131,10 +131,10 @@ def test_check_report_json_keeps_its_documented_shape(fake_nvml):
 
 
 def test_the_figure_is_drawn_only_when_the_html_is_asked_for(monkeypatch):
-    from gpunb.views import memory_view
+    from gpunb.views import fit_view
 
     drawn = []
-    monkeypatch.setattr(memory_view, "fit_png", lambda f, dpi=100, title=True: drawn.append(f) or "cG5n")
+    monkeypatch.setattr(fit_view, "fit_png", lambda f, dpi=100, title=True: drawn.append(f) or "cG5n")
     fit = _batch_fit()
     assert "text/html" not in fit._repr_mimebundle_(exclude={"text/html"}) and not drawn
     str(fit)

@@ -4,6 +4,7 @@ training loops. Counts are checked against hand-computed formulas, exactly."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -542,3 +543,33 @@ def test_ops_without_torch_says_why(monkeypatch):
         sum(range(10))
     assert p.result.flops is None and "nothing to trace" in p.result.ops.note
     assert "no trace: torch was not imported" in profile_text(p.result)
+
+
+def test_ops_keeps_the_profilers_log_lines_out_of_the_cell_output(tmp_path, capfd):
+    """torch.profiler writes `USDT … profiler_start/stop` to descriptor 2 (a red stderr box in a
+    notebook); --ops drops those two lines and writes anything else said meanwhile back."""
+    import os
+
+    from gpunb.analysis.steps.profiler_log import quiet_profiler_log
+
+    model, x = _mlp(8, 16, 16, 2)
+    with gpunb.profile(record=False, show=False, ops=True, trace_dir=tmp_path) as p:
+        _train(model, x, steps=9)
+    assert p.result.ops.steps == (3, 4, 5)  # the trace really started and stopped
+    assert "USDT" not in capfd.readouterr().err
+    with quiet_profiler_log():
+        os.write(2, b"USDT:2026-12-01 21:15:21 1:1 SyncActivityProfilerHandler.cpp:52] profiler_start\n"
+                    b"a real warning\n")
+    assert capfd.readouterr().err == "a real warning\n"
+
+
+def test_profile_rows_are_short_sentences_with_the_asides_one_click_away(tmp_path):
+    model, x = _mlp(8, 16, 16, 2)
+    with gpunb.profile(record=False, show=False, ops=True, trace_dir=tmp_path) as p:
+        _train(model, x, steps=9)
+    html = profile_html(p.result)
+    rows = html[html.index("<table"):html.index("</table>")]
+    assert " (" not in rows and "steps 2-7 left out" not in rows  # no walls of qualifiers
+    assert re.search(r"= \d+% \w+", rows)  # shares stay, said without parentheses
+    full = html[html.index("<details"):]
+    assert "every row in full" in full and "steps 2-7 left out: FLOP count, torch.profiler" in full

@@ -64,7 +64,11 @@ BAD = [
     ("%gpumem -o for", ["'for' is a Python keyword"]),
     ("%gpumem --keep-traceback maybe", ["invalid choice: 'maybe'", "'on', 'off'"]),
     # %gpufit
-    ("%gpufit", ["the following arguments are required: STEP"]),
+    ("%gpufit", ["missing STEP: the name of a function step(batch_size)"]),
+    ("%gpufit step --stesp 3", ["unknown option --stesp: did you mean --steps?"]),
+    ("%gpumem --tpo 3", ["unknown option --tpo: did you mean --top?"]),
+    ("%gpuprofile histroy", ["invalid choice: 'histroy'", "did you mean history?"]),
+    ("%gpucheck --quik", ["unknown option --quik: did you mean --quick?"]),
     ("%gpufit step --start 0", ["--start: 0 is out of range", "allowed: 1 or more"]),
     ("%gpufit step --start many", ["--start: 'many' is not a whole number"]),
     ("%gpufit step --margin 5", ["--margin: 5 is out of range", "allowed: from 0 to below 0.9"]),
@@ -78,7 +82,9 @@ BAD = [
     ("%gpufit step --device gpu0", ["--device: 'gpu0' is not a CUDA device", "cuda, cuda:N or N"]),
     ("%gpufit step -o for", ["'for' is a Python keyword"]),
     ("%gpufit no_such_step", ["STEP 'no_such_step' is not defined"]),
-    ("%gpufit not_a_function", ["STEP 'not_a_function' is a int, not a function"]),
+    ("%gpufit not_a_function", ["STEP 'not_a_function' is a number (int), not a function",
+                                "`def step(batch_size): ...` then `%gpufit step`"]),
+    ("%gpufit 42", ["STEP '42' is a number (int), not a function"]),
     ('%gpufit step --label "unclosed', ["cannot read the arguments"]),
 ]
 
@@ -103,6 +109,8 @@ BAD_CELLS = [
     ("%%gpuprofile on", "is for the line magic"),
     ("%%gpuprofile history", "is for the line magic"),
     ("%%gpuprofile --clear", "--clear is for `%gpuprofile history`"),
+    ("%%gpuprofile --timeline --no-timeline", "--timeline and --no-timeline exclude each other"),
+    ("%%gpuprofile --no-timeline --timeline", "--no-timeline and --timeline exclude each other"),
     ('%%gpuprofile --label "unclosed', "cannot read the arguments"),
 ]
 
@@ -112,6 +120,29 @@ def test_a_profiled_cell_with_a_bad_argument_fails_and_does_not_run(ip, first_li
     ip.user_ns.pop("_gpunb_ran", None)
     message = fails_with_usage(ip, f"{first_line}\n_gpunb_ran = True\n")
     assert words in message and "See %gpuprofile? for every option." in message
+    assert "_gpunb_ran" not in ip.user_ns
+
+
+HELPS = ["%gpucheck --help", "%gpumonitor -h", "%gpumem --help", "%gpufit --help", "%gpufit -h",
+         "%gpuprofile --help", "%gpufit step --top 3 -h"]
+
+
+@pytest.mark.parametrize("line", HELPS)
+def test_help_prints_the_usage_and_does_nothing_else(ip, fake_nvml, line):
+    name = line.split()[0].lstrip("%")
+    with capture_output() as out:
+        result = ip.run_cell(line)
+    assert result.success, result
+    assert out.stdout.lstrip().startswith(f"%{name} ["), out.stdout[:200]
+    assert "options:" in out.stdout and "-o NAME, --output NAME" in out.stdout
+    assert "::" not in out.stdout.splitlines()[0]
+
+
+def test_help_on_a_profiled_cell_does_not_run_it(ip):
+    ip.user_ns.pop("_gpunb_ran", None)
+    with capture_output() as out:
+        result = ip.run_cell("%%gpuprofile --help\n_gpunb_ran = True\n")
+    assert result.success and "%gpuprofile [" in out.stdout and "the cell did not run" in out.stdout
     assert "_gpunb_ran" not in ip.user_ns
 
 

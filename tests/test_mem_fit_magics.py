@@ -165,3 +165,45 @@ def test_keep_traceback_alone_changes_the_setting_with_another_option_also_repor
     ip.run_line_magic("gpumem", "--keep-traceback on --top 3 -o mem")
     assert kernel.oom_keep_traceback is True and ip.user_ns["mem"].to_dict()["census"] is not None
     kernel.oom_keep_traceback = None
+
+
+def test_gpumem_headline_says_how_full_and_what_fills_it_once():
+    """The finding first ("GPU 0: … of … used … most of it optimizer state"); empty GPUs said in
+    one line; the per-GPU table one click away; holders in plain words (no "namespace")."""
+    import torch
+
+    import gpunb
+    from gpunb.analysis.memory.records import GpuMemoryRow
+    from gpunb.views.memory_view import memory_headline, memory_html
+
+    GiB = 2**30
+    model = torch.nn.Linear(256, 256)
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.zeros(2, 256)).sum().backward()
+    opt.step()
+    opt.state[model.weight]["extra"] = torch.zeros(4, 256, 256)  # optimizer state is the largest part
+    base = gpunb.memory(namespace={"model": model, "opt": opt}, all_devices=True)
+    rows = [GpuMemoryRow(0, "NVIDIA H200", 140 * GiB, 31 * GiB, 31 * GiB, 28 * GiB, 30 * GiB, 0)]
+    rows += [GpuMemoryRow(i, "NVIDIA H200", 140 * GiB, 0, None, None, None, 0) for i in range(1, 8)]
+    report = type(base)(tuple(rows), base.census, devices_shown="all")
+    first = memory_headline(report)
+    assert first.startswith("gpunb memory: GPU 0: 31.00 GiB of 140.00 GiB used; 7 GPUs empty")
+    assert first.endswith("most of it optimizer state")
+    html = memory_html(report)
+    assert html.count("gpunb-chart") == 1  # a bar for the GPU in use, one line for the 7 empty ones
+    assert "GPU 1, GPU 2, GPU 3, GPU 4, GPU 5, GPU 6, GPU 7: empty, 140.00 GiB each" in html
+    assert html.index("<details") < html.index("used (NVML)")  # the table is behind a click
+    assert "namespace" not in html and "namespace" not in str(report)
+
+
+def test_gpumem_says_identical_gpus_once():
+    from gpunb.analysis.memory.records import GpuMemoryRow, MemoryReport
+    from gpunb.views.memory_view import memory_headline, memory_html
+
+    GiB = 2**30
+    rows = tuple(GpuMemoryRow(i, "NVIDIA H200", 140 * GiB, 9 * GiB, None, None, None, 9 * GiB) for i in range(8))
+    report = MemoryReport(rows, None)
+    assert memory_headline(report) == ("gpunb memory: all 8 GPUs: 9.00 GiB of 140.00 GiB used, 9.00 GiB by other "
+                                       "processes · no CUDA tensors")
+    html = memory_html(report)
+    assert html.count("gpunb-chart") == 1 and "GPU 0, 1, 2, 3, 4, 5, 6, 7, each" in html

@@ -100,7 +100,8 @@ def test_diagnosis_of_the_recorded_oom_uses_allocator_stats():
     assert small.gain == pytest.approx((30 - 12.88) / (126.19 + 30), rel=0.01)
     assert "Train in bf16 autocast" in titles and "Use activation checkpointing" in titles
     text = d._repr_mimebundle_()["text/plain"]
-    assert "asked 30.00 GiB" in text and "free 12.88 GiB" in text and "[working-set]" in text
+    assert "asked 30.00 GiB" in text and "free 12.88 GiB" in text and "Why: the cell's own working set" in text
+    assert "[working-set]" not in text  # the cause's code is the program's, not the reader's
     assert d.to_dict()["message"]["requested_bytes"] == 30 * GiB
 
 
@@ -146,7 +147,7 @@ def test_other_processes_are_named_by_notebook_when_the_jupyter_server_says():
     import time
 
     from gpunb.readings import server_sessions as ss
-    from gpunb.views.memory_view import diagnosis_text
+    from gpunb.views.oom_view import diagnosis_text
 
     now = time.time()
     row = {"gpu_index": 0, "pid": 999_001, "used_bytes": 40 * GiB, "kind": "kernel", "kernel_id": "k1",
@@ -369,7 +370,12 @@ def test_cpu_tensors_never_count_toward_savings():
     text = d._repr_mimebundle_()["text/plain"]
     assert "saves ≈16.80 GiB: covers the 16.80 GiB short" in text
     assert "saves ≈10.00 GiB of the 16.80 GiB short: not enough alone" in text  # bf16: half of 20 GiB
-    assert "KiB" not in text.split("Fixes")[1]  # no saving computed from CPU tensors
+    assert "KiB" not in text.split("What to do")[1].split("Details")[0]  # no saving computed from CPU tensors
+    # the order a reader needs: the shortfall, why, the fixes; the table of CPU tensors last, in the details
+    assert text.index("short by") < text.index("Why:") < text.index("What to do") < text.index("Largest live")
+    html = d._repr_mimebundle_()["text/html"]
+    assert html.index("What to do") < html.index("<details") < html.index("Largest live tensors")
+    assert "namespace" not in html and "namespace" not in text  # the tensors' holder in plain words
 
 
 def test_working_set_fixes_come_first_with_savings_from_the_measured_activations():

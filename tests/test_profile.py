@@ -440,9 +440,11 @@ def test_in_a_real_kernel_the_failed_cell_fails_and_output_is_kept():
         client.execute()
     outputs = nb.cells[1].outputs
     kinds = [o.output_type for o in outputs]
-    assert kinds == ["stream", "display_data", "error"]
-    assert outputs[0].text == "before the error\n"
-    assert "the cell raised ValueError: from the user" in outputs[1].data["text/plain"]
+    # the report first: its place was kept when the cell started, then filled in (one output)
+    assert kinds == ["display_data", "stream", "error"]
+    assert outputs[1].text == "before the error\n"
+    assert "the cell raised ValueError: from the user" in outputs[0].data["text/plain"]
+    assert "running since" not in outputs[0].data["text/plain"]
     tb = "".join(outputs[2].traceback)
     assert "gpunb" not in tb and "line 3" in tb
     assert nb.cells[2].outputs == []
@@ -487,3 +489,27 @@ def test_overhead_benchmark_runs_on_cpu(tmp_path):
         assert set(r["median_ms"]) == {"none", "gpuprofile", "one-line", "torch.profiler"}
         assert all(v > 0 for v in r["median_ms"].values())
     assert "overhead" in out.stdout
+
+
+def test_in_a_real_kernel_the_report_stays_above_what_the_cell_prints():
+    """The verdict's place is kept when the cell starts (a display_id), filled at the end: a cell
+    that prints every step does not push it down. The one-line mode does the same."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in (
+        "%load_ext gpunb",
+        "%%gpuprofile\nfor i in range(200):\n    print('step', i)",
+        "%gpuprofile on",
+        "print('a line of my own')",
+        "%gpuprofile off",
+    )]
+    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3").execute()
+    profiled = nb.cells[1].outputs
+    assert profiled[0].output_type == "display_data" and profiled[0].data["text/plain"].startswith("gpuprofile In [")
+    assert "running since" not in profiled[0].data["text/plain"]
+    assert [o.output_type for o in profiled[1:]] == ["stream"] * (len(profiled) - 1)
+    assert "step 199" in "".join(o.text for o in profiled[1:])
+    one_line = nb.cells[3].outputs
+    assert one_line[0].output_type == "display_data" and one_line[0].data["text/plain"].startswith("gpuprofile")
+    assert one_line[1].text == "a line of my own\n"

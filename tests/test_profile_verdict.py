@@ -11,7 +11,8 @@ from gpunb.readings.gpu_activity import UtilWindow, now_us, read_util_since
 from gpunb.readings.nvml import NvmlSession
 from gpunb.testing import scenario
 from gpunb.views import chart
-from gpunb.views.profile_view import TIMELINE_H, VERDICT_COLOR, profile_html, profile_text, timeline_html, timeline_svg
+from gpunb.views.profile_view import VERDICT_COLOR, profile_html, profile_text
+from gpunb.views.timeline_view import TIMELINE_H, timeline_html, timeline_svg
 from tests.chart_html import SVG, images, svg_of
 
 GIB = 2**30

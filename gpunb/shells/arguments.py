@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import builtins
+import difflib
 import keyword
 import math
 import re
@@ -20,6 +21,7 @@ from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, parse_argstring
+from IPython.utils.process import arg_split
 
 # Names IPython itself keeps in the notebook namespace and rewrites after every cell
 # (the input/output history and its shortcuts): a result bound there would be lost.
@@ -121,15 +123,83 @@ def usage_error(magic: Any, problem: str) -> UsageError:
     return UsageError(f"%{name}: {problem}\nusage: {usage}\nSee %{name}? for every option.")
 
 
-def parse_args(magic: Any, line: str) -> argparse.Namespace:
-    """Parse a magic's declared arguments; anything bad raises a UsageError (see module doc)."""
+HELP_FLAGS = ("-h", "--help")
+
+
+def parse_args(magic: Any, line: str) -> argparse.Namespace | None:
+    """Parse a magic's declared arguments; anything bad raises a UsageError (see module doc).
+
+    ``-h``/``--help`` anywhere on the line prints the magic's help (what ``%magic?`` shows)
+    and returns None: the caller then does nothing else.
+    """
+    try:
+        words = arg_split(line, strict=True)
+    except ValueError as exc:  # the line itself does not split (an unclosed quote)
+        raise usage_error(magic, f"cannot read the arguments ({exc})") from None
+    if any(word in HELP_FLAGS for word in words):
+        print(help_text(magic))
+        return None
+    _refuse_opposites(magic, words)
     try:
         return parse_argstring(magic, line)
     except UsageError as exc:
-        # argparse says "argument --steps: ..."; the option alone reads better.
-        raise usage_error(magic, re.sub(r"^argument ", "", str(exc))) from None
-    except ValueError as exc:  # the line itself does not split (an unclosed quote)
-        raise usage_error(magic, f"cannot read the arguments ({exc})") from None
+        raise usage_error(magic, _plain(magic, str(exc))) from None
+
+
+def help_text(magic: Any) -> str:
+    """The magic's usage, what it does and every option: the text ``%magic?`` shows, without
+    the reStructuredText ``::`` that IPython puts before the usage line."""
+    return re.sub(r"^::\s*\n", "", magic.parser.format_help().lstrip()).rstrip() + "\n"
+
+
+def _refuse_opposites(magic: Any, words: list[str]) -> None:
+    """Two options that set one value (``--timeline`` and ``--no-timeline``) exclude each
+    other; argparse would quietly keep the last one."""
+    seen: dict[str, str] = {}
+    for word in words:
+        option = word.split("=", 1)[0]
+        action = magic.parser._option_string_actions.get(option)
+        if action is None:
+            continue
+        other = seen.get(action.dest)
+        if other is not None and other not in action.option_strings:
+            raise usage_error(magic, f"{other} and {option} exclude each other: give one of them")
+        seen[action.dest] = option
+
+
+def _plain(magic: Any, message: str) -> str:
+    """argparse's message in the magic's words: the option alone (not "argument --steps:"),
+    a "did you mean" for a misspelt option or choice, a missing STEP said as what to pass."""
+    message = re.sub(r"^argument ", "", message)
+    unknown = re.match(r"unrecognized arguments: (.*)", message)
+    if unknown:
+        # Compared without the dashes, which every option shares and which would make
+        # any word look close.
+        options = {o.lstrip("-"): o for o in magic.parser._option_string_actions if o.startswith("--")}
+        hints = []
+        for word in arg_split(unknown.group(1)):
+            close = difflib.get_close_matches(word.split("=", 1)[0].lstrip("-"), list(options), n=1, cutoff=0.65)
+            if close and word.startswith("-"):
+                hints.append(f"unknown option {word}: did you mean {options[close[0]]}?")
+        if hints:
+            message = "; ".join(hints)
+    choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+    if choice:
+        allowed = re.findall(r"'([^']*)'", choice.group(2))
+        close = difflib.get_close_matches(choice.group(1), allowed, n=1, cutoff=0.6)
+        if close:
+            message += f" — did you mean {close[0]}?"
+    missing = re.match(r"the following arguments are required: (.*)", message)
+    if missing:  # say what to pass, from the argument's own help
+        wanted = [a for a in magic.parser._actions if not a.option_strings and (a.metavar or a.dest)
+                  in missing.group(1).split(", ")]
+        message = "; ".join(f"missing {a.metavar or a.dest}: {_lower_first((a.help or '').rstrip('.'))}"
+                            for a in wanted)
+    return message
+
+
+def _lower_first(text: str) -> str:
+    return text[:1].lower() + text[1:]
 
 
 def given(magic: Any, args: argparse.Namespace, *names: str) -> list[str]:

@@ -54,6 +54,8 @@ class CheckMagics(Magics):
             %gpucheck --json
         """
         args = parse_args(self.gpucheck, line)
+        if args is None:  # --help: the usage was printed
+            return
         if args.quick and args.deep:
             raise usage_error(self.gpucheck, "--quick and --deep exclude each other (--quick skips the "
                                              "measurements that --deep adds to)")

@@ -20,7 +20,7 @@ class FitMagics(Magics):
 
     @magic_arguments()
     @argument("step", metavar="STEP",
-              help="Name of a function step(batch_size) that runs one training step (forward, backward, "
+              help="the name of a function step(batch_size) that runs one training step (forward, backward, "
                    "optimizer step) at that batch size.")
     @argument("--start", type=whole_number(1), default=2, metavar="N",
               help="First probe batch size, 1 or more (default 2).")
@@ -65,6 +65,8 @@ class FitMagics(Magics):
             %gpufit step --max-batch 4096 -o fit
         """
         args = parse_args(self.gpufit, line)
+        if args is None:  # --help: the usage was printed
+            return
         if args.max_batch is not None and args.max_batch < args.start:
             raise usage_error(self.gpufit, f"--max-batch {args.max_batch} is below --start {args.start} "
                                            "(allowed: --start or more)")
@@ -75,8 +77,9 @@ class FitMagics(Magics):
                                            f"({type(exc).__name__}: {exc}). Define `def step(batch_size): ...` "
                                            "first.") from None
         if not callable(step):
-            raise usage_error(self.gpufit, f"STEP {args.step!r} is a {type(step).__name__}, "
-                                           "not a function of the batch size.")
+            raise usage_error(self.gpufit, f"STEP {args.step!r} is {_kind_of(step)}, not a function: give the "
+                                           "name of a function of the batch size, e.g. `def step(batch_size): "
+                                           "...` then `%gpufit step`.")
         missing = _missing_device(args.device)
         if missing:
             raise usage_error(self.gpufit, missing)
@@ -89,6 +92,18 @@ class FitMagics(Magics):
         from IPython.display import display
 
         display(result)
+
+
+def _kind_of(value: Any) -> str:
+    """What a value is, in words: "a number (int)", "a string", "an object of type Model"."""
+    if isinstance(value, bool):
+        return f"the value {value}"
+    if isinstance(value, (int, float, complex)):
+        return f"a number ({type(value).__name__})"
+    if isinstance(value, str):
+        return "a string"
+    name = type(value).__name__
+    return f"an object of type {name}"
 
 
 def _missing_device(device: str | None) -> str:

@@ -56,6 +56,8 @@ class MemMagics(Magics):
             %gpumem --top 50 -o mem
         """
         args = parse_args(self.gpumem, line)
+        if args is None:  # --help: the usage was printed
+            return
         if args.keep_traceback is not None:
             self.kernel.oom_keep_traceback = args.keep_traceback == "on"
             if self.kernel.oom_keep_traceback:
@@ -69,7 +71,7 @@ class MemMagics(Magics):
         if args.release:
             from gpunb.analysis.memory.release import release_failure
             from gpunb.readings.torch_state import cuda_initialized, imported_torch
-            from gpunb.views.memory_view import release_lines
+            from gpunb.views.oom_view import release_lines
 
             torch: Any = imported_torch()  # the module, or None (then cuda is False)
             cuda = cuda_initialized(torch)

@@ -67,6 +67,8 @@ class MonitorMagics(Magics):
         from gpunb.shells.monitor import monitor, stop_all
 
         args = parse_args(self.gpumonitor, line)
+        if args is None:  # --help: the usage was printed
+            return
         if args.stop:
             others = given(self.gpumonitor, args, "hz", "window", "device", "output")
             if others:

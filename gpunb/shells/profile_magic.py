@@ -29,6 +29,7 @@ from gpunb.shells.arguments import (
 )
 from gpunb.shells.cell_numbers import running_cell_number
 from gpunb.shells.kernel_state import KernelState
+from gpunb.shells.report_place import ReportPlace
 from gpunb.views.profile_view import one_line_text
 
 if TYPE_CHECKING:
@@ -48,6 +49,7 @@ class _OneLineMode:
         self.kernel = kernel
         self.shell = shell
         self._label = ""
+        self._place: ReportPlace | None = None
 
     def pre(self, info: Any = None, *args: Any) -> None:
         meter = self.kernel.one_line_meter
@@ -57,18 +59,36 @@ class _OneLineMode:
         if not raw.lstrip().startswith(("%%gpuprofile", "%gpuprofile")):  # own report / the switch
             self._label = _first_code_line(raw)
             meter.start()
+            # the line goes above what the cell prints (in a kernel; see report_place)
+            self._place = ReportPlace(self.shell, "gpuprofile") if self.shell is not None else None
 
     def post(self, result: Any = None, *args: Any) -> None:
         meter = self.kernel.one_line_meter
         line = meter.stop() if meter is not None else None  # None too when the cell was not metered
+        place, self._place = self._place, None
         if line is None:
+            if place is not None:
+                place.clear()
             return
         number = getattr(result, "execution_count", None)
         if not isinstance(number, int) and self.shell is not None:
             number = running_cell_number(self.shell)
         line = dataclasses.replace(line, cell=number if isinstance(number, int) else None, label=self._label)
         self.kernel.profile_history.add(line)
-        print(one_line_text(line))
+        if place is None or not place.reserved:  # terminal IPython: printed after the cell, as autotime does
+            print(one_line_text(line))
+        else:
+            place.fill(_OneLine(one_line_text(line)))
+
+
+class _OneLine:
+    """The one-line summary as a display (text only: it reads the same everywhere)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        return {"text/plain": self.text}
 
 
 @magics_class
@@ -134,6 +154,10 @@ class ProfileMagics(Magics):
         API twin: ``with gpunb.profile() as p: ...``.
         """
         args = parse_args(self.gpuprofile, line)
+        if args is None:  # --help: the usage was printed, the cell's code is not run
+            if cell is not None:
+                print("(the cell did not run: remove --help to profile it)")
+            return None
         if cell is None:
             return self._line(args)
         if args.action is not None:
@@ -199,6 +223,7 @@ class ProfileMagics(Magics):
             session.abort()
             value, error = self._run(code, last_expr)
             return self._finish(value, error, cell)
+        place = ReportPlace(shell, f"gpuprofile In [{number}]" if number is not None else "gpuprofile")
         value, error = self._run(code, last_expr)
         try:
             profile = session.stop(error)
@@ -213,7 +238,9 @@ class ProfileMagics(Magics):
             self.kernel.profile_history.add(profile)
             if args.output:
                 shell.user_ns[args.output] = profile
-            self._display(profile)
+            place.fill(profile)  # above what the cell printed (see report_place)
+        else:
+            place.clear()
         return self._finish(value, error, cell)
 
     def _finish(self, value: Any, error: BaseException | None, cell: str) -> Any:

@@ -3,4 +3,11 @@ every record shows (``gpunb.display.register_views``); ``gpunb/__init__.py`` doe
 time a record is displayed. Views read records and never measure, import the shells, or change
 what they show."""
 
-from gpunb.views import check_view, memory_view, profile_view, ranks_view  # noqa: F401  (they register)
+from gpunb.views import (  # noqa: F401  (they register)
+    check_view,
+    fit_view,
+    memory_view,
+    oom_view,
+    profile_view,
+    ranks_view,
+)

@@ -1,57 +1,140 @@
 """The check report as plain text (terminals, logs) and as HTML (notebooks, nbconvert).
 
-Both come from the same records; every dynamic string in HTML is escaped, because GPU
+Written for a glance: the first line is the finding (the failing check's own words, or "no
+NVIDIA GPU on this machine" said once), then the problems with why and the fix, then one
+short line per check that passed, values every GPU shares said once; skipped checks and the
+full per-GPU readings are one click away (``<details>``, which JupyterLab's sanitizer keeps).
+
+Both forms come from the same records; every dynamic string in HTML is escaped, because GPU
 process names, paths and error messages are not ours to trust.
 """
 
 from __future__ import annotations
 
+import re
 import textwrap
+from collections.abc import Mapping
 from html import escape
+from typing import Any
 
 from gpunb.analysis.checks.records import CheckReport, CheckResult
 from gpunb.display import register_views
-from gpunb.units import seconds
+from gpunb.readings.nvml import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND
+from gpunb.units import gib, seconds
 from gpunb.views import chart
 from gpunb.views.markup import DIM, code_html
+from gpunb.views.per_gpu import fold, without_qualifiers
 
 SYMBOL = {"ok": "✓", "warn": "!", "fail": "✗", "skip": "–"}
 # Readable on light and dark backgrounds alike (gpunb.views.chart's palette).
 COLOR = {"ok": chart.GREEN, "warn": chart.ORANGE, "fail": chart.RED, "skip": chart.GREY}
-NAMED = 3  # checks named in the headline before "and N more"
+NO_GPU = "no NVIDIA GPU on this machine — expected on a laptop; the GPU checks are skipped"
+# NVML's answers that mean "no NVIDIA driver here" (a laptop, a CPU-only container), as
+# opposed to a driver that is there and in trouble (a lost GPU stays a red failure).
+_NO_DRIVER_CODES = (LIBRARY_NOT_FOUND, DRIVER_NOT_LOADED)
+_WORDS = {"fail": ("problem", "problems"), "warn": ("warning", "warnings"), "ok": ("ok", "ok"),
+          "skip": ("skipped", "skipped")}
 
 
-def _names(checks: list[CheckResult]) -> str:
-    titles = [c.title for c in checks[:NAMED]]
-    more = len(checks) - NAMED
-    return "; ".join(titles) + (f"; and {more} more" if more > 0 else "")
+# -- what each check found, in one short sentence ------------------------------------------
+
+def no_gpu(report: CheckReport) -> bool:
+    """The machine has no NVIDIA driver at all: its own state, not a failure among others."""
+    driver = next((c for c in report.checks if c.id == "driver"), None)
+    return driver is not None and driver.status == "fail" and \
+        driver.measured.get("nvml_error_code") in _NO_DRIVER_CODES
 
 
-def conclusion(report: CheckReport) -> list[tuple[str, str]]:
-    """(status, words) pieces of the headline, the failing and warning checks named."""
-    pieces = []
-    for status in ("fail", "warn"):
-        found = [c for c in report.checks if c.status == status]
-        if found:
-            pieces.append((status, f"{len(found)} {status}: {_names(found)}"))
-    counts = report.counts
-    if report.checks and not counts["fail"] and not counts["warn"] and not report.in_progress:
-        pieces.append(("ok", "everything checked is fine"))
-    for status in ("ok", "skip"):
-        if counts[status]:
-            pieces.append((status, f"{counts[status]} {status}"))
-    return pieces
+def finding(c: CheckResult) -> str:
+    """What the check found, short: per-GPU values folded, asides left for the details."""
+    try:
+        if c.id == "driver" and c.status != "fail" and c.measured.get("gpus"):
+            return _driver_finding(c.measured)
+        if c.id == "gpu_links" and c.status != "skip":
+            # pairs said once when they match ("all 28 pairs: PCIe; peer access n/a"); an
+            # unknown PCIe path ("?") is left to the details
+            return fold(re.sub(r"PCIe, \? ", "PCIe ", c.summary), "pairs")
+    except (TypeError, ValueError, AttributeError):  # a reading NVML garbled: the plain summary
+        pass
+    return fold(c.summary)
+
+
+def _driver_finding(measured: Mapping[str, Any]) -> str:
+    kinds: dict[str, int] = {}
+    lost = []
+    for g in measured["gpus"]:
+        if g.get("lost"):
+            lost.append(f"GPU{g.get('index')}")
+        else:
+            kind = f"{g.get('name')}, {gib(g.get('memory_total_bytes'))}"
+            kinds[kind] = kinds.get(kind, 0) + 1
+    gpus = ", ".join(f"{n} × {kind}" for kind, n in kinds.items())
+    gpus += f"; {', '.join(lost)} lost" if lost else ""
+    return f"driver {measured.get('driver_version')}, CUDA {measured.get('cuda_driver_version')} · {gpus}"
+
+
+def _pairs(measured: Mapping[str, Any]) -> dict[tuple[int, int], str]:
+    """(a, b) -> how the pair is joined, in a matrix cell's few letters (NV18, PCIe, NODE)."""
+    pairs = {}
+    for key, value in measured.items():
+        a, b = (int(part[3:]) for part in str(key).split("-"))
+        topology = str(value.get("topology") or "?")
+        pairs[a, b] = f"NV{value['nvlinks']}" if value.get("nvlinks") else ("PCIe" if topology == "?" else topology)
+    return pairs
+
+
+def link_matrix(c: CheckResult) -> list[list[str]]:
+    """The GPU links as a matrix like ``nvidia-smi topo -m``: header row, then one row per GPU."""
+    try:
+        pairs = _pairs(c.measured)
+    except (TypeError, ValueError, AttributeError, KeyError):
+        return []
+    gpus = sorted({i for pair in pairs for i in pair})
+    rows = [["", *(f"GPU{i}" for i in gpus)]]
+    for a in gpus:
+        rows.append([f"GPU{a}", *("·" if a == b else pairs.get((min(a, b), max(a, b)), "?") for b in gpus)])
+    return rows
+
+
+def _problems(report: CheckReport) -> list[CheckResult]:
+    """Failures, then warnings; the driver's "no GPU" is the headline's own state instead."""
+    hidden = "driver" if no_gpu(report) else None
+    return [c for status in ("fail", "warn") for c in report.checks if c.status == status and c.id != hidden]
 
 
 def headline(report: CheckReport) -> str:
-    words = " · ".join(w for _, w in conclusion(report)) or "no checks yet"
-    line = f"gpunb check · {words} · {seconds(report.duration_s)}"
-    if report.quick:
-        line += " · --quick"
-    if report.deep:
-        line += " · --deep"
-    return line
+    """The first line: the first problem's finding, the no-GPU state, or that all is fine."""
+    problems = _problems(report)
+    if problems:
+        more = len(problems) - 1
+        return finding(problems[0]) + (f" — and {more} more below" if more else "")
+    if no_gpu(report):
+        return NO_GPU
+    if report.in_progress or not report.checks:
+        return "checking…"
+    return "everything checked is fine"
 
+
+def tally(report: CheckReport) -> str:
+    """The second line: counts, time and mode."""
+    counts = dict(report.counts)
+    if no_gpu(report):
+        counts["fail"] -= 1  # said by the headline, not a failure among others
+    words = [f"{n} {_WORDS[s][n != 1]}" for s in ("fail", "warn", "ok", "skip") if (n := counts[s])]
+    line = " · ".join(["gpunb check", *words, seconds(report.duration_s)])
+    return line + (" · --quick" if report.quick else "") + (" · --deep" if report.deep else "")
+
+
+def _rows(report: CheckReport) -> tuple[list[CheckResult], list[CheckResult], list[CheckResult]]:
+    """(problems, passed, skipped) in the checklist's order within each."""
+    problems = _problems(report)
+    shown = {id(c) for c in problems}
+    passed = [c for c in report.checks if c.status == "ok"]
+    skipped = [c for c in report.checks if id(c) not in shown and c.status == "skip"]
+    return problems, passed, skipped
+
+
+# -- text ----------------------------------------------------------------------------------
 
 def _wrap(label: str, text: str, width: int = 100) -> list[str]:
     prefix = f"    {label}" if label else "    "
@@ -59,66 +142,122 @@ def _wrap(label: str, text: str, width: int = 100) -> list[str]:
 
 
 def render_check_text(c: CheckResult) -> list[str]:
-    lines = [f"{SYMBOL[c.status]} {c.status.upper():4} {c.title}"]
-    lines += _wrap("", c.summary)
+    """One check in full: the finding, why, the fix, the full reading."""
+    lines = [f"{SYMBOL[c.status]} {finding(c)} — {c.title}"]
     if c.status in ("warn", "fail"):
         if c.cause:
-            lines += _wrap("cause: ", c.cause)
+            lines += _wrap("why:  ", c.cause)
         if c.fix:
-            lines += _wrap("fix:   ", c.fix)
+            lines += _wrap("fix:  ", c.fix)
         if c.link:
-            lines.append(f"    docs:  {c.link}")
+            lines.append(f"    docs: {c.link}")
     if c.tip:
-        lines += _wrap("tip:   ", c.tip)
+        lines += _wrap("tip:  ", c.tip)
+    if without_qualifiers(c.summary) != finding(c) and c.id != "gpu_links":
+        lines += _wrap("read: ", c.summary)
     return lines
 
 
 def render_text(report: CheckReport) -> str:
-    lines = [headline(report)]
+    lines = [headline(report), tally(report)]
     if report.in_progress:
         lines.append(f"… {report.in_progress}")
-    for c in report.checks:
+    problems, passed, skipped = _rows(report)
+    for c in problems:
         lines += render_check_text(c)
+    for c in passed:
+        # one line per check (a terminal wraps it; a wrapped finding would not read as one)
+        lines.append(f"{SYMBOL['ok']} {without_qualifiers(c.title)} — {finding(c)}")
+        matrix = link_matrix(c) if c.id == "gpu_links" else []
+        if matrix and len({cell for row in matrix[1:] for cell in row[1:]} - {"·"}) > 1:
+            lines += ["    " + " ".join(f"{cell:>5}" for cell in row) for row in matrix]
+    if skipped:
+        names = "; ".join(without_qualifiers(c.title) for c in skipped)
+        lines += textwrap.wrap(f"{SYMBOL['skip']} {len(skipped)} skipped: {names}", 100, subsequent_indent="    ")
     return "\n".join(lines)
 
 
-def render_check_html(c: CheckResult) -> str:
-    is_open = c.status in ("warn", "fail")
-    # Closed rows show what was measured on the row itself; open ones below the title.
-    inline = "" if is_open else f' <span style="{DIM}">— {code_html(c.summary)}</span>'
-    body = [f'<div style="margin:2px 0 4px 22px;{DIM}">{code_html(c.summary)}</div>'] if is_open else []
-    if c.status in ("warn", "fail"):
-        for label, text in (("Cause", c.cause), ("Fix", c.fix)):
-            if text:
-                body.append(f'<div style="margin:2px 0 2px 22px"><b>{label}:</b> {code_html(text)}</div>')
+# -- HTML ----------------------------------------------------------------------------------
+
+_INDENT = "margin:2px 0 2px 22px"
+
+
+def _badge(status: str) -> str:
+    return f'<span style="color:{COLOR[status]};font-weight:bold;display:inline-block;width:1.2em">' \
+           f"{SYMBOL[status]}</span>"
+
+
+def _matrix_html(c: CheckResult) -> str:
+    matrix = link_matrix(c)
+    if not matrix:
+        return ""
+    cell = "padding:0 6px;text-align:center"
+    head = "".join(f'<th style="{cell}">{escape(h)}</th>' for h in matrix[0])
+    body = "".join("<tr>" + f'<th style="{cell}">{escape(row[0])}</th>'
+                   + "".join(f'<td style="{cell}">{escape(v)}</td>' for v in row[1:]) + "</tr>"
+                   for row in matrix[1:])
+    return (f'<table style="{_INDENT};border-collapse:collapse;font-size:12px;font-family:var(--jp-code-font-family,'
+            f'monospace)"><tr>{head}</tr>{body}</table>')
+
+
+def _more(c: CheckResult) -> list[str]:
+    """What a click on the row shows: the full reading, the link matrix, a tip, the docs."""
+    body = []
+    if c.id == "gpu_links" and c.status != "skip":
+        body.append(_matrix_html(c))
+    if without_qualifiers(c.summary) != finding(c) or "(" in c.summary:
+        body.append(f'<div style="{_INDENT};{DIM}">{code_html(c.summary)}</div>')
     if c.tip:
-        body.append(f'<div style="margin:2px 0 2px 22px"><b>Tip:</b> {code_html(c.tip)}</div>')
+        body.append(f'<div style="{_INDENT}"><b>Tip:</b> {code_html(c.tip)}</div>')
     if c.link:
-        body.append(f'<div style="margin:2px 0 2px 22px"><a href="{escape(c.link, quote=True)}" target="_blank" '
+        body.append(f'<div style="{_INDENT}"><a href="{escape(c.link, quote=True)}" target="_blank" '
                     f'rel="noopener noreferrer">documentation</a></div>')
-    if not body:  # nothing more to expand
-        return (f'<div style="margin:1px 0 1px 14px">{_badge(c)} {escape(c.title)}{inline}</div>')
-    return (f'<details{" open" if is_open else ""} style="margin:1px 0"><summary style="cursor:pointer">'
-            f'{_badge(c)} {escape(c.title)}{inline}</summary>' + "".join(body) + "</details>")
+    return [b for b in body if b]
 
 
-def _badge(c: CheckResult) -> str:
-    color = COLOR[c.status]
-    return (f'<span style="color:{color};font-weight:bold;display:inline-block;width:1.2em">{SYMBOL[c.status]}</span>'
-            f'<span style="color:{color};font-weight:600">{escape(c.status)}</span>')
+def render_check_html(c: CheckResult) -> str:
+    """One row: a problem opened with why and the fix; anything else one closed line."""
+    if c.status in ("warn", "fail"):
+        summary = (f'{_badge(c.status)}<b>{code_html(finding(c))}</b> '
+                   f'<span style="{DIM}">· {escape(c.title)}</span>')
+        why = [f'<div style="{_INDENT}"><b>{label}:</b> {code_html(text)}</div>'
+               for label, text in (("Why", c.cause), ("Fix", c.fix)) if text]
+        return (f'<details open style="margin:2px 0"><summary style="cursor:pointer">{summary}</summary>'
+                + "".join(why + _more(c)) + "</details>")
+    line = (f'{_badge(c.status)}{escape(without_qualifiers(c.title))} '
+            f'<span style="{DIM}">— {code_html(finding(c))}</span>')
+    more = _more(c)
+    if not more:
+        return f'<div style="margin:1px 0 1px 14px">{line}</div>'
+    return f'<details style="margin:1px 0"><summary style="cursor:pointer">{line}</summary>{"".join(more)}</details>'
 
 
 def render_html(report: CheckReport) -> str:
-    pieces = " · ".join(f'<span style="color:{COLOR[s]};font-weight:600">{escape(w)}</span>'
-                        if s in ("fail", "warn") else escape(w) for s, w in conclusion(report))
-    head = (f'<div style="font-weight:600;margin-bottom:4px">gpunb check · {pieces or "no checks yet"} · '
-            f'<span style="font-weight:normal;{DIM}">{escape(seconds(report.duration_s))}'
-            f'{" · --quick" if report.quick else ""}{" · --deep" if report.deep else ""}</span></div>')
-    progress = (f'<div style="margin-bottom:4px;{DIM}">running: {escape(report.in_progress)}…</div>'
+    problems, passed, skipped = _rows(report)
+    status = problems[0].status if problems else ("skip" if no_gpu(report) else "ok")
+    color = f"color:{COLOR[status]};" if status in ("fail", "warn") else ""
+    head = (f'<div style="font-weight:600;font-size:14px;{color}">{escape(headline(report))}</div>'
+            f'<div style="margin-bottom:4px;{DIM}">{escape(tally(report))}</div>')
+    progress = (f'<div style="margin-bottom:4px;{DIM}">{escape(report.in_progress)}…</div>'
                 if report.in_progress else "")
-    rows = "".join(render_check_html(c) for c in report.checks)
-    return f'<div class="gpunb-check" style="font-family:var(--jp-ui-font-family,sans-serif);font-size:13px">' \
-           f"{head}{progress}{rows}</div>"
+    driver = next((c for c in report.checks if c.id == "driver"), None)
+    if no_gpu(report) and driver is not None:  # on a GPU machine, what would make the GPU visible
+        problems_html = (f'<details style="margin:2px 0"><summary style="cursor:pointer">{_badge("skip")}'
+                         f'on a GPU machine or container this is a problem: see why</summary>'
+                         + "".join(f'<div style="{_INDENT}"><b>{label}:</b> {code_html(text)}</div>'
+                                   for label, text in (("Why", driver.cause), ("Fix", driver.fix)) if text)
+                         + "</details>")
+    else:
+        problems_html = ""
+    problems_html += "".join(render_check_html(c) for c in problems)
+    rows = "".join(render_check_html(c) for c in passed)
+    if skipped:
+        inner = "".join(f'<div style="{_INDENT}">{escape(c.title)} <span style="{DIM}">— '
+                        f'{code_html(without_qualifiers(c.summary))}</span></div>' for c in skipped)
+        rows += (f'<details style="margin:1px 0"><summary style="cursor:pointer">{_badge("skip")}'
+                 f'{len(skipped)} checks skipped <span style="{DIM}">— why</span></summary>{inner}</details>')
+    return ('<div class="gpunb-check" style="font-family:var(--jp-ui-font-family,sans-serif);font-size:13px;'
+            f'overflow-wrap:anywhere">{head}{progress}{problems_html}{rows}</div>')
 
 
 # How the records show (gpunb.display looks these up; the records never import a view).

@@ -18,11 +18,13 @@ from gpunb.analysis.profile.records import CellProfile, HistoryReport
 from gpunb.analysis.steps.plan import COUNTED_STEP
 from gpunb.display import register_views
 from gpunb.readings.devices import OWN_BY_RESERVE
-from gpunb.units import byte_rate, flop_count, flop_rate, gib, milliseconds, seconds
+from gpunb.units import byte_rate, flop_count, flop_rate, milliseconds, seconds
 from gpunb.views import chart
 from gpunb.views.chart import DIM, SMALL
 from gpunb.views.markup import code_html
+from gpunb.views.per_gpu import without_qualifiers
 from gpunb.views.ranks_view import ranks_html, ranks_text
+from gpunb.views.timeline_view import fmt_bytes, timeline_html
 
 if TYPE_CHECKING:
     from gpunb.analysis.profile.meter import CellLine
@@ -30,11 +32,6 @@ if TYPE_CHECKING:
 # How each verdict is marked: green when the GPU itself is the limit (as it should be).
 VERDICT_COLOR = {"compute-bound": chart.GREEN, "none": chart.GREY, "cpu-only": chart.GREY, "on-cpu": chart.RED,
                  "memory-bound": chart.RED}
-TIMELINE_W, TIMELINE_H = 520, 80
-
-
-def fmt_bytes(n: int | float | None) -> str:
-    return gib(n, digits=2)
 
 
 def _pct(part: float, whole: float) -> str:
@@ -144,14 +141,15 @@ def gpu_memory_words(p: CellProfile) -> str:
 
 def where_words(p: CellProfile) -> str:
     sh = p.shares
-    w = [f"data wait {seconds(sh.data_wait_s)} ({_pct(sh.data_wait_s, sh.loop_s)}) over {sh.batches} batches"
+    # shares as "= 40%", not in parentheses: the short rows drop parenthesised asides
+    w = [f"data wait {seconds(sh.data_wait_s)} = {_pct(sh.data_wait_s, sh.loop_s)} over {sh.batches} batches"
          if sh.batches else "no DataLoader batches"]
     if sh.sync_n:
-        w.append(f"host syncs {sh.sync_n} ({sh.sync_gpu_n} from GPU tensors) {seconds(sh.sync_s)} "
-                 f"({_pct(sh.sync_s, sh.loop_s)})")
+        w.append(f"{sh.sync_n} host syncs {seconds(sh.sync_s)} = {_pct(sh.sync_s, sh.loop_s)} "
+                 f"({sh.sync_gpu_n} from GPU tensors)")
     else:
         w.append("no host syncs")
-    w.append(f"output {seconds(sh.output_s)} ({_pct(sh.output_s, sh.loop_s)}) in {sh.output_writes} writes"
+    w.append(f"output {seconds(sh.output_s)} = {_pct(sh.output_s, sh.loop_s)} in {sh.output_writes} writes"
              if sh.output_writes else "no output")
     g = p.gpu
     if g is not None:
@@ -254,7 +252,7 @@ def _op_list(rows: Sequence, width: int = 60) -> str:
     def name(text: str) -> str:
         return text if len(text) <= width else text[: width - 1] + "…"
 
-    return " · ".join(f"{name(r.name)} {milliseconds(r.ms_per_step)} ({100 * r.share:.0f}%, {r.category})"
+    return " · ".join(f"{name(r.name)} {milliseconds(r.ms_per_step)} = {100 * r.share:.0f}% {r.category}"
                       for r in rows[:5])
 
 
@@ -297,7 +295,7 @@ def profile_text(p: CellProfile) -> str:
     if p.verdict.reason:
         lines.append(f"  {'why':<11} {p.verdict.reason}")
     lines.append(f"  {'cell':<11} {_identity(p)}")
-    lines += [f"  {h:<11} {t}" for h, t in _rows(p)]
+    lines += [f"  {h:<11} {t}" for h, t in _rows(p)]  # in full: a terminal has no click for details
     if p.ranks is not None:  # worker processes of a multi-GPU cell (views/ranks_view.py)
         lines += ranks_text(p.ranks)
     if p.advice:
@@ -320,11 +318,23 @@ def _verdict_html(p: CellProfile) -> str:
     return head + reason + who
 
 
-def _rows_html(p: CellProfile) -> str:
+def _table_html(rows: Sequence[tuple[str, str]]) -> str:
     th = "text-align:left;padding:2px 1em 2px 0;vertical-align:top;white-space:nowrap"
-    rows = "".join(f"<tr><th style='{th}'>{escape(h)}</th><td style='text-align:left;padding:2px 0'>"
-                   f"{escape(t)}</td></tr>" for h, t in _rows(p))
-    return f"<table style='border-collapse:collapse;margin:0'>{rows}</table>"
+    body = "".join(f"<tr><th style='{th}'>{escape(h)}</th><td style='text-align:left;padding:2px 0'>"
+                   f"{escape(t)}</td></tr>" for h, t in rows)
+    return f"<table style='border-collapse:collapse;margin:0'>{body}</table>"
+
+
+def _rows_html(p: CellProfile) -> str:
+    """One short sentence per row; the rows with their asides (what a share is of, which steps
+    were left out and why) one click away."""
+    rows = _rows(p)
+    short = [(h, without_qualifiers(t)) for h, t in rows]
+    html = _table_html(short)
+    if short != rows:
+        html += (f"<details style='margin:2px 0'><summary style='cursor:pointer;{DIM}'>every row in full</summary>"
+                 f"{_table_html(rows)}</details>")
+    return html
 
 
 def _advice_html(p: CellProfile) -> str:
@@ -335,64 +345,6 @@ def _advice_html(p: CellProfile) -> str:
         + f": {code_html(a.reason)}" + (f"<br><code>{escape(a.how)}</code>" if a.how else "") + "</li>"
         for a in p.advice)
     return f"<div style='margin-top:6px'><b>What to do</b><ol style='margin:2px 0'>{items}</ol></div>"
-
-
-def timeline_svg(p: CellProfile, width: int = TIMELINE_W, height: int = TIMELINE_H) -> tuple[str, float] | None:
-    """Memory over the cell on a scale from 0 (a few MiB of change stay a few MiB), step
-    ends as ticks along the baseline. Returns the SVG and the scale's top in bytes."""
-    pts = p.memory_timeline
-    if len(pts) < 2:
-        return None
-    t_end = max(max(t for t, _, _ in pts), p.wall_s, 1e-9)
-    high = max(max(a for _, a, _ in pts), max((r or 0) for _, _, r in pts), 1)
-    unit = 2**30 if high >= 2**30 else 2**20  # a round number of GiB, or of MiB below 1 GiB
-    top = chart.nice_ceiling(high / unit) * unit
-    pad_top, base = 2.0, height - 1.0
-
-    def xy(t: float, v: float) -> str:
-        return f"{(width - 1) * t / t_end:.1f},{base - (base - pad_top) * v / top:.1f}"
-
-    body = [chart.frame_lines(width, height, top=pad_top, bottom=base,
-                              x_marks=[width * f for f in (0.25, 0.5, 0.75)])]
-    marks = p.step_marks_s
-    step = max(1, len(marks) // 200)  # at most ~200 ticks
-    ticks = " ".join(f"M{(width - 1) * t / t_end:.1f},{base}v-5" for t in marks[::step])
-    if ticks:
-        body.append(f'<path d="{ticks}" stroke="{chart.NEUTRAL}" stroke-opacity="0.9" stroke-width="1"/>')
-    if any(r is not None for _, _, r in pts):
-        reserved = " ".join(xy(t, r) for t, _, r in pts if r is not None)
-        body.append(f'<polyline points="{reserved}" fill="none" stroke="{chart.ORANGE}" stroke-width="1.5"/>')
-    alloc = " ".join(xy(t, a) for t, a, _ in pts)
-    body.append(f'<polyline points="{alloc}" fill="none" stroke="{chart.BLUE}" stroke-width="1.5"/>')
-    return chart.svg_document(width, height, "".join(body)), top
-
-
-def timeline_html(p: CellProfile) -> str:
-    drawn = timeline_svg(p) if p.extra.get("timeline", True) else None
-    if drawn is None:
-        return ""
-    svg, top = drawn
-    pts = p.memory_timeline
-    on_gpu = p.gpu is not None
-    values = [a for _, a, _ in pts]
-    what = "allocated by torch" if on_gpu else "resident memory (RSS)"
-    words = (f"{what}: start {fmt_bytes(values[0])}, lowest {fmt_bytes(min(values))}, "
-             f"peak {fmt_bytes(max(values))}, end {fmt_bytes(values[-1])}")
-    reserved = [r for _, _, r in pts if r is not None]
-    if reserved:
-        words += f" · reserved: peak {fmt_bytes(max(reserved))}, end {fmt_bytes(reserved[-1])}"
-    items = [(chart.BLUE, "allocated" if on_gpu else "RSS", False)]
-    if reserved:
-        items.append((chart.ORANGE, "reserved", False))
-    items.append((chart.NEUTRAL, f"{len(p.step_marks_s)} optimizer steps (ticks)", False))
-    t_end = max(max(t for t, _, _ in pts), p.wall_s, 1e-9)
-    image = chart.img(svg, width=TIMELINE_W, height=TIMELINE_H,
-                      alt=f"memory over the cell, scale 0 to {fmt_bytes(top)}; {words}", css_class="gpunb-chart")
-    return (f'<div class="gpunb-timeline" style="margin-top:8px">'
-            f'<div><b>Memory over the cell</b> <span style="{SMALL}">{chart.legend(items)}</span></div>'
-            f'<div style="{SMALL};{DIM};margin-bottom:2px">{escape(words)}</div>'
-            f'<div style="display:flex">{image}{chart.y_scale(fmt_bytes(top), "0", TIMELINE_H, width=70)}</div>'
-            f'{chart.time_axis(["0 s", seconds(t_end / 2), seconds(t_end)], TIMELINE_W)}</div>')
 
 
 def profile_html(p: CellProfile) -> str:

@@ -76,8 +76,9 @@ def check_torch_build(inputs: CheckInputs) -> CheckResult:
     if not t.cuda:
         if not inputs.has_gpu:
             return CheckResult("torch_cuda", title, "skip", f"torch {t.version} is a CPU build (no GPU here)", measured)
-        return CheckResult("torch_cuda", title, "fail", f"torch {t.version} is a CPU-only build", measured,
-                           "This torch has no CUDA support: every model silently trains on the CPU.",
+        return CheckResult("torch_cuda", title, "fail",
+                           f"torch {t.version} is a CPU-only build: every model trains on the CPU", measured,
+                           "This torch has no CUDA support, so nothing can run on the GPU.",
                            f"Reinstall the CUDA build your driver (CUDA {driver_cuda}) runs: "
                            f"`{install_command(driver_cuda)}`.", INSTALL_DOC)
     summary = f"torch {t.version} built for CUDA {t.cuda}; driver supports CUDA {driver_cuda}"

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpunb.analysis.steps.profiler_log import quiet_profiler_log
 from gpunb.analysis.steps.records import OpRow, OpsReport
 from gpunb.analysis.steps.trace_file import write_trace
 
@@ -116,7 +117,8 @@ class OpTrace:
             if self.prof is None or started is None:  # (both are set together, by _start)
                 self._start(index)
                 return True
-            self.prof.step()
+            with quiet_profiler_log():
+                self.prof.step()
             k = index - started - WAIT - WARMUP  # 1.. for the recorded steps
             if 1 <= k <= ACTIVE:
                 self.traced.append(index)
@@ -139,14 +141,16 @@ class OpTrace:
         self.prof = profiler.profile(activities=activities,
                                      schedule=profiler.schedule(wait=WAIT, warmup=WARMUP, active=ACTIVE, repeat=1),
                                      on_trace_ready=lambda prof: None)  # summarized at the cell's end
-        self.prof.start()
+        with quiet_profiler_log():
+            self.prof.start()
         self.started_at = index
 
     def _stop_quietly(self) -> None:
         prof, self.prof = self.prof, None
         if prof is not None:
             try:
-                prof.stop()
+                with quiet_profiler_log():
+                    prof.stop()
             except Exception:
                 pass
 
