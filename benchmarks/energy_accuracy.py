@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"})
 
-from training_loops import LOOPS, build_loop  # noqa: E402
+from training_loops import LOOPS, build_loop
 
 
 def counter_mj(index: int = 0) -> int | None:
