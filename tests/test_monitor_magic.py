@@ -216,7 +216,7 @@ def test_the_frame_that_stays_is_the_last_one(ip, fake_nvml):
     latest = mon.window().t_s[-1]
     # The stopped frame ends at the sampler's very last reading, not at an older frame.
     assert mon.sampler.ticks == ticks_at_stop
-    from gpunb.views.sparkline import clock_time
+    from gpunb.views.monitor_layout import clock_time
 
     assert clock_time(mon.sampler.started_unix, latest) in stopped
 

@@ -30,7 +30,8 @@ from gpunb.shells.extension import kernel_state
 from gpunb.shells.kernel_state import KernelState
 from gpunb.shells.session import current_shell
 from gpunb.views.imbalance_view import imbalance_text
-from gpunb.views.sparkline import SparkPanel, caption, clock_time, monitor_html, monitor_text, panel_notes
+from gpunb.views.monitor_layout import caption, clock_time, monitor_html, monitor_text, panel_html, panel_notes
+from gpunb.views.sparkline import SparkPanel
 
 # Redraw at most this often; faster sampling still records every reading (each frame is
 # sent to the frontend whole, tens of KB for eight GPUs).
@@ -287,7 +288,8 @@ class Monitor(DisplayMixin):
         panel.feed(first, rows)
         holders = self.holders()
         findings = self.imbalance()
-        markup = panel.html(
+        markup = panel_html(
+            panel,
             sampler.gpu_series(self.devices),
             nvml=sampler.status,
             gpu_count=len(sampler.gpus),
