@@ -181,7 +181,8 @@ def _displayed(mon) -> tuple[dict, list]:
         mon._ipython_display_()
     sent = []
     mon._handles[0].update = lambda data, raw=False: sent.append((threading.current_thread().name, data))
-    return out.outputs[0].data, sent
+    frame = next(o for o in out.outputs if "text/html" in o.data)  # (the controls, if any, come first)
+    return frame.data, sent
 
 
 def test_live_output_is_html_redrawn_in_place_by_the_sampler_thread(ip, fake_nvml):

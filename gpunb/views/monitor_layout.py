@@ -202,6 +202,9 @@ def caption(state: str, *, hz: float, seconds: float, started_unix: float | None
     if state == "stopped":
         head = f"gpunb monitor · stopped at {when}" if when else "gpunb monitor · stopped"
         return f"{head} · {hz:g} Hz · {shown}"
+    if state == "paused":
+        head = f"gpunb monitor · paused at {when}" if when else "gpunb monitor · paused"
+        return f"{head} (sampling goes on; Resume shows the latest) · {hz:g} Hz · {shown}"
     if state == "live":  # no "live" in the words: a saved notebook keeps this frame
         last = f"last sample {when}" if when else "waiting for the first sample"
         return f"gpunb monitor · {last} · {hz:g} Hz · {shown}"
