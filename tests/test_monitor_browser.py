@@ -1,0 +1,170 @@
+"""The live monitor in a real JupyterLab 4 (Debian's Chromium through Playwright), two fake H200s:
+
+- its controls are buttons a user clicks: Pause freezes the picture, Resume and the time window act;
+- a notebook saved while the monitor runs holds no widget (the server extension's save hook) and
+  reopens, with the kernel gone, without "Error displaying widget": the last frame is there;
+- JupyterLab's "Create New View for Cell Output" keeps the monitor in a side panel that goes on updating
+  (what nvdashboard users do with its panels);
+- in a 1024x768 window with the file browser open, nothing is cut off: the panels wrap.
+
+Screenshots go to $GPUNB_RESULTS (else a temp dir): monitor-controls.png, monitor-side-view.png,
+monitor-narrow-1024.png, monitor-saved-reopened.png.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.jupyter_browser import (
+    JupyterServer,
+    chromium,
+    missing,
+    notebook_json,
+    output_text,
+    results_dir,
+    wait_idle,
+)
+
+pytestmark = pytest.mark.browser
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+CHARTS = 5 * 2 + 2  # five per GPU, two for the host
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    why = missing()
+    if why:
+        pytest.skip(why)
+    pytest.importorskip("ipywidgets")
+    srv = JupyterServer(tmp_path_factory.mktemp("jupyter"), scenario="two-gpus")
+    srv.api("PUT", "/lab/api/settings/@jupyterlab/notebook-extension:tracker",
+            {"raw": json.dumps({"windowingMode": "none"})})
+    yield srv
+    srv.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with chromium() as b:
+        yield b
+
+
+def _start_monitor(server, browser, name: str, viewport=(1400, 1000)):
+    server.write_notebook(name, notebook_json(["%load_ext gpunb\n%gpumonitor --hz 4 --window 30", "1 + 1"]))
+    page = browser.new_page(viewport={"width": viewport[0], "height": viewport[1]})
+    page.goto(server.lab_url(name))
+    wait_idle(page)
+    page.locator(".jp-Cell").first.click()
+    page.keyboard.press("Shift+Enter")
+    page.wait_for_selector(".gpunb-monitor img.gpunb-chart", timeout=60_000)
+    page.wait_for_selector(".gpunb-monitor-controls button", timeout=30_000)
+    wait_idle(page, 30_000)
+    return page
+
+
+def _caption(page) -> str:
+    return page.locator(".gpunb-monitor .gpunb-caption").first.inner_text()
+
+
+def _sources(locator) -> list[str]:
+    return locator.locator("img.gpunb-chart").evaluate_all("els => els.map(e => e.src)")
+
+
+def test_the_controls_pause_resume_and_change_the_window(server, browser):
+    page = _start_monitor(server, browser, "controls.ipynb")
+    try:
+        controls = page.locator(".gpunb-monitor-controls")
+        page.screenshot(path=str(results_dir() / "monitor-controls.png"))
+        controls.get_by_role("button", name="Pause").click()
+        page.wait_for_function("() => document.querySelector('.gpunb-caption').innerText.includes('paused at')",
+                               timeout=30_000)  # a loaded CI machine: seconds per round trip
+        frozen = _sources(page.locator(".gpunb-monitor").first)
+        time.sleep(1.5)
+        assert _sources(page.locator(".gpunb-monitor").first) == frozen  # nothing redrawn while paused
+        controls.get_by_role("button", name="Resume").click()
+        page.wait_for_function("() => document.querySelector('.gpunb-caption').innerText.includes('last sample')",
+                               timeout=30_000)
+        controls.locator("select").select_option(label="10 min")
+        page.wait_for_function("() => document.querySelector('.gpunb-caption').innerText.includes('10 min window')",
+                               timeout=30_000)
+        controls.get_by_role("button", name="Stop").click()
+        page.wait_for_function("() => document.querySelector('.gpunb-caption').innerText.includes('stopped at')",
+                               timeout=30_000)
+        page.wait_for_timeout(500)
+        assert page.locator(".gpunb-monitor-controls").count() == 0  # the controls gave way
+        assert len(_sources(page.locator(".gpunb-monitor").first)) == CHARTS
+    finally:
+        page.close()
+        server.shutdown_kernels()
+
+
+def test_saved_while_running_reopens_without_a_widget_error(server, browser):
+    name = "saved-live.ipynb"
+    page = _start_monitor(server, browser, name)
+    try:
+        assert page.locator(".gpunb-monitor-controls button").count() == 3 - 1  # Pause, Stop (and a select)
+        page.wait_for_timeout(1500)
+        page.keyboard.press("Control+s")
+        page.wait_for_timeout(1500)
+        saved = json.loads((server.root / name).read_text())
+        outputs = saved["cells"][0]["outputs"]
+        assert all(WIDGET_VIEW not in o.get("data", {}) for o in outputs), outputs  # the hook left them out
+        assert len(outputs) == 1 and "gpunb-monitor" in "".join(outputs[0]["data"]["text/html"])
+        assert page.locator(".gpunb-monitor-controls button").count() == 2  # the open page keeps them
+    finally:
+        page.close()
+        server.shutdown_kernels()
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(server.lab_url(name))
+        page.wait_for_selector(".gpunb-monitor img.gpunb-chart", timeout=60_000)
+        page.wait_for_timeout(1500)
+        page.screenshot(path=str(results_dir() / "monitor-saved-reopened.png"))
+        text = output_text(page)
+        assert "Error displaying widget" not in text and "model not found" not in text
+        assert "last sample" in _caption(page) and page.locator(".gpunb-monitor img.gpunb-chart").count() == CHARTS
+    finally:
+        page.close()
+
+
+def test_a_new_view_for_the_output_keeps_updating_in_a_side_panel(server, browser):
+    page = _start_monitor(server, browser, "side-view.ipynb")
+    try:
+        page.locator(".jp-Cell").first.locator(".jp-OutputArea-output").last.click(button="right")
+        page.get_by_text("Create New View for Cell Output").click()
+        view = page.locator(".jp-LinkedOutputView")
+        view.locator(".gpunb-monitor img.gpunb-chart").first.wait_for(timeout=20_000)
+        before = _sources(view)
+        time.sleep(2.5)
+        after = _sources(view)
+        page.screenshot(path=str(results_dir() / "monitor-side-view.png"))
+        assert len(before) == len(after) == CHARTS
+        assert sum(a != b for a, b in zip(before, after)) >= 5, "the new view did not update"
+    finally:
+        page.close()
+        server.shutdown_kernels()
+
+
+def test_nothing_is_cut_off_at_1024_px_with_the_file_browser_open(server, browser):
+    page = _start_monitor(server, browser, "narrow.ipynb", viewport=(1024, 768))
+    try:
+        assert page.locator(".jp-FileBrowser").first.is_visible()  # the file browser is open
+        page.screenshot(path=str(results_dir() / "monitor-narrow-1024.png"))
+        measured = page.locator(".gpunb-monitor").first.evaluate("""m => {
+            const area = m.closest('.jp-OutputArea').getBoundingClientRect();
+            const panels = Array.from(m.querySelectorAll('.gpunb-panel')).map(p => p.getBoundingClientRect());
+            return {right: area.right, left: area.left, scroll: m.scrollWidth, client: m.clientWidth,
+                    panels: panels.map(p => [p.left, p.right]), width: area.width};
+        }""")
+        assert measured["width"] < 700  # the narrow case the review saw (590 px)
+        assert len(measured["panels"]) == CHARTS
+        assert all(measured["left"] - 1 <= left and right <= measured["right"] + 1
+                   for left, right in measured["panels"]), measured  # every panel whole, none cut off
+        assert measured["scroll"] <= measured["client"] + 1  # no hidden overflow either
+    finally:
+        page.close()
+        server.shutdown_kernels()
