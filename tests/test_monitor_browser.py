@@ -70,6 +70,17 @@ def _caption(page) -> str:
     return page.locator(".gpunb-monitor .gpunb-caption").first.inner_text()
 
 
+def _wait_for_caption(page, words: str, timeout_ms: int = 30_000) -> None:
+    """Until the monitor's caption says ``words`` (30 s by default: a loaded CI machine takes
+    seconds per round trip; a redraw replaces the node, so a moment without one is normal)."""
+    try:
+        page.wait_for_function("w => (document.querySelector('.gpunb-caption') || {innerText: ''}).innerText"
+                               ".includes(w)", arg=words, timeout=timeout_ms)
+    except Exception:
+        page.screenshot(path=str(results_dir() / "monitor-caption-timeout.png"))
+        raise AssertionError(f"the caption never said {words!r}: {_caption(page)!r}") from None
+
+
 def _sources(locator) -> list[str]:
     return locator.locator("img.gpunb-chart").evaluate_all("els => els.map(e => e.src)")
 
@@ -80,23 +91,52 @@ def test_the_controls_pause_resume_and_change_the_window(server, browser):
         controls = page.locator(".gpunb-monitor-controls")
         page.screenshot(path=str(results_dir() / "monitor-controls.png"))
         controls.get_by_role("button", name="Pause").click()
-        page.wait_for_function("() => document.querySelector('.gpunb-caption').innerText.includes('paused at')",
-                               timeout=30_000)  # a loaded CI machine: seconds per round trip
+        _wait_for_caption(page, "paused at", 30_000)
         frozen = _sources(page.locator(".gpunb-monitor").first)
         time.sleep(1.5)
         assert _sources(page.locator(".gpunb-monitor").first) == frozen  # nothing redrawn while paused
         controls.get_by_role("button", name="Resume").click()
-        page.wait_for_function("() => document.querySelector('.gpunb-caption').innerText.includes('last sample')",
-                               timeout=30_000)
+        _wait_for_caption(page, "last sample", 30_000)
         controls.locator("select").select_option(label="10 min")
-        page.wait_for_function("() => document.querySelector('.gpunb-caption').innerText.includes('10 min window')",
-                               timeout=30_000)
+        _wait_for_caption(page, "10 min window", 30_000)
         controls.get_by_role("button", name="Stop").click()
-        page.wait_for_function("() => document.querySelector('.gpunb-caption').innerText.includes('stopped at')",
-                               timeout=30_000)
+        _wait_for_caption(page, "stopped at", 30_000)
         page.wait_for_timeout(500)
         assert page.locator(".gpunb-monitor-controls").count() == 0  # the controls gave way
         assert len(_sources(page.locator(".gpunb-monitor").first)) == CHARTS
+    finally:
+        page.close()
+        server.shutdown_kernels()
+
+
+def test_pause_acts_while_a_training_cell_runs(server, browser):
+    """The clicks go to a kernel subshell (ipykernel 7), not behind the running cell."""
+    name = "busy.ipynb"
+    server.write_notebook(name, notebook_json([
+        "%load_ext gpunb\n%gpumonitor --hz 4 --window 30 -o mon",
+        "import time\nfor _ in range(60):\n    time.sleep(0.25)  # training, never yielding to the kernel",
+        "mon.controls.act_while_cells_run",
+    ]))
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(server.lab_url(name))
+        wait_idle(page)
+        page.locator(".jp-Cell").first.click()
+        page.keyboard.press("Shift+Enter")
+        page.wait_for_selector(".gpunb-monitor-controls button", timeout=60_000)
+        wait_idle(page, 30_000)
+        page.keyboard.press("Shift+Enter")  # the training cell
+        busy = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-InputPrompt")
+        busy.filter(has_text="[*]").wait_for(timeout=10_000)
+        page.locator(".gpunb-monitor-controls").get_by_role("button", name="Pause").click()
+        _wait_for_caption(page, "paused at", 8_000)
+        assert "[*]" in busy.inner_text(), "the cell ended first: the test proves nothing"
+        frozen = _sources(page.locator(".gpunb-monitor").first)
+        time.sleep(1.5)
+        assert _sources(page.locator(".gpunb-monitor").first) == frozen
+        page.locator(".gpunb-monitor-controls").get_by_role("button", name="Stop").click()
+        _wait_for_caption(page, "stopped at", 8_000)
+        assert "[*]" in busy.inner_text()
     finally:
         page.close()
         server.shutdown_kernels()

@@ -134,3 +134,71 @@ def test_the_server_extension_registers_the_save_hook():
 
     server_extension._load_jupyter_server_extension(App())
     assert App.contents_manager.hooks == [drop_live_controls]
+
+
+class _Socket:
+    def __init__(self, reply, answers=True):
+        self.reply, self.answers, self.sent = reply, answers, []
+
+    def send_json(self, obj):
+        self.sent.append(obj)
+
+    def poll(self, timeout_ms):
+        return self.answers
+
+    def recv_json(self):
+        return self.reply
+
+
+def _kernel(socket, subshells=()):
+    class Pair:
+        from_socket = socket
+
+    class Manager:
+        control_to_shell_channel = Pair()
+
+        def list_subshell(self):
+            return list(subshells)
+
+    class Thread:
+        manager = Manager()
+
+    class Kernel:
+        _supports_kernel_subshells = True
+        shell_channel_thread = Thread()
+
+    return Kernel()
+
+
+class _Comm:
+    def _reply_subshell_for(self, data, default):
+        return getattr(self, "_reply_subshell_id", default)
+
+
+class _Widget:
+    def __init__(self):
+        self.comm = _Comm()
+
+
+def test_clicks_are_routed_to_one_subshell_per_kernel():
+    from gpunb.shells.widget_channel import route_clicks
+
+    socket = _Socket({"status": "ok", "subshell_id": "sub-1"})
+    kernel = _kernel(socket, subshells=["sub-1"])
+    a, b = _Widget(), _Widget()
+    assert route_clicks([a], kernel) and a.comm._reply_subshell_id == "sub-1"
+    assert route_clicks([b], kernel) and b.comm._reply_subshell_id == "sub-1"
+    assert socket.sent == [{"type": "create"}]  # one subshell, asked for once
+
+
+def test_without_subshells_the_controls_act_between_cells():
+    from gpunb.shells.widget_channel import route_clicks
+
+    assert not route_clicks([_Widget()], None)
+    silent = _Socket(None, answers=False)  # the shell channel thread does not answer
+    kernel = _kernel(silent)
+    assert not route_clicks([_Widget()], kernel) and not route_clicks([_Widget()], kernel)
+    assert silent.sent == [{"type": "create"}]  # not asked again: no stray reply later
+    refused = _kernel(_Socket({"status": "error", "evalue": "no"}))
+    widget = _Widget()
+    assert not route_clicks([widget], refused) and not hasattr(widget.comm, "_reply_subshell_id")

@@ -12,10 +12,10 @@ the frame, never a widget:
   removes the outputs marked :data:`CONTROLS_MARK` when the notebook is saved
   (:func:`gpunb.shells.save_hook.drop_live_controls`); the open notebook keeps them.
 
-Button clicks arrive as comm messages on the kernel's shell channel: they are handled when
-the kernel is between cells, or while a cell awaits (``await asyncio.sleep``). A cell that
-trains without yielding holds them until it ends; ``Kernel → Interrupt`` still stops that
-cell at once, and ``%gpumonitor --stop`` in the next cell stops every monitor.
+Button clicks arrive as comm messages on the kernel's shell channel, queued behind a running
+cell. On ipykernel 7 gpunb routes them to a kernel subshell (:mod:`gpunb.shells.widget_channel`)
+so Pause, Stop and the window act while a training cell runs; where that is not available they
+act when the cell ends (``%gpumonitor --stop`` and ``Kernel → Interrupt`` work as always).
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ class MonitorControls:
         self.stop.on_click(self._on_stop)
         self.window.observe(self._on_window, names="value")
         self._handle: Any = None
+        self.act_while_cells_run = False  # clicks go to a kernel subshell (widget_channel)
 
     # -- what the user does ------------------------------------------------------------
     def _on_pause(self, change: dict[str, Any]) -> None:
@@ -89,6 +90,12 @@ class MonitorControls:
         from IPython.display import display
 
         self._handle = display(self.bundle(), raw=True, display_id=True, metadata={CONTROLS_MARK: True})
+        from gpunb.shells.session import current_shell
+        from gpunb.shells.widget_channel import route_clicks
+
+        kernel = getattr(current_shell(), "kernel", None)
+        self.act_while_cells_run = route_clicks(
+            [self.box, self.pause, self.stop, self.window, *self.box.children], kernel)
 
     def remove(self) -> None:
         """The monitor stopped: the controls give way to nothing (the frame below stays)."""
