@@ -7,6 +7,7 @@ import threading
 import time
 
 import IPython.display
+import pytest
 
 from gpunb.analysis.checks.records import CheckReport
 from gpunb.shells.check_progress import CheckProgress
@@ -88,3 +89,36 @@ def test_progress_view_escapes_and_says_the_step():
     assert progress_text(p) == "Checking the setup… · 4.2 s · step 2 of 6: <b>x</b>"
     html = progress_html(p)
     assert "&lt;b&gt;x&lt;/b&gt;" in html and 'aria-valuenow="2"' in html and "<b>x</b>" not in html
+
+
+def test_fit_progress_names_the_trial_of_at_most_n(monkeypatch):
+    from gpunb.shells.fit_progress import FitProgress
+
+    frames = _capture(monkeypatch)
+    shown = FitProgress(KernelShell(), max_trials=6, steps=50, tick_s=60)
+    shown("trial 2: batch 512 (candidate)…")
+    shown("done: 3 trials of 50 steps in 9.1 s; recommended batch: 480")
+    texts = _texts(frames)
+    assert "trial 2 of at most 6: batch 512 (candidate)…" in texts[0] and "Finding the largest batch" in texts[0]
+    assert texts[1].endswith("trial 2 of at most 6: done: 3 trials of 50 steps in 9.1 s; recommended batch: 480")
+    shown.finish("the result")
+    assert frames[-1] == "the result"
+
+
+def test_cancel_interrupts_only_the_running_magic_once(monkeypatch):
+    pytest.importorskip("ipywidgets")
+    import signal
+
+    import gpunb.shells.cancel_button as cancel_module
+
+    sent = []
+    monkeypatch.setattr(cancel_module.os, "kill", lambda pid, sig: sent.append(sig))
+    button = cancel_module.CancelButton("the check")
+    button.button.click()
+    button.button.click()  # a second click while it stops: nothing more
+    assert sent == [signal.SIGINT] and button.cancelled and button.button.description == "Cancelling…"
+    late = cancel_module.CancelButton("the check")
+    late.done()
+    late.button.click()  # the magic has ended: a late click interrupts nothing
+    assert sent == [signal.SIGINT] and not late.cancelled
+    assert cancel_module.CancelButton.shown("the check", None) is None  # no kernel: no button

@@ -55,17 +55,30 @@ class CheckMagics(Magics):
         if args.quick and args.deep:
             raise usage_error(self.gpucheck, "--quick and --deep exclude each other (--quick skips the "
                                              "measurements that --deep adds to)")
+        from gpunb.shells.cancel_button import CancelButton
         from gpunb.shells.check_progress import CheckProgress
 
         handle = CheckProgress(self.shell) if not args.json else None  # progress, then the report in its place
+        # the full check takes seconds (subprocesses): a Cancel button beside its progress
+        cancel = CancelButton.shown("the check", self.shell) if handle is not None and not args.quick else None
         try:
-            report = check(quick=args.quick, device=args.device, deep=args.deep,
-                           progress=handle.update if handle else None, in_kernel=True)
+            try:
+                report = check(quick=args.quick, device=args.device, deep=args.deep,
+                               progress=handle.update if handle else None, in_kernel=True)
+            finally:
+                if cancel is not None:
+                    cancel.done()  # a click from now on interrupts nothing
         except CheckOptionError as exc:
             if handle:
                 handle.clear()
             raise usage_error(self.gpucheck, str(exc)) from None
-        except BaseException:  # Ctrl-C or a bug: the ticking progress line must not go on
+        except KeyboardInterrupt:
+            if handle:
+                handle.interrupted(cancelled=cancel is not None and cancel.cancelled)
+            if cancel is not None and cancel.cancelled:
+                return  # the user's own click: said in the output, no traceback
+            raise
+        except BaseException:  # a bug: the ticking progress line must not go on
             if handle:
                 handle.interrupted()
             raise

@@ -24,6 +24,8 @@ class Progress:
     step: int | None = None  # 1-based, with ``steps``: "step 2 of 6"
     steps: int | None = None
     note: str = ""  # what to expect: "the checklist appears here when every check has run"
+    step_name: str = "step"  # "trial": "trial 2 of at most 6"
+    at_most: bool = False  # ``steps`` is a cap (the search may end sooner), not a count
 
     @property
     def fraction(self) -> float | None:
@@ -33,7 +35,9 @@ class Progress:
 
 
 def _step_words(p: Progress) -> str:
-    return f"step {p.step} of {p.steps}" if p.step is not None and p.steps else ""
+    if p.step is None or not p.steps:
+        return ""
+    return f"{p.step_name} {p.step} of {'at most ' if p.at_most else ''}{p.steps}"
 
 
 def progress_text(p: Progress) -> str:
