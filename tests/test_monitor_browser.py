@@ -208,3 +208,27 @@ def test_nothing_is_cut_off_at_1024_px_with_the_file_browser_open(server, browse
     finally:
         page.close()
         server.shutdown_kernels()
+
+
+def test_cancel_stops_the_full_check_and_the_kernel_lives_on(server, browser):
+    name = "cancel.ipynb"
+    server.write_notebook(name, notebook_json(["%load_ext gpunb\n%gpucheck", "40 + 2"]))
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(server.lab_url(name))
+        wait_idle(page)
+        page.locator(".jp-Cell").first.click()
+        page.keyboard.press("Shift+Enter")
+        page.wait_for_selector(".gpunb-progress", timeout=30_000)  # the probe runs: seconds to go
+        page.locator("button.gpunb-cancel").click(timeout=10_000)
+        page.get_by_text("gpucheck: cancelled after").wait_for(timeout=30_000)
+        page.screenshot(path=str(results_dir() / "check-cancelled.png"))
+        cell = page.locator(".jp-Cell").first.locator(".jp-OutputArea")
+        assert "KeyboardInterrupt" not in cell.inner_text() and page.locator("button.gpunb-cancel").count() == 0
+        wait_idle(page, 30_000)
+        page.locator(".jp-Cell").nth(1).locator(".jp-InputArea").click()
+        page.keyboard.press("Shift+Enter")
+        page.locator(".jp-Cell").nth(1).locator(".jp-OutputArea").get_by_text("42").wait_for(timeout=30_000)
+    finally:
+        page.close()
+        server.shutdown_kernels()
