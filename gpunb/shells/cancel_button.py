@@ -2,7 +2,7 @@
 
 A click does what ``Kernel → Interrupt`` does to this process: it sends SIGINT, which the
 kernel turns into ``KeyboardInterrupt`` in the running cell, so the magic's own clean-up runs
-(``%gpufit`` puts the model and optimizer back, ``%gpucheck`` stops its waiting). The click is
+exactly as after Ctrl-C (``%gpucheck`` stops its waiting). The click is
 handled on a kernel subshell (:mod:`gpunb.shells.widget_channel`) because the magic holds the
 main thread; where subshells are not available the button cannot act while the magic runs,
 so it is not shown. It only ever interrupts the magic it belongs to: once the magic has
