@@ -27,8 +27,9 @@ from gpunb.views.chart import DIM, SMALL
 # narrower windows wrap the panels (monitor_layout), never cut them off.
 WIDTH = 180
 HEIGHT = 56
-# Points per chart: about one per pixel. Rows beyond that are merged into buckets.
-MAX_POINTS = WIDTH
+# Points per chart (a point per 1.8 px): rows beyond that are merged into buckets. Not one per
+# pixel: every point is formatted on the sampler thread, which holds the GIL while it draws.
+MAX_POINTS = 100
 # Until the window is full the time axis spans the samples so far, but at least this long
 # (two samples a second apart must not fill a chart as if they were a trend).
 MIN_SPAN_S = 10.0
