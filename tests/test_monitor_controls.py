@@ -20,7 +20,8 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
 @pytest.fixture(autouse=True)
-def no_leftover_sampler():
+def no_leftover_sampler(ip, monkeypatch):
+    monkeypatch.setattr(ip, "kernel", object(), raising=False)  # a Jupyter kernel: controls are shown
     yield
     stop_all(STANDALONE_STATE)
     STANDALONE_STATE.sampler = None

@@ -76,6 +76,8 @@ class CancelButton:
         try:
             if handle is not None:
                 handle.update({"text/plain": ""}, raw=True, metadata={})
-            self.button.close()
         except Exception:  # the kernel is going away: nothing left to update
             pass
+        from gpunb.shells.monitor_controls import close_widgets
+
+        close_widgets(self.button)

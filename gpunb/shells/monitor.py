@@ -307,8 +307,8 @@ class Monitor(DisplayMixin):
         """Pause/Stop/window above the frame (once per monitor); without ipywidgets, none."""
         from gpunb.shells.monitor_controls import MonitorControls, widgets_available
 
-        if not widgets_available():
-            return
+        if getattr(current_shell(), "kernel", None) is None or not widgets_available():
+            return  # no Jupyter kernel (frontend="live" forced elsewhere): no frontend to click in
         try:
             self.controls = MonitorControls(self)
             self.controls.show()
