@@ -135,9 +135,9 @@ def test_the_monitor_shows_the_finding_as_a_line(monkeypatch):
     html = m.html()
     # one line above the charts, inside the monitor's frame ...
     assert html.startswith('<div class="gpunb-monitor"') and "idle GPU" in html
-    assert html.index('class="gpunb-imbalance"') < html.index("<table")
-    # ... and a badge in the label of the GPU it names (SparkPanel.gpu_label), not in the other's
-    rows = html.split('<tr class="gpunb-gpu">')[1:]
+    assert html.index('class="gpunb-imbalance"') < html.index('class="gpunb-gpu"')
+    # ... and a badge in the heading of the GPU it names (monitor_layout.gpu_heading), not in the other's
+    rows = html.split('<div class="gpunb-gpu"')[1:]
     assert len(rows) == 2 and "unbalanced: idle" not in rows[0] and "unbalanced: idle" in rows[1]
     assert m.to_dict()["imbalance"][0]["gpus"] == [1]
     # the live frame the sampler thread redraws says the same

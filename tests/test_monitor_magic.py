@@ -181,7 +181,8 @@ def _displayed(mon) -> tuple[dict, list]:
         mon._ipython_display_()
     sent = []
     mon._handles[0].update = lambda data, raw=False: sent.append((threading.current_thread().name, data))
-    return out.outputs[0].data, sent
+    frame = next(o for o in out.outputs if "text/html" in o.data)  # (the controls, if any, come first)
+    return frame.data, sent
 
 
 def test_live_output_is_html_redrawn_in_place_by_the_sampler_thread(ip, fake_nvml):
@@ -216,7 +217,7 @@ def test_the_frame_that_stays_is_the_last_one(ip, fake_nvml):
     latest = mon.window().t_s[-1]
     # The stopped frame ends at the sampler's very last reading, not at an older frame.
     assert mon.sampler.ticks == ticks_at_stop
-    from gpunb.views.sparkline import clock_time
+    from gpunb.views.monitor_layout import clock_time
 
     assert clock_time(mon.sampler.started_unix, latest) in stopped
 

@@ -3,6 +3,7 @@ charts, live or stopped; the frame that stays is the latest, redrawn while later
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 from pathlib import Path
@@ -16,6 +17,8 @@ nbclient = pytest.importorskip("nbclient")
 
 ROOT = Path(__file__).resolve().parents[1]
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+# ipywidgets is a dependency; an environment set up before it became one shows no controls
+HAS_WIDGETS = importlib.util.find_spec("ipywidgets") is not None
 
 
 def _execute(cells: list[str], monkeypatch, tmp_path) -> nbformat.NotebookNode:
@@ -45,9 +48,11 @@ def test_stopped_monitor_leaves_its_last_frame_in_the_saved_notebook_and_its_htm
         monkeypatch,
         tmp_path,
     )
-    first = nb.cells[0].outputs
-    assert len(first) == 1 and first[0].output_type == "display_data"
-    data = first[0].data
+    *controls, frame = nb.cells[0].outputs
+    # the controls gave way to nothing when the monitor stopped (an empty text): no widget is saved
+    assert [c.data for c in controls] == ([{"text/plain": ""}] if HAS_WIDGETS else [])
+    assert frame.output_type == "display_data"
+    data = frame.data
     assert WIDGET_VIEW not in data and "<svg" not in data["text/html"]
     html = data["text/html"]
     assert len(images(html, "gpunb-chart")) == 7 and "stopped at" in html and "NVIDIA H200" in html
@@ -66,8 +71,15 @@ def test_a_live_monitor_saved_mid_run_keeps_a_recent_frame(monkeypatch, tmp_path
         monkeypatch,
         tmp_path,
     )
-    data = nb.cells[0].outputs[0].data
-    assert WIDGET_VIEW not in data  # nothing that needs a widget model after reopening
+    *controls, frame = nb.cells[0].outputs
+    data = frame.data
+    assert WIDGET_VIEW not in data  # the frame needs no widget model after reopening
+    # the controls, still live at the end of the run, are a widget that nbclient saved with its
+    # state in the notebook's metadata (so they reopen as buttons, not "model not found")
+    assert len(controls) == HAS_WIDGETS
+    for c in controls:
+        model_id = c.data[WIDGET_VIEW]["model_id"]
+        assert model_id in nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
     html = data["text/html"]
     assert len(images(html, "gpunb-chart")) == 7 and "last sample" in html
     # Redrawn in place while the next cell ran: the saved frame is from its end, not its start.

@@ -296,3 +296,13 @@ def test_the_thread_never_prints_even_when_things_fail(capfd):
     out, err = capfd.readouterr()
     assert out == "" and err == ""
     assert sampler.ticks >= 3 and any("widget gone" in n for n in sampler.notes)
+
+
+def test_no_driver_is_said_once_by_the_status_not_by_a_growing_retry_log(monkeypatch):
+    import gpunb.analysis.monitor.sampler as sampler_module
+
+    monkeypatch.setattr(sampler_module, "REDISCOVER_S", (0.0, 0.0))  # look again at every tick
+    sampler, clock, _ = make("no-driver")
+    run_ticks(sampler, clock, 6)
+    assert "libnvidia-ml" in sampler.status.cause  # the one place the view reads the cause from
+    assert not [n for n in sampler.notes if "libnvidia-ml" in n or "again" in n]

@@ -10,17 +10,8 @@ from gpunb.analysis.monitor.sampler import Sampler
 from gpunb.readings.nvml import NvmlSession
 from gpunb.testing import load_trace, scenario
 from gpunb.views import chart
-from gpunb.views.sparkline import (
-    HEIGHT,
-    MAX_POINTS,
-    SparkPanel,
-    caption,
-    clock_event_badge,
-    memory_scale,
-    monitor_html,
-    monitor_text,
-    series_cell,
-)
+from gpunb.views.monitor_layout import caption, clock_event_badge, monitor_html, monitor_text, panel_html
+from gpunb.views.sparkline import HEIGHT, MAX_POINTS, PANEL_W, WIDTH, SparkPanel, memory_scale, series_cell
 from tests.chart_html import SVG, images, parse, runs_of, svg_of, words
 
 
@@ -51,7 +42,7 @@ def test_a_series_is_an_image_with_scale_latest_value_and_a_gap():
     assert "latest 90 %" in alt and "min 10" in alt and "max 90" in alt and "2 of 10 points have no reading" in alt
     assert "scale 0 to 100 %" in alt and image["alt"] == image["title"]  # the hover tip says it too
     text = words(cell)
-    assert text.startswith("90 % max 90") and "100 0" in text  # latest value, window max, the scale's ends
+    assert text.startswith("utilization 90 % max 90") and "100 0" in text  # title, latest, window max, scale
     runs = runs_of(svg_of(image), chart.BLUE)
     assert [len(r) for r in runs] == [3, 5]  # the gap splits the line
     ys = [y for _, y in runs[1]]
@@ -62,7 +53,7 @@ def test_a_series_is_an_image_with_scale_latest_value_and_a_gap():
 
 def test_a_series_without_readings_says_so_and_keeps_its_place():
     cell = series_cell([0.0, 1.0, 2.0], [None, None, None], label="power", unit="W", span_s=10)
-    assert charts(cell) == [] and "no reading" in words(cell) and words(cell).startswith("n/a")
+    assert charts(cell) == [] and "no reading" in words(cell) and words(cell).startswith("power n/a")
     first = series_cell([], [], label="power", unit="W", span_s=10)
     assert charts(first) == [] and "waiting for the first samples" in words(first)
     assert f"height:{HEIGHT}px" in first  # the same box as the chart that replaces it: no jump
@@ -142,10 +133,10 @@ def test_incremental_drawing_equals_drawing_at_once():
     for i in range(len(rows["t_s"])):  # one row at a time, as the sampler thread sees them
         live.feed(first + i, {k: v[i : i + 1] for k, v in rows.items()})
         if i % 37 == 0:
-            live.html(sampler.gpu_series(), nvml=sampler.status, gpu_count=1)
+            panel_html(live, sampler.gpu_series(), nvml=sampler.status, gpu_count=1)
     once = panel()
     once.feed(first, rows)
-    draw = lambda p: p.html(sampler.gpu_series(), nvml=sampler.status, gpu_count=1, caption_text="x")  # noqa: E731
+    draw = lambda p: panel_html(p, sampler.gpu_series(), nvml=sampler.status, gpu_count=1, caption_text="x")  # noqa: E731
     assert draw(live) == draw(once)
     assert live.k == 2 and len(live.tracks["gpu0_util_pct"].items) <= 101
 
@@ -162,7 +153,7 @@ def test_the_badge_has_its_place_before_it_appears():
     before = monitor_html(window_of("h200", until=5.0))
     during = monitor_html(window_of("h200", until=18.0))  # the trace hits the power cap at ~17 s
     assert "no throttling" in before and "clocks held back: power cap" in during
-    place = re.compile(r'<div style="min-height:16px;margin-top:2px">')
+    place = re.compile(r'<div style="display:flex;flex-wrap:wrap;align-items:baseline;gap:2px 8px;min-height:18px;')
     assert place.search(before) and place.search(during)  # the same reserved line in both
     assert len(charts(during)) == 5 + 2  # five GPU charts, two host charts
     assert "stopped at" in monitor_html(window_of("h200"), state="stopped")
@@ -171,24 +162,57 @@ def test_the_badge_has_its_place_before_it_appears():
 def test_captions_stay_true_in_a_saved_notebook():
     live = caption("live", hz=2, seconds=300, started_unix=0.0, t_last=10.0)
     stopped = caption("stopped", hz=2, seconds=300, started_unix=0.0, t_last=10.0)
-    assert "live" not in live and "last sample" in live and "2 Hz" in live and "5 min shown" in live
-    assert "stopped at" in stopped and "2 Hz" in stopped and "5 min shown" in stopped
+    assert "live" not in live and "last sample" in live and "2 Hz" in live and "5 min window" in live
+    assert "stopped at" in stopped and "2 Hz" in stopped and "5 min window" in stopped
     assert "waiting for the first sample" in caption("live", hz=2, seconds=60, started_unix=None, t_last=None)
 
 
 def test_time_axis_ends_at_the_last_sample():
-    w = window_of("h200", seconds=120)
+    w = window_of("h200", seconds=120, until=130)
     text = words(monitor_html(w))
     assert re.search(r"−2 min \d\d:\d\d:\d\d", text)  # the window's start, the last sample's time
 
 
-def test_eight_gpus_keep_one_row_each_with_fixed_columns():
+def _screen_xs(image: dict, stroke: str) -> list[float]:
+    """Where a line's points land in the picture, after its group's transform."""
+    root = svg_of(image)
+    group = next(g for g in root.iter(SVG + "g") if any(p.get("stroke") == stroke for p in g.iter(SVG + "path")))
+    transform = group.get("transform")
+    scale = re.search(r"scale\(([\d.]+),1\)", transform)
+    shift = float(re.search(r"translate\((-?[\d.]+),0\)", transform).group(1))
+    stretch = float(scale.group(1)) if scale else 1.0
+    return [(x + shift) * stretch for run in runs_of(root, stroke) for x, _ in run]
+
+
+def test_a_short_run_fills_the_chart_from_its_first_sample():
+    # 34 s of samples in the default 2-minute window: the axis spans the 34 s, not 2 min
+    page = monitor_html(window_of("h200", seconds=120, until=34))
+    assert re.search(r"−34 s \d\d:\d\d:\d\d", words(page)) and "−2 min" not in words(page)
+    util = charts(page)[1]
+    xs = _screen_xs(util, chart.GREEN)
+    assert min(xs) < 0.05 * WIDTH and max(xs) > 0.95 * WIDTH  # first sample left, last one right
+    assert 'vector-effect="non-scaling-stroke"' in svg_of_text(util)  # the stretch keeps the line's width
+    # once the window is full it scrolls: the last 2 minutes, the oldest sample at the left edge
+    full = charts(monitor_html(window_of("h200", seconds=120, until=200)))[1]
+    xs = _screen_xs(full, chart.GREEN)
+    assert max(xs) > 0.95 * WIDTH and min(xs) < 0.05 * WIDTH and "last 2 min" in full["alt"]
+
+
+def svg_of_text(image: dict) -> str:
+    import base64
+
+    return base64.b64decode(image["src"].split(",", 1)[1]).decode()
+
+
+def test_charts_are_large_enough_to_read_and_panels_wrap_in_a_narrow_window():
+    assert WIDTH >= 160 and HEIGHT >= 50  # the first version's 100x38 px could not be read
     page = monitor_html(window_of("eight-gpus"))
-    assert page.count('class="gpunb-gpu"') == 8 and len(charts(page)) == 8 * 5 + 2
-    # one fixed-width table: each GPU one row, the same five columns; nothing wraps freely
-    widths = [int(w) for w in re.findall(r'<col style="width:(\d+)px">', page)]
-    assert len(widths) == 6 and f"width:{sum(widths)}px" in page and sum(widths) <= 800
-    assert "flex-wrap" not in page and "GPU 7" in page
+    assert page.count('class="gpunb-gpu"') == 8 and len(charts(page)) == 8 * 5 + 2 and "GPU 7" in page
+    # fixed-width panels in rows that wrap: in a 590 px output area (1024 px window, file browser
+    # open) two panels fit side by side and the others go to the next line, none is cut off
+    widths = {int(w) for w in re.findall(r'class="gpunb-panel" style="box-sizing:border-box;width:(\d+)px', page)}
+    assert widths == {PANEL_W} and 2 * PANEL_W + 6 <= 590 and 5 * PANEL_W + 4 * 6 <= 1200
+    assert page.count("flex-wrap:wrap") >= 9 and "<table" not in page
 
 
 def test_text_line_and_no_gpu_message():

@@ -389,10 +389,11 @@ def test_one_line_mode_and_history(ip, capsys):
     out = capsys.readouterr().out
     # the one-line cell is in the history too, before the two profiled ones
     assert [e.label for e in ip.user_ns["_gpunb_test"].entries] == ["sum(range(100000))", "sum(range(10))", "second"]
-    assert "one-line" in out and "median step" in out and "second" in out and "vs #1: wall time" in out
-    assert "vs #2: median step" in out or "vs #2: wall time" in out  # each comparison names its measure
+    assert "one-line" in out and "median step" in out and "second" in out
+    # only runs of the same cell are compared: #2 and #3 have the same code, #1 is another cell
+    assert "vs #1" not in out and ("vs #2: median step" in out or "vs #2: wall time" in out)
     history = out[out.index("gpuprofile history: "):]
-    assert history.startswith("gpuprofile history: 3 cells; the last against the one before: wall time")
+    assert history.startswith("gpuprofile history: 3 cells; the last against its earlier run #2: ")
     ip.run_cell("%gpuprofile history --clear")
     assert len(kernel_state(ip).profile_history) == 0
 
@@ -513,3 +514,24 @@ def test_in_a_real_kernel_the_report_stays_above_what_the_cell_prints():
     one_line = nb.cells[3].outputs
     assert one_line[0].output_type == "display_data" and one_line[0].data["text/plain"].startswith("gpuprofile")
     assert one_line[1].text == "a line of my own\n"
+
+
+def test_history_compares_a_cell_only_with_an_earlier_run_of_the_same_cell(ip, capsys):
+    """A one-line evaluation after a training cell is another cell: no "290.4x faster"."""
+    ip.run_cell("%gpuprofile history --clear")
+    ip.run_cell("%%gpuprofile --label train\n_gpunb_t = sum(range(300000))\n")
+    ip.run_cell("%%gpuprofile\n_gpunb_e = 1 + 1\n")  # another cell: nothing to compare with
+    ip.run_cell("%gpuprofile history -o _gpunb_test")
+    out = capsys.readouterr().out
+    history = out[out.index("gpuprofile history: "):]
+    assert "vs #" not in history and "faster" not in history and "slower" not in history
+    assert "no earlier run to compare with" in history.splitlines()[0]
+    assert ip.user_ns["_gpunb_test"].baselines == (None, None)
+    # the same label with changed code is a run of the same cell; so is the same code again
+    ip.run_cell("%%gpuprofile --label train\n_gpunb_t = sum(range(30000))\n")
+    ip.run_cell("%%gpuprofile\n_gpunb_e = 1 + 1  \n\n")
+    ip.run_cell("%gpuprofile history -o _gpunb_test")
+    out = capsys.readouterr().out
+    assert ip.user_ns["_gpunb_test"].baselines == (None, None, 0, 1)
+    assert "vs #1: " in out and "vs #2: " in out and "its earlier run #2" in out
+    ip.run_cell("%gpuprofile history --clear")

@@ -99,9 +99,10 @@ class profile(DisplayMixin):  # noqa: N801  (used like a function: `with gpunb.p
     def __exit__(self, etype: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
         self.result = self._session.stop(exc)
         if self.record:
+            from gpunb.analysis.profile.history import RunOf
             from gpunb.shells.extension import kernel_state
 
-            kernel_state().profile_history.add(self.result)
+            kernel_state().profile_history.add(self.result, RunOf.of(label=self.result.label))
         # in a notebook the report appears like %%gpuprofile's; in scripts only on request
         if self.show if self.show is not None else current_shell() is not None:
             display_or_print(self.result)

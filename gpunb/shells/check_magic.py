@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING, Any
 
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from gpunb.analysis.checks.checklist import CheckOptionError, check
-from gpunb.analysis.checks.records import CheckReport
 from gpunb.shells.arguments import output_option, parse_args, usage_error, whole_number
 
 if TYPE_CHECKING:
@@ -59,56 +57,39 @@ class CheckMagics(Magics):
         if args.quick and args.deep:
             raise usage_error(self.gpucheck, "--quick and --deep exclude each other (--quick skips the "
                                              "measurements that --deep adds to)")
-        show_progress = not args.json
-        handle = _ProgressDisplay(self.shell) if show_progress else None
+        from gpunb.shells.cancel_button import CancelButton
+        from gpunb.shells.check_progress import CheckProgress
+
+        handle = CheckProgress(self.shell) if not args.json else None  # progress, then the report in its place
+        # the full check takes seconds (subprocesses): a Cancel button beside its progress
+        cancel = CancelButton.shown("the check", self.shell) if handle is not None and not args.quick else None
         try:
-            report = check(quick=args.quick, device=args.device, deep=args.deep,
-                           progress=handle.update if handle else None, in_kernel=True)
+            try:
+                report = check(quick=args.quick, device=args.device, deep=args.deep,
+                               progress=handle.update if handle else None, in_kernel=True)
+            finally:
+                if cancel is not None:
+                    cancel.done()  # a click from now on interrupts nothing
         except CheckOptionError as exc:
             if handle:
                 handle.clear()
             raise usage_error(self.gpucheck, str(exc)) from None
+        except KeyboardInterrupt:
+            if handle:
+                handle.interrupted(cancelled=cancel is not None and cancel.cancelled)
+            if cancel is not None and cancel.cancelled:
+                return  # the user's own click: said in the output, no traceback
+            raise
+        except BaseException:  # a bug: the ticking progress line must not go on
+            if handle:
+                handle.interrupted()
+            raise
         if args.output:
             self.shell.user_ns[args.output] = report
         if args.json:
             print(report.to_json())
         elif handle is not None:
             handle.finish(report)
-
-
-class _ProgressDisplay:
-    """One output area updated in place: partial reports while the probe runs, then the final one.
-
-    In a Jupyter kernel this uses display_id updates (works in JupyterLab, Notebook 7, VS Code,
-    Colab and is saved by nbconvert); in terminal IPython progress goes to stderr.
-    """
-
-    def __init__(self, shell: Any) -> None:
-        self._in_kernel = getattr(shell, "kernel", None) is not None
-        self._handle = None
-
-    def update(self, partial: CheckReport) -> None:
-        if self._in_kernel:
-            from IPython.display import display
-
-            if self._handle is None:
-                self._handle = display(partial, display_id=True)
-            else:
-                self._handle.update(partial)
-        elif partial.in_progress:
-            print(f"gpucheck: {partial.in_progress}", file=sys.stderr, flush=True)
-
-    def clear(self) -> None:
-        if self._handle is not None:
-            self._handle.update({"text/plain": ""}, raw=True)
-
-    def finish(self, report: CheckReport) -> None:
-        from IPython.display import display
-
-        if self._handle is not None:
-            self._handle.update(report)
-        else:
-            display(report)
 
 
 def register(shell: Any, state: Any) -> None:

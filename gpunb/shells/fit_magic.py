@@ -84,14 +84,30 @@ class FitMagics(Magics):
         if missing:
             raise usage_error(self.gpufit, missing)
         from gpunb.shells.api import fit_batch_size
+        from gpunb.shells.cancel_button import CancelButton
+        from gpunb.shells.fit_progress import FitProgress
 
-        result = fit_batch_size(step, start=args.start, max_batch=args.max_batch, margin=args.margin,
-                                device=args.device, steps=args.steps, max_trials=args.max_trials)
+        shown = FitProgress(self.shell, max_trials=args.max_trials, steps=args.steps)  # then the result in its place
+        cancel = CancelButton.shown("the batch-size search", self.shell)
+        try:
+            try:
+                result = fit_batch_size(step, start=args.start, max_batch=args.max_batch, margin=args.margin,
+                                        device=args.device, steps=args.steps, max_trials=args.max_trials,
+                                        progress=shown)
+            finally:
+                if cancel is not None:
+                    cancel.done()  # a click from now on interrupts nothing
+        except KeyboardInterrupt:
+            shown.interrupted(cancelled=cancel is not None and cancel.cancelled)
+            if cancel is not None and cancel.cancelled:
+                return  # the user's own click: said in the output, no traceback
+            raise
+        except BaseException:
+            shown.clear()
+            raise
         if args.output:
             self.shell.user_ns[args.output] = result
-        from IPython.display import display
-
-        display(result)
+        shown.finish(result)
 
 
 def _kind_of(value: Any) -> str:

@@ -60,9 +60,7 @@ class KernelState:
                 monitor.kernel_state = self
                 self.monitors.append(monitor)
             other.monitors.clear()
-        for profile in other.profile_history.entries():
-            self.profile_history.add(profile)
-        other.profile_history.clear()
+        self.profile_history.take_from(other.profile_history)
 
 
 # The state of plain-Python use (no %load_ext gpunb on the current shell).

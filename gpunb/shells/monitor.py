@@ -6,12 +6,14 @@ monitors share one thread and a new one never starts a second).
 
 In a Jupyter kernel the monitor is an ordinary ``text/html`` output that the sampler
 thread replaces in place (``update_display_data`` by display id, which JupyterLab,
-Notebook 7, VS Code and nbclient route to the output whatever cell runs meanwhile). It is
-deliberately not a widget: a widget output saved in a notebook shows "Error displaying
-widget: model not found" once reopened, while this output is always the latest frame,
-so a notebook saved mid-training shows the charts as they were at the save, and a stopped
-monitor's output says when it stopped. The charts are data-URI images (see
-:mod:`gpunb.views.chart`), which untrusted notebooks keep. Without a Jupyter frontend
+Notebook 7, VS Code and nbclient route to the output whatever cell runs meanwhile). The
+frame is deliberately not a widget: a widget output saved in a notebook shows "Error
+displaying widget: model not found" once reopened, while this output is always the latest
+frame, so a notebook saved mid-training shows the charts as they were at the save, and a
+stopped monitor's output says when it stopped. What the user does (Pause, Stop, the time
+window) are ipywidgets in their own output above the frame, which give way to nothing when
+the monitor stops (:mod:`gpunb.shells.monitor_controls`). The charts are data-URI images
+(see :mod:`gpunb.views.chart`), which untrusted notebooks keep. Without a Jupyter frontend
 (terminal IPython, plain Python) it shows one text line per GPU.
 """
 
@@ -30,7 +32,8 @@ from gpunb.shells.extension import kernel_state
 from gpunb.shells.kernel_state import KernelState
 from gpunb.shells.session import current_shell
 from gpunb.views.imbalance_view import imbalance_text
-from gpunb.views.sparkline import SparkPanel, caption, clock_time, monitor_html, monitor_text, panel_notes
+from gpunb.views.monitor_layout import caption, clock_time, monitor_html, monitor_text, panel_html, panel_notes
+from gpunb.views.sparkline import SparkPanel
 
 # Redraw at most this often; faster sampling still records every reading (each frame is
 # sent to the frontend whole, tens of KB for eight GPUs).
@@ -135,6 +138,8 @@ class Monitor(DisplayMixin):
         self._panel: SparkPanel | None = None
         self.frames = 0  # frames sent to the frontend (tests, benchmarks)
         self._layout = -1  # the sampler's GPU layout the panel was made for
+        self._paused = False  # the picture is frozen (sampling goes on)
+        self.controls: Any = None  # the Pause/Stop/window widgets (monitor_controls), once displayed
 
     # -- data -------------------------------------------------------------------
     @property
@@ -209,7 +214,32 @@ class Monitor(DisplayMixin):
         return "\n".join([*imbalance_text(self.imbalance()), monitor_text(self.window(), self.holders())])
 
     def _state(self) -> str:
-        return "stopped" if self._stopped else "live"
+        return "stopped" if self._stopped else "paused" if self._paused else "live"
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def set_paused(self, paused: bool) -> None:
+        """Freeze the picture (sampling goes on, ``samples()`` has every reading) or, with
+        False, show the latest again. The frame says "paused at …" while frozen."""
+        with self._lock:
+            if self._stopped or self._paused == bool(paused):
+                return
+            self._paused = bool(paused)
+            if self._handles:
+                self._send(self._live_bundle())
+
+    def set_window(self, window_s: float) -> None:
+        """Show the last ``window_s`` seconds from now on (the data behind it is already buffered)."""
+        window_s = _check_window(window_s, self.sampler.hz)
+        with self._lock:
+            if window_s == self.window_s:
+                return
+            self.window_s = window_s
+            self._panel = None  # a new scale of time: drawn afresh from the buffer
+            if self._handles and not self._stopped:
+                self._send(self._live_bundle())
 
     def html(self) -> str:
         return monitor_html(self.window(), state=self._state(), messages=self.messages, holders=self.holders(),
@@ -264,12 +294,26 @@ class Monitor(DisplayMixin):
             )
             display({"text/plain": self.text() + hint}, raw=True)
             return
+        if self.controls is None:
+            self._show_controls()
         with self._lock:
             bundle = self._live_bundle()
         handle = display(bundle, raw=True, display_id=True)
         if handle is not None:
             with self._lock:
                 self._handles.append(handle)
+
+    def _show_controls(self) -> None:
+        """Pause/Stop/window above the frame (once per monitor); without ipywidgets, none."""
+        from gpunb.shells.monitor_controls import MonitorControls, widgets_available
+
+        if getattr(current_shell(), "kernel", None) is None or not widgets_available():
+            return  # no Jupyter kernel (frontend="live" forced elsewhere): no frontend to click in
+        try:
+            self.controls = MonitorControls(self)
+            self.controls.show()
+        except Exception:  # a frontend without widget support must not cost the monitor
+            self.controls = None
 
     def _live_bundle(self) -> dict[str, Any]:
         """The newest frame, drawn incrementally (only rows new since the last frame are
@@ -287,7 +331,8 @@ class Monitor(DisplayMixin):
         panel.feed(first, rows)
         holders = self.holders()
         findings = self.imbalance()
-        markup = panel.html(
+        markup = panel_html(
+            panel,
             sampler.gpu_series(self.devices),
             nvml=sampler.status,
             gpu_count=len(sampler.gpus),
@@ -314,7 +359,7 @@ class Monitor(DisplayMixin):
     def _on_tick(self, sampler: Sampler) -> None:
         """Sampler-thread listener: redraw, never print."""
         with self._lock:
-            if self._stopped or not self._handles:
+            if self._stopped or self._paused or not self._handles:
                 return
             now = time.monotonic()
             if now - self._drawn_at < MIN_DRAW_INTERVAL_S * 0.9:  # (0.9: a tick may come early)
@@ -343,6 +388,8 @@ class Monitor(DisplayMixin):
         with self._lock:
             if self._handles:
                 self._send(self._repr_mimebundle_())
+        if self.controls is not None:  # they give way: a notebook saved from now on holds no widget
+            self.controls.remove()
 
     def close(self) -> None:
         """Same as :meth:`stop`."""

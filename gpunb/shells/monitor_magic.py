@@ -48,13 +48,16 @@ class MonitorMagics(Magics):
     def gpumonitor(self, line: str = "") -> None:
         """Live GPU charts that keep drawing while your next cells train.
 
-        One row per GPU: memory (this kernel's share and other processes', on a scale that
-        follows what is used, with the capacity beside it), utilization, power against its
-        limit, temperature against the slowdown threshold, SM clock, and a badge naming any
-        active clock-event (throttle) reason; a host row with CPU and RAM. One sampler
-        thread per kernel reads NVML; a second ``%gpumonitor`` shares it. The output is
-        plain HTML redrawn in place, so a saved, shared or exported notebook shows the last
-        frame (charts are images that untrusted notebooks keep); ``%gpumonitor --stop``
+        Per GPU a row of panels (they wrap in a narrow window): memory (this kernel's share
+        and other processes', on a scale that follows what is used, with the capacity beside
+        it), utilization, power against its limit, temperature against the slowdown
+        threshold, SM clock, and a badge naming any active clock-event (throttle) reason;
+        then the host's CPU and RAM. The time axis starts at the first sample until the
+        window is full. Above the charts, Pause/Resume, Stop and the time window (ipywidgets;
+        they act between cells, or while a cell awaits). One sampler thread per kernel reads
+        NVML; a second ``%gpumonitor`` shares it. The charts are plain HTML redrawn in place,
+        so a saved, shared or exported notebook shows the last frame (images that untrusted
+        notebooks keep), and the controls are left out of saved files; ``%gpumonitor --stop``
         stops every monitor and captions each output with the time it stopped. In terminal
         IPython it prints one line per GPU. Python API: ``gpunb.monitor()``.
 

@@ -16,6 +16,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from gpunb.analysis.profile.cell import ProfileSession
+from gpunb.analysis.profile.history import RunOf
 from gpunb.analysis.profile.meter import CellMeter
 from gpunb.analysis.profile.records import HistoryReport
 from gpunb.shells.arguments import (
@@ -50,6 +51,7 @@ class _OneLineMode:
         self.shell = shell
         self._label = ""
         self._place: ReportPlace | None = None
+        self._code = ""
 
     def pre(self, info: Any = None, *args: Any) -> None:
         meter = self.kernel.one_line_meter
@@ -58,6 +60,7 @@ class _OneLineMode:
         raw = getattr(info, "raw_cell", "") or ""
         if not raw.lstrip().startswith(("%%gpuprofile", "%gpuprofile")):  # own report / the switch
             self._label = _first_code_line(raw)
+            self._code = raw
             meter.start()
             # the line goes above what the cell prints (in a kernel; see report_place)
             self._place = ReportPlace(self.shell, "gpuprofile") if self.shell is not None else None
@@ -74,7 +77,7 @@ class _OneLineMode:
         if not isinstance(number, int) and self.shell is not None:
             number = running_cell_number(self.shell)
         line = dataclasses.replace(line, cell=number if isinstance(number, int) else None, label=self._label)
-        self.kernel.profile_history.add(line)
+        self.kernel.profile_history.add(line, RunOf.of(code=self._code))
         if place is None or not place.reserved:  # terminal IPython: printed after the cell, as autotime does
             print(one_line_text(line))
         else:
@@ -195,7 +198,7 @@ class ProfileMagics(Magics):
             history.clear()
             print("gpuprofile: history cleared")
             return None
-        report = HistoryReport(tuple(history.entries()))
+        report = HistoryReport(tuple(history.entries()), history.baselines())
         if args.output:
             self.shell.user_ns[args.output] = report
         self._display(report)
@@ -235,7 +238,7 @@ class ProfileMagics(Magics):
         if profile is not None:
             if args.timeline is False:
                 profile.extra["timeline"] = False
-            self.kernel.profile_history.add(profile)
+            self.kernel.profile_history.add(profile, RunOf.of(label=args.label or "", code=cell))
             if args.output:
                 shell.user_ns[args.output] = profile
             place.fill(profile)  # above what the cell printed (see report_place)

@@ -147,6 +147,13 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
         serverapp.log.info("gpunb: a scrape-only token opens %sgpunb/metrics (and nothing else)",
                            web_app.settings["base_url"])
     web_app.add_handlers(".*$", handlers(web_app.settings["base_url"]))
+    # A notebook saved while a monitor runs must reopen without "Error displaying widget":
+    # its live controls are left out of the file (shells/save_hook.py).
+    from gpunb.shells.save_hook import drop_live_controls
+
+    register = getattr(serverapp.contents_manager, "register_pre_save_hook", None)  # jupyter_server >= 2.0
+    if register is not None:
+        register(drop_live_controls)
     serverapp.log.info("gpunb: GPU holders at %sgpunb/api/gpus, Prometheus metrics at %sgpunb/metrics",
                        web_app.settings["base_url"], web_app.settings["base_url"])
 

@@ -1,6 +1,6 @@
 """The monitor's finding of unbalanced GPUs (``analysis/monitor/imbalance.py``): one line above the
 charts, in HTML and text, and a badge in the label of each GPU it names (the monitor draws
-its badges in ``SparkPanel.gpu_label``, beside the throttle badge). Kept apart from the chart
+its badges in ``monitor_layout.gpu_heading``, beside the throttle badge). Kept apart from the chart
 views so that the monitor's layout and this finding can change on their own."""
 
 from __future__ import annotations

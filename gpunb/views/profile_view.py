@@ -376,48 +376,67 @@ def one_line_text(line: CellLine) -> str:
 HISTORY_HEADER = ["#", "cell", "label", "wall", "median step", "steps", "peak mem", "verdict", "compared"]
 
 
-def _history_row(i: int, p: Any, previous: Any | None) -> list[str]:
+def _history_row(i: int, p: Any, previous: Any | None, j: int | None) -> list[str]:
+    """One row; ``previous`` is the earlier run of the same cell (entry ``j``), if any."""
     versus = compare(previous, p).words() if previous is not None else ""
+    against = f"vs #{(j or 0) + 1}: {versus}" if versus else ""
     cell = f"[{p.cell}]" if p.cell is not None else "api"
     if getattr(p, "steps", None) is None:  # a cell of the one-line mode: timed, not judged
         peak = p.peak_vram_bytes if p.peak_vram_bytes is not None else p.peak_rss_bytes
-        return [str(i + 1), cell, p.label or "", seconds(p.wall_s), "-", "-", fmt_bytes(peak), "one-line",
-                f"vs #{i}: {versus}" if versus else ""]
+        return [str(i + 1), cell, p.label or "", seconds(p.wall_s), "-", "-", fmt_bytes(peak), "one-line", against]
     peak = p.gpu.peak_allocated_bytes if p.gpu is not None else p.peak_rss_bytes
     return [str(i + 1), cell, p.label or "", seconds(p.wall_s), milliseconds(p.steps.median_ms),
-            str(p.steps.count), fmt_bytes(peak), p.verdict.kind, f"vs #{i}: {versus}" if versus else ""]
+            str(p.steps.count), fmt_bytes(peak), p.verdict.kind, against]
 
 
-def history_rows(entries: Sequence[Any]) -> list[list[str]]:
-    return [_history_row(i, p, entries[i - 1] if i else None) for i, p in enumerate(entries)]
+def history_rows(entries: Sequence[Any], baselines: Sequence[int | None] = ()) -> list[list[str]]:
+    """The table's rows; each cell is compared only with ``baselines[i]``, the earlier run of
+    the same cell (same label or same code), never with whatever ran before it."""
+    def base(i: int) -> int | None:
+        return baselines[i] if i < len(baselines) else None
+
+    return [_history_row(i, p, entries[b] if (b := base(i)) is not None else None, base(i))
+            for i, p in enumerate(entries)]
 
 
-def history_text(entries: Sequence[Any]) -> str:
+def _history_head(entries: Sequence[Any], baselines: Sequence[int | None]) -> str:
+    head = f"gpuprofile history: {len(entries)} cell{'s' if len(entries) != 1 else ''}"
+    last = baselines[len(entries) - 1] if len(baselines) >= len(entries) else None
+    if last is not None:
+        words = compare(entries[last], entries[-1]).words()
+        head += f"; the last against its earlier run #{last + 1}: {words or 'nothing comparable'}"
+    elif len(entries) > 1:
+        head += "; the last cell has no earlier run to compare with (same label or same code)"
+    return head
+
+
+def history_text(entries: Sequence[Any], baselines: Sequence[int | None] = ()) -> str:
     if not entries:
         return ("gpuprofile history: no profiled cells yet (run a cell with %%gpuprofile, or "
                 "%gpuprofile on for a line after every cell)")
-    rows = [HISTORY_HEADER, *history_rows(entries)]
+    rows = [HISTORY_HEADER, *history_rows(entries, baselines)]
     widths = [max(len(r[c]) for r in rows) for c in range(len(HISTORY_HEADER))]
-    head = f"gpuprofile history: {len(entries)} cell{'s' if len(entries) != 1 else ''}"
-    if len(entries) > 1:
-        latest = compare(entries[-2], entries[-1]).words()
-        head += f"; the last against the one before: {latest or 'nothing comparable'}"
+    head = _history_head(entries, baselines)
     return head + "\n" + "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows)
 
 
-def history_html(entries: Sequence[Any]) -> str:
+def history_html(entries: Sequence[Any], baselines: Sequence[int | None] = ()) -> str:
     if not entries:
         return f"<p>{escape(history_text(entries))}</p>"
-    cell = "text-align:left;padding:2px 8px"
-    head = "".join(f"<th style='{cell}'>{escape(h)}</th>" for h in HISTORY_HEADER)
-    body = "".join("<tr>" + "".join(f"<td style='{cell}'>{escape(c)}</td>" for c in r) + "</tr>"
-                   for r in history_rows(entries))
-    title = history_text(entries).splitlines()[0]
-    return (f"<div><b>{escape(title)}</b></div><table class='gpunb-history' style='border-collapse:collapse'>"
-            f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+    cell = "text-align:left;padding:2px 8px;vertical-align:top"
+    # the comparison keeps a readable width in a narrow window; the table scrolls instead
+    widths = {"label": "min-width:8em", "compared": "min-width:14em"}
+    head = "".join(f"<th style='{cell};{widths.get(h, 'white-space:nowrap')}'>{escape(h)}</th>"
+                   for h in HISTORY_HEADER)
+    body = "".join("<tr>" + "".join(
+        f"<td style='{cell};{'' if h in widths else 'white-space:nowrap'}'>{escape(c)}</td>"
+        for h, c in zip(HISTORY_HEADER, r)) + "</tr>" for r in history_rows(entries, baselines))
+    return (f"<div><b>{escape(_history_head(entries, baselines))}</b></div><div style='overflow-x:auto'>"
+            f"<table class='gpunb-history' style='border-collapse:collapse'>"
+            f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>")
 
 
 # How the records show (gpunb.display looks these up; the records never import a view).
 register_views(CellProfile, {"text/plain": profile_text, "text/html": profile_html})
-register_views(HistoryReport, {"text/plain": lambda r: history_text(r.entries),
-                               "text/html": lambda r: history_html(r.entries)})
+register_views(HistoryReport, {"text/plain": lambda r: history_text(r.entries, r.baselines),
+                               "text/html": lambda r: history_html(r.entries, r.baselines)})

@@ -145,7 +145,7 @@ def test_sampler_shows_memory_ramp_and_utilization_of_a_training_loop():
     (out / "monitor_gpu_series.json").write_text(json.dumps({"summary": summary, "columns": cols}))
     (out / "monitor_gpu_summary.json").write_text(json.dumps(summary, indent=1))
     _figure(cols, idx, marks, out / "monitor_gpu.png")
-    from gpunb.views.sparkline import monitor_html
+    from gpunb.views.monitor_layout import monitor_html
 
     (out / "monitor_gpu.html").write_text(monitor_html(sampler.window(t[-1] + 1), state="stopped"))
     print(json.dumps(summary, indent=1))

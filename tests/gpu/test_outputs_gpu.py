@@ -96,7 +96,7 @@ def test_memory_bar_matches_torch_and_nvml():
 
 def test_monitor_frame_from_real_readings_is_complete_and_scaled_to_use():
     from gpunb.analysis.monitor.sampler import Sampler
-    from gpunb.views.sparkline import monitor_html
+    from gpunb.views.monitor_layout import monitor_html
     from tests.chart_html import images, svg_of
 
     sampler = Sampler(hz=4)

@@ -64,7 +64,7 @@ CHECKS: tuple[tuple[Callable[[CheckInputs], CheckResult], bool], ...] = (
     (checks_host.check_nvml_package, False),
 )
 
-_STEP_WORDS = {
+STEP_WORDS = {  # the CUDA probe's steps in order, in words (the progress counts them)
     "import torch": "importing torch in a subprocess",
     "cuda init": "starting CUDA in a subprocess",
     "context": "creating the CUDA context",
@@ -239,7 +239,7 @@ def check(
                                      name="gpunb-check-frameworks", daemon=True)
             asker.start()
         if prober is not None:
-            show("running the CUDA probe (a subprocess, so this kernel gets no CUDA context)")
+            show("the CUDA probe (a subprocess, so this kernel gets no CUDA context)")
             # progress is shown from this thread: output from another thread may land in another cell
             while prober.is_alive() or not probe_events.empty():
                 try:
@@ -247,19 +247,19 @@ def check(
                 except queue.Empty:
                     continue
                 where = f" on cuda:{dev}" if dev is not None else ""
-                show(f"running: {_STEP_WORDS.get(step, step)}{where}")
+                show(f"{STEP_WORDS.get(step, step)}{where}")  # the views say "running:" themselves
             prober.join()
             inputs.probe = probe_box.get("result")
             _keep_matmul_peaks(inputs, env)
         if launch is not None:
-            show(f"running: an all-reduce across {launch.world_size} GPUs, one subprocess each "
+            show(f"an all-reduce across {launch.world_size} GPUs, one subprocess each "
                  f"(stopped after {allreduce_timeout_s:.0f} s)")
             launch.go()
             inputs.allreduce = launch.wait()
             launch = None
         if asker is not None:
             if asker.is_alive() and not quick:
-                show("waiting for JAX/TensorFlow to list their devices (subprocess)")
+                show("JAX/TensorFlow listing their devices (a subprocess)")
             asker.join()
         inputs.frameworks = frameworks
     finally:

@@ -214,7 +214,8 @@ class Sampler:
             delay = self._discover_delay
             self._discover_delay = min(REDISCOVER_S[1], delay * 2)
             self._discover_at = time.monotonic() + delay
-            self._note_once(f"{status.cause} Looking again in {delay:g} s.")
+            # No note: the view says why there is no GPU once, from ``status``; a note per
+            # attempt grew into a log ("Looking again in 1/2/4/8/16 s") under the charts.
             return
         self.status, self._discover_at, self._discover_delay = status, None, REDISCOVER_S[0]
         if found:

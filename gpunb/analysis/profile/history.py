@@ -1,4 +1,4 @@
-"""Profiled cells of this kernel, in order, and how two of them compare.
+"""Profiled cells of this kernel, in order, and how a cell compares with its own earlier run.
 
 Entries are ``%%gpuprofile`` cells (``CellProfile``) and the cells measured by the one-line
 mode ``%gpuprofile on`` (``CellLine``). A comparison reads like a lab note and names what it
@@ -8,6 +8,10 @@ per step but may train faster), else the median step time when both runs have st
 the wall time; memory compares torch's peak allocated bytes when both ran on a GPU, else
 the peak resident memory. When both counted their FLOPs on the same GPU model, the MFU
 (datasheet basis) of each is named too: "MFU from 21% to 48%".
+
+A cell is only compared with an earlier run of the same cell: the same ``--label`` given by
+the user, or the same code. Two different cells have no ratio (a one-line evaluation against a
+24 s training cell said "wall time 290.4x faster", which meant nothing).
 """
 
 from __future__ import annotations
@@ -19,6 +23,24 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_ENTRIES = 500  # a day of profiling; each entry is a few KB
+
+
+@dataclass(frozen=True)
+class RunOf:
+    """Which cell an entry is a run of: the user's own label (``--label``; "" when it is the
+    default, the first line of code) and the cell's code (None when not known: the API)."""
+
+    label: str = ""
+    code: str | None = None
+
+    @staticmethod
+    def of(*, label: str = "", code: str | None = None) -> RunOf:
+        if code is not None:  # trailing spaces and blank lines at the ends do not make another cell
+            code = "\n".join(line.rstrip() for line in code.strip().splitlines())
+        return RunOf(label.strip(), code)
+
+    def same_cell(self, other: RunOf) -> bool:
+        return bool(self.label and self.label == other.label) or (self.code is not None and self.code == other.code)
 
 
 @dataclass(frozen=True)
@@ -127,12 +149,31 @@ class ProfileHistory:
     """The profiled cells of one kernel, oldest first (``KernelState.profile_history``)."""
 
     def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
-        self._entries: deque[Any] = deque(maxlen=max_entries)  # CellProfile or CellLine records
+        self._entries: deque[tuple[Any, RunOf]] = deque(maxlen=max_entries)  # (CellProfile or CellLine, its cell)
         self._lock = threading.Lock()
 
-    def add(self, profile: Any) -> None:
+    def add(self, profile: Any, run_of: RunOf | None = None) -> None:
+        """Append a profiled cell; ``run_of`` says which cell it is a run of (without it,
+        the entry is compared with nothing)."""
         with self._lock:
-            self._entries.append(profile)
+            self._entries.append((profile, run_of or RunOf()))
+
+    def take_from(self, other: ProfileHistory) -> None:
+        """Move ``other``'s entries here, keeping which cell each is a run of."""
+        with other._lock:
+            moved = list(other._entries)
+            other._entries.clear()
+        with self._lock:
+            self._entries.extend(moved)
+
+    def baselines(self) -> tuple[int | None, ...]:
+        """For each entry, the index of the latest earlier run of the same cell (None: none)."""
+        with self._lock:
+            runs = [run for _, run in self._entries]
+        out: list[int | None] = []
+        for i, run in enumerate(runs):
+            out.append(next((j for j in range(i - 1, -1, -1) if run.same_cell(runs[j])), None))
+        return tuple(out)
 
     def clear(self) -> None:
         with self._lock:
@@ -140,7 +181,7 @@ class ProfileHistory:
 
     def entries(self) -> list[Any]:
         with self._lock:
-            return list(self._entries)
+            return [entry for entry, _ in self._entries]
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -123,9 +123,13 @@ class CellProfile(DisplayMixin):
 
 @dataclass(frozen=True)
 class HistoryReport(DisplayMixin):
-    """What ``%gpuprofile history`` shows (and binds with ``-o``): the profiled cells in order."""
+    """What ``%gpuprofile history`` shows (and binds with ``-o``): the profiled cells in order,
+    and for each the index of the earlier run of the same cell it is compared with (None: it
+    is the first run of its cell, or a different cell; then no ratio is shown)."""
 
     entries: tuple[CellProfile, ...]
+    baselines: tuple[int | None, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "entries", tuple(self.entries))
+        object.__setattr__(self, "baselines", tuple(self.baselines))

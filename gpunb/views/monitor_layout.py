@@ -1,0 +1,278 @@
+"""The monitor's layout: a block per GPU (its name and badges, then five panels that wrap onto
+the next line in a narrow window instead of being cut off), who holds its memory, the host,
+notes and a caption; and the text form for terminals and ``text/plain``.
+
+The panels themselves (charts, scales, values) are :class:`gpunb.views.sparkline.SparkPanel`'s.
+Panels have fixed widths, so the GPUs' panels line up under each other when they fit on one
+line, like nvitop's one screen and a row of Grafana panels; flex-wrap keeps every value
+readable at 1024 px with JupyterLab's file browser open. Every dynamic string is escaped.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpunb.analysis.monitor.series import GpuSeries, Window
+from gpunb.readings.gpu import CLOCK_EVENT_REASONS, SLOWDOWN_BITS
+from gpunb.views import chart
+from gpunb.views.chart import DIM, SMALL
+from gpunb.views.holders_view import holders_html, holders_text
+from gpunb.views.imbalance_view import imbalance_badge, imbalance_html
+from gpunb.views.sparkline import COLORS, SparkPanel
+
+# Reasons worth a badge: a slowdown, or a cap the user might not know about. "idle" is not.
+_BADGE_BITS = SLOWDOWN_BITS | 0x4 | 0x2 | 0x10
+_WRAP = "display:flex;flex-wrap:wrap;gap:6px;align-items:flex-start"
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _with(value: float | None, unit: str, digits: int = 0) -> str:
+    """'42 %'-style text; 'n/a' alone (no dangling unit) when the reading is missing."""
+    if value is None:
+        return "n/a"
+    return f"{value:,.{digits}f}{unit}" if unit.startswith(("%", "/")) else f"{value:,.{digits}f} {unit}"
+
+
+def _latest(values: Sequence[float | None]) -> float | None:
+    for v in reversed(values):
+        if v is not None:
+            return v
+    return None
+
+
+def _badge(panel: SparkPanel, index: int) -> str:
+    """The throttle badge of GPU ``index``: the reasons active now, their share of the window in the tip."""
+    events = [m for _, m in panel.events[index] if m is not None]
+    pending = panel._pending.get(f"gpu{index}_clock_events", [])
+    masks = events + [int(m) for m in pending]
+    share = {}
+    if masks:
+        for bit, short, _ in CLOCK_EVENT_REASONS:
+            if bit & _BADGE_BITS:
+                hits = sum(1 for m in masks if m & bit)
+                if hits:
+                    share[short] = hits / len(masks)
+    return clock_event_badge(panel.latest.get(f"gpu{index}_clock_events"), share)
+
+
+def gpu_heading(panel: SparkPanel, g: GpuSeries, imbalance: Sequence[Any]) -> str:
+    """The GPU's line above its panels: index, name, and a place that always holds the badges
+    (so the block does not grow when one appears): the throttle badge, and the unbalanced-GPU
+    badge when the monitor's finding names this GPU."""
+    state = (' <span style="color:#e0413a;font-weight:bold">lost (no readings)</span>' if g.lost else "")
+    badges = [b for b in (_badge(panel, g.index), imbalance_badge(imbalance, g.index)) if b]
+    badge = " ".join(badges) or f'<span style="{SMALL};{DIM}">no throttling</span>'
+    return (f'<div style="display:flex;flex-wrap:wrap;align-items:baseline;gap:2px 8px;min-height:18px;'
+            f'margin:2px 0"><b style="font-size:13px">GPU {g.index}</b>'
+            f'<span style="{DIM}" title="{_e(g.name)}">{_e(g.name)}</span>{state}<span>{badge}</span></div>')
+
+
+def gpu_html(panel: SparkPanel, g: GpuSeries, *, imbalance: Sequence[Any] = (), held: str = "") -> str:
+    """One GPU's block: its heading, then memory, utilization, power, temperature and SM clock
+    panels (wrapping in a narrow window), then who holds its memory."""
+    col = f"gpu{g.index}_"
+    split = chart.legend([(COLORS["own"], "this kernel", False), (COLORS["other"], "other processes", False)])
+    limit = chart.legend([(chart.RED, "limit", True)]) if g.power_limit_w else ""
+    slowdown = panel.slowdown_c.get(g.index)
+    slow = chart.legend([(chart.RED, "slowdown", True)]) if slowdown else ""
+    panels = [
+        panel.memory_panel(g, legend=split),
+        panel.line(col + "util_pct", label=f"GPU {g.index} utilization", unit="%", color=COLORS["util"],
+                   title="utilization (%)"),
+        panel.line(col + "power_w", label=f"GPU {g.index} power", unit="W", color=COLORS["power"],
+                   threshold=g.power_limit_w, threshold_words="power limit", title="power (W)", legend=limit),
+        panel.line(col + "temp_c", label=f"GPU {g.index} temperature", unit="°C", color=COLORS["temp"],
+                   threshold=slowdown, threshold_words="slowdown at", title="temperature (°C)", legend=slow),
+        panel.line(col + "sm_clock_mhz", label=f"GPU {g.index} SM clock", unit="MHz", color=COLORS["clock"],
+                   title="SM clock (MHz)"),
+    ]
+    return (f'<div class="gpunb-gpu" style="margin-bottom:6px">{gpu_heading(panel, g, imbalance)}'
+            f'<div style="{_WRAP}">{"".join(panels)}</div>{held}</div>')
+
+
+def host_html(panel: SparkPanel) -> str:
+    """The host's block: CPU and RAM (RAM scaled to what is used, like GPU memory)."""
+    total = panel.ram_total_mib
+    cores = f"{panel.cpu_count} cores" if panel.cpu_count else "CPU"
+    ram = f", {total / 1024:.1f} GiB RAM" if total else ""
+    panels = [
+        panel.line("cpu_pct", label="host CPU", unit="%", color=COLORS["cpu"], title="CPU (%), all cores"),
+        panel.line("ram_used_mib", label="host RAM used", unit="GiB", color=COLORS["ram"], digits=1,
+                   scale=1 / 1024, title=f"RAM used (GiB){f' of {total / 1024:.1f}' if total else ''}"),
+    ]
+    return (f'<div class="gpunb-host"><div style="margin:2px 0"><b style="font-size:13px">Host</b> '
+            f'<span style="{DIM}">{_e(cores + ram)}</span></div><div style="{_WRAP}">{"".join(panels)}</div></div>')
+
+
+def panel_html(
+    panel: SparkPanel,
+    gpus: Sequence[GpuSeries],
+    *,
+    nvml: Any,
+    gpu_count: int,
+    notes: Sequence[str] = (),
+    caption_text: str = "",
+    clock_text: str = "",
+    holders: Mapping[int, Sequence[str]] | None = None,
+    imbalance: Sequence[Any] = (),
+) -> str:
+    """The whole monitor: a block per GPU (``gpus`` gives names and lost flags now) with who
+    holds its memory (``holders``: lines per GPU index) under it, the host, notes, a caption.
+    ``imbalance`` (the unbalanced-GPU findings) is one line above the charts and a badge in
+    each named GPU's heading."""
+    holders = holders or {}
+    panel.clock_text = clock_text
+    shown = [g for g in gpus if g.index in panel.memory]
+    parts = [imbalance_html(imbalance)] if imbalance else []
+    if not gpus and not gpu_count:
+        parts.append(no_gpu_html(nvml))
+    parts.extend(gpu_html(panel, g, imbalance=imbalance, held=holders_html(holders.get(g.index, ()))) for g in shown)
+    parts.append(host_html(panel))
+    if notes:
+        items = "".join(f"<li>{_e(n)}</li>" for n in notes)
+        parts.append(f'<ul class="gpunb-notes" style="margin:2px 0;padding-left:18px;font-size:11px">{items}</ul>')
+    if caption_text:
+        parts.append(f'<div class="gpunb-caption" style="font-size:11px;{DIM}">{_e(caption_text)}</div>')
+    return (f'<div class="gpunb-monitor" style="font-family:var(--jp-ui-font-family,sans-serif);font-size:12px;'
+            f'max-width:100%">{"".join(parts)}</div>')
+
+
+def window_rows(window: Window) -> dict[str, list]:
+    """A window's columns under the sampler's flat names (what ``SparkPanel.feed`` takes)."""
+    rows: dict[str, list] = {"t_s": window.t_s, **window.host}
+    for g in window.gpus:
+        rows.update({f"gpu{g.index}_{name}": values for name, values in g.columns.items()})
+    return rows
+
+
+def clock_event_badge(mask: int | None, share: dict[str, float] | None = None) -> str:
+    """A badge naming the active clock-event (throttle) reasons in words; '' when none."""
+    if not mask:
+        return ""
+    active = [(short, words) for bit, short, words in CLOCK_EVENT_REASONS if mask & bit & _BADGE_BITS]
+    if not active:
+        return ""
+    slowdown = bool(mask & SLOWDOWN_BITS)
+    color = chart.RED if slowdown else chart.AMBER
+    names = ", ".join(short for short, _ in active)
+    tip = "; ".join(words for _, words in active)
+    if share:
+        tip += " — share of this window: " + ", ".join(f"{k} {v:.0%}" for k, v in share.items())
+    return (
+        f'<span class="gpunb-badge" title="{_e(tip)}" style="display:inline-block;padding:0 5px;'
+        f'border-radius:8px;border:1px solid {color};color:{color};font-size:10px;white-space:nowrap">'
+        f"clocks held back: {_e(names)}</span>"
+    )
+
+
+def no_gpu_html(nvml: Any) -> str:
+    """Why there is no GPU chart (``nvml`` is the NvmlStatus), and what to do."""
+    if nvml.ok:
+        cause = "NVML sees no GPU on this machine."
+        fix = "Check `nvidia-smi`; in a container, start it with GPU access (`--gpus all`)."
+    else:
+        cause, fix = nvml.cause, nvml.fix
+    return (
+        f'<div class="gpunb-nogpu" style="margin:4px 0;padding:4px 8px;border-left:3px solid {chart.AMBER}">'
+        f"<b>No GPU to show</b> — only the host is monitored. {_e(cause)}"
+        f'<br><span style="{DIM}">Fix: {_e(fix)}</span></div>'
+    )
+
+
+def clock_time(started_unix: float | None, t_last: float | None) -> str:
+    """Wall-clock time of the last sample (what the time axis ends at), '' when unknown."""
+    if started_unix is None or t_last is None:
+        return ""
+    return time.strftime("%H:%M:%S", time.localtime(started_unix + t_last))
+
+
+def caption(state: str, *, hz: float, seconds: float, started_unix: float | None, t_last: float | None) -> str:
+    """What the picture is, in words that stay true once the notebook is saved: when the
+    last sample was taken (live) or when the monitor stopped."""
+    when = ""
+    if started_unix is not None and t_last is not None:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started_unix + t_last))
+    shown = f"{chart.span_words(seconds)} window"
+    if state == "stopped":
+        head = f"gpunb monitor · stopped at {when}" if when else "gpunb monitor · stopped"
+        return f"{head} · {hz:g} Hz · {shown}"
+    if state == "paused":
+        head = f"gpunb monitor · paused at {when}" if when else "gpunb monitor · paused"
+        return f"{head} (sampling goes on; Resume shows the latest) · {hz:g} Hz · {shown}"
+    if state == "live":  # no "live" in the words: a saved notebook keeps this frame
+        last = f"last sample {when}" if when else "waiting for the first sample"
+        return f"gpunb monitor · {last} · {hz:g} Hz · {shown}"
+    return f"gpunb monitor · {state} · {hz:g} Hz · {shown}"
+
+
+def panel_notes(window_notes: Sequence[str], messages: Sequence[str]) -> list[str]:
+    """The caller's messages (a clamped rate) and the sampler's last notes (faults)."""
+    return [m for m in messages if not m.startswith("No GPU to show")] + list(window_notes[-5:])
+
+
+def monitor_html(window: Window, *, state: str = "live", messages: Sequence[str] = (),
+                 holders: Mapping[int, Sequence[str]] | None = None, imbalance: Sequence[Any] = ()) -> str:
+    """The whole monitor for one window, at once (snapshots, saved notebooks). ``state``
+    is "live" or "stopped"; ``messages`` are the caller's own notes; ``imbalance`` the
+    unbalanced-GPU findings."""
+    panel = SparkPanel(
+        window_s=window.seconds, hz=window.hz, gpus=window.gpus,
+        ram_total_mib=window.ram_total_mib, cpu_count=window.cpu_count,
+    )
+    panel.feed(0, window_rows(window))
+    t_last = window.t_s[-1] if window.t_s else None
+    return panel_html(
+        panel,
+        window.gpus,
+        nvml=window.nvml,
+        gpu_count=window.gpu_count,
+        notes=panel_notes(window.notes, messages),
+        caption_text=caption(state, hz=window.hz, seconds=window.seconds, started_unix=window.started_unix,
+                             t_last=t_last),
+        clock_text=clock_time(window.started_unix, t_last),
+        holders=holders,
+        imbalance=imbalance,
+    )
+
+
+def monitor_text(window: Window, holders: Mapping[int, Sequence[str]] | None = None) -> str:
+    """One line per GPU (and who holds its memory) plus the host, for terminal IPython and
+    ``text/plain``."""
+    holders = holders or {}
+    lines = []
+    for g in window.gpus:
+        c = g.columns
+        util, used, own = _latest(c["util_pct"]), _latest(c["mem_used_mib"]), _latest(c["mem_own_mib"])
+        power, temp, clock = _latest(c["power_w"]), _latest(c["temp_c"]), _latest(c["sm_clock_mhz"])
+        events = int(_latest(c["clock_events"]) or 0)  # a bitmask (an unsigned column)
+        mem = "n/a"
+        if used is not None:
+            total = f"/{g.memory_total_mib / 1024:.1f}" if g.memory_total_mib else " used of n/a"  # no made-up 0
+            mem = f"{used / 1024:.1f}{total} GiB"
+            if own is not None:
+                mem += f" (this kernel {own / 1024:.1f})"
+        limit = f"/{g.power_limit_w:.0f}" if g.power_limit_w else ""
+        held = [short for bit, short, _ in CLOCK_EVENT_REASONS if events & bit & _BADGE_BITS]
+        line = (
+            f"GPU{g.index} {g.name}: util {_with(util, '%')} · mem {mem} · "
+            f"power {_with(power, limit + ' W')} · {_with(temp, '°C')} · SM {_with(clock, 'MHz')}"
+        )
+        if held:
+            line += f" · clocks held back: {', '.join(held)}"
+        if g.lost:
+            line += " · LOST"
+        lines.append(line)
+        lines.extend(holders_text(holders.get(g.index, ())))
+    if not window.gpus and not window.gpu_count:
+        cause = window.nvml.cause if not window.nvml.ok else "NVML sees no GPU."
+        lines.append(f"No GPU to show ({cause}); monitoring the host only.")
+    cpu, ram = _latest(window.host["cpu_pct"]), _latest(window.host["ram_used_mib"])
+    total = f"/{window.ram_total_mib / 1024:.1f}" if window.ram_total_mib else ""
+    lines.append(f"host: CPU {_with(cpu, '%')} · RAM {_with(None if ram is None else ram / 1024, total + ' GiB', 1)}")
+    return "\n".join(lines)
