@@ -258,6 +258,7 @@ class ProfileSession:
             flops=self._throughput(plan, steps, gpu, torch) if plan is not None and self.flops else None,
             ops=ops,
             driver_cuda=driver_cuda,
+            other_thread_steps=ins.other_thread_steps,
         )
         verdict, advice = judge(profile)
         part = build_ranks(records, warmup_steps=self.warmup_steps, nvml=nvml,

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -149,6 +150,10 @@ class Instruments:
         # steps: host time of each step of the first optimizer seen (a GAN's second
         # optimizer would count every iteration twice)
         self.step_t: list[float] = []
+        # steps are the cell's when they run in the thread that started it (made these
+        # instruments); a background thread's training is counted apart, not mixed in
+        self._thread: int | None = threading.get_ident()  # None: every thread's steps count
+        self.other_thread_steps = 0
         self.step_events: StepEvents | None = None  # made at the first step that finds CUDA up
         version = getattr(torch, "version", None)
         # a CPU-only torch build never gets CUDA: skip the per-step "is CUDA up yet?" check
@@ -269,6 +274,9 @@ class Instruments:
         # Runs after every optimizer.step(): a launch-bound loop pays all of this per step
         # (benchmarks/profile_overhead.py), so the common path is a few attribute reads.
         t = self.clock()
+        if self._thread is not None and threading.get_ident() != self._thread:
+            self.other_thread_steps += 1
+            return
         if id(optimizer) != self._primary and not self._first_step(optimizer):
             return
         self.step_t.append(t)
