@@ -227,7 +227,16 @@ def test_a_ctrl_c_at_every_line_of_start_and_stop_leaves_no_hook(session_factory
     assert session.stop().steps.count == 4
 
 
-def test_a_real_sigint_during_the_removal_waits_until_every_hook_is_out(monkeypatch):
+@pytest.fixture
+def python_sigint():
+    """Python's own SIGINT handler (KeyboardInterrupt), as in a kernel; another test's shell
+    may have left a different one."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_a_real_sigint_during_the_removal_waits_until_every_hook_is_out(monkeypatch, python_sigint):
     before = process_state()
     ins = Instruments(torch)
     ins.install(False)
@@ -245,7 +254,7 @@ def test_a_real_sigint_during_the_removal_waits_until_every_hook_is_out(monkeypa
     assert process_state() == before
 
 
-def test_deferred_sigint_delivers_once_after_the_block():
+def test_deferred_sigint_delivers_once_after_the_block(python_sigint):
     steps = []
     with pytest.raises(KeyboardInterrupt), deferred_sigint():
         signal.raise_signal(signal.SIGINT)
