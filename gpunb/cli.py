@@ -1,24 +1,40 @@
 """``gpunb check`` in a terminal: the same checklist for people not in a notebook yet.
 
 Exit status: 0 no check failed (warnings allowed), 1 a check failed, 2 bad arguments,
-3 gpunb itself failed (a bug; under ``--json`` a JSON object with an ``error`` key).
+3 gpunb itself failed (a bug), 4 the report could not be written (standard output closed or
+on a full device: one line on stderr). Under ``--json`` every outcome but 4 prints a JSON
+object on stdout; 2 and 3 with an ``error`` key.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import traceback
 
 from gpunb._version import __version__
 
-EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_CRASH = 0, 1, 2, 3
+EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_CRASH, EXIT_OUTPUT = 0, 1, 2, 3, 4
 ISSUES_HINT = "Please report it to the gpunb maintainers with this message and `gpunb --version`."
 
 
+class _UsageProblem(Exception):
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        super().__init__(message)
+        self.parser = parser
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument is raised (main prints it as text or JSON) instead of exiting."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise _UsageProblem(self, message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpunb",
+    parser = _Parser(prog="gpunb",
                                      description="GPU training setup checks (the terminal side of gpunb).")
     parser.add_argument("--version", action="version", version=f"gpunb {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -37,7 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)  # bad arguments: argparse prints the usage and exits with 2
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args = parser.parse_args(argv)
+    except _UsageProblem as problem:  # usage on stderr as argparse does; under --json the JSON too
+        return _usage(problem.parser, str(problem), as_json="--json" in argv)
     if args.command != "check":
         parser.print_help()
         return EXIT_USAGE
@@ -45,6 +65,35 @@ def main(argv: list[str] | None = None) -> int:
         return _check(args)
     except Exception as exc:  # a bug of gpunb: say so in the output's own format, never a traceback
         return _crashed(exc, as_json=args.json)
+
+
+def _usage(parser: argparse.ArgumentParser, message: str, *, as_json: bool) -> int:
+    if as_json and not _emit(json.dumps({"ok": False, "error": {
+            "type": "usage", "message": message, "cause": "the command line has a bad argument",
+            "fix": f"see `{parser.prog} --help`"}}, indent=2)):
+        return EXIT_OUTPUT
+    parser.print_usage(sys.stderr)
+    print(f"{parser.prog}: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _emit(text: str) -> bool:
+    """Write the report to stdout; on a full device or a closed pipe say so in one line on
+    stderr (not a traceback) and return False."""
+    try:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+    except OSError as exc:
+        try:  # the interpreter flushes stdout once more at exit: let that go nowhere
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        why = exc.strerror or type(exc).__name__
+        print(f"gpunb check: could not write the report to standard output ({why}); "
+              "free space on that device or write it elsewhere (`gpunb check --json > file`).", file=sys.stderr)
+        return False
+    return True
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -57,9 +106,14 @@ def _check(args: argparse.Namespace) -> int:
     try:
         report = check(quick=args.quick, device=args.device, deep=args.deep, progress=progress, in_kernel=False)
     except CheckOptionError as exc:
+        if args.json and not _emit(json.dumps({"ok": False, "error": {
+                "type": "usage", "message": str(exc), "cause": "these options exclude each other",
+                "fix": "see `gpunb check --help`"}}, indent=2)):
+            return EXIT_OUTPUT
         print(f"gpunb check: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    print(report.to_json() if args.json else str(report))
+    if not _emit(report.to_json() if args.json else str(report)):
+        return EXIT_OUTPUT
     return EXIT_OK if report.ok else EXIT_CHECK_FAILED
 
 
@@ -77,8 +131,8 @@ def _crashed(exc: Exception, *, as_json: bool) -> int:
         "cause": "gpunb itself failed: this is a bug in gpunb, not a finding about this machine.",
         "fix": ISSUES_HINT,
     }
-    if as_json:
-        print(json.dumps({"ok": False, "error": error}, indent=2))
+    if as_json and not _emit(json.dumps({"ok": False, "error": error}, indent=2)):
+        return EXIT_OUTPUT
     print(f"gpunb check: gpunb itself failed ({error['type']}: {message}) at {where}. {ISSUES_HINT}",
           file=sys.stderr)
     return EXIT_CRASH

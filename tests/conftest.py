@@ -50,3 +50,16 @@ def private_peak_cache(tmp_path_factory, monkeypatch):
     yield path
     peak_cache.forget_this_process()
     path.unlink(missing_ok=True)
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption("--repeat", type=int, default=1, metavar="N",
+                     help="run every collected test N times (CI repeats the deadline and lifecycle "
+                          "tests so a new race shows up before a landing; pytest-repeat is not installed)")
+
+
+def pytest_generate_tests(metafunc) -> None:
+    n = metafunc.config.getoption("repeat")
+    if n > 1:
+        metafunc.fixturenames.append("_repeat_index")
+        metafunc.parametrize("_repeat_index", range(n), ids=lambda i: f"run{i + 1}")

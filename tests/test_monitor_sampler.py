@@ -306,3 +306,22 @@ def test_no_driver_is_said_once_by_the_status_not_by_a_growing_retry_log(monkeyp
     run_ticks(sampler, clock, 6)
     assert "libnvidia-ml" in sampler.status.cause  # the one place the view reads the cause from
     assert not [n for n in sampler.notes if "libnvidia-ml" in n or "again" in n]
+
+
+def test_static_facts_missing_at_the_first_read_are_read_again_without_a_reload():
+    clock = Clock()
+    fake = scenario("h200", clock=clock)
+    fake.transient["nvmlDeviceGetName"] = [999]  # NVML_ERROR_UNKNOWN once: the name is missing at first
+    fake.transient["nvmlDeviceGetEnforcedPowerLimit"] = [999, 999]  # twice: read again after the backoff
+    sampler = Sampler(NvmlSession(fake), clock=clock, own_pids=[TRACE["pid"]])
+    first = sampler.gpu_series()[0]
+    assert first.name == "GPU 0" and first.power_limit_w is None
+    layout = sampler.layout
+    run_ticks(sampler, clock, 12)  # 3 s: the first re-read (after 2 s) gets the name, not the limit
+    series = sampler.gpu_series()[0]
+    assert "H200" in series.name and series.power_limit_w is None and sampler.layout > layout
+    run_ticks(sampler, clock, 16)  # 4 s more: the second re-read (after 4 s more) gets the limit
+    assert sampler.gpu_series()[0].power_limit_w is not None
+    calls = fake.calls.get("nvmlDeviceGetName", 0)
+    run_ticks(sampler, clock, 400)  # everything known now: never asked again
+    assert fake.calls.get("nvmlDeviceGetName", 0) == calls

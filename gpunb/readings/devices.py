@@ -264,6 +264,18 @@ class ProcessTable:
         except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
             return None
 
+    def descendants(self, pids: Iterable[int]) -> set[int]:
+        """Every process below ``pids`` (one walk of the process table)."""
+        import psutil
+
+        out: set[int] = set()
+        for pid in pids:
+            try:
+                out.update(c.pid for c in psutil.Process(pid).children(recursive=True))
+            except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+                continue
+        return out
+
     def holds_gpu(self, pid: int) -> bool | None:
         """Whether ``pid`` has an NVIDIA device file open (every CUDA process does); None when
         its files cannot be read. A local process without one is not the process NVML means:
@@ -331,28 +343,55 @@ def attribute_processes(nvml_index: int, procs: Sequence[GpuProcess] | Unavailab
                             note=f"NVML cannot list the GPU's processes: {procs.reason}")
     table = table if table is not None else ProcessTable()
     mine = set(self_pids)
-    own, children, others, hidden = [], [], [], []
+    own: list[GpuProcess] = []
+    children: list[GpuProcess] = []
+    rest: list[GpuProcess] = []
+    # This kernel's descendants found once (one walk of the process table), not each listed
+    # process's parents: with 60,000 processes listed that walk per process took minutes.
+    find_descendants = getattr(table, "descendants", None)
+    descendants = find_descendants(mine) if find_descendants is not None else None
+    chains: dict[int, tuple[int, ...] | None] = {}
+
+    def chain_of(pid: int) -> tuple[int, ...] | None:
+        if pid not in chains:
+            chains[pid] = table.ancestors(pid)
+        return chains[pid]
+
     for p in procs:
         if p.pid in mine:
             own.append(p)
-            continue
-        chain = table.ancestors(p.pid)
-        if chain is None:
-            hidden.append(p)
-        elif mine.intersection(chain):
-            children.append(p)
-        elif table.holds_gpu(p.pid) is False:  # the same number, another process: NVML means a host PID
-            hidden.append(p)
+        elif descendants is not None:
+            (children if p.pid in descendants else rest).append(p)
         else:
-            others.append(p)
+            chain = chain_of(p.pid)
+            (children if chain is not None and mine.intersection(chain) else rest).append(p)
+    hidden_found: list[list[GpuProcess]] = []
+
+    def split_hidden() -> list[GpuProcess]:
+        """The processes not visible here, or visible under another number (a host PID):
+        looked at only when this kernel's own PID is not listed (each PID once)."""
+        if not hidden_found:
+            gpu_held: dict[int, bool | None] = {}
+            hidden = []
+            for p in rest:
+                if chain_of(p.pid) is None:
+                    hidden.append(p)
+                    continue
+                if p.pid not in gpu_held:
+                    gpu_held[p.pid] = table.holds_gpu(p.pid)
+                if gpu_held[p.pid] is False:  # the same number, another process: NVML means a host PID
+                    hidden.append(p)
+            hidden_found.append(hidden)
+        return hidden_found[0]
+
     note = ""
     if own:
         how = OWN_PID_AND_CHILDREN if children else OWN_PID
     elif torch_reserved:  # torch holds memory here, yet NVML lists no PID of ours: another PID namespace
-        me = match_by_reserve(hidden, torch_reserved)
+        me = match_by_reserve(split_hidden(), torch_reserved)
         if me is not None:
             own.append(me)
-            hidden.remove(me)
+            rest.remove(me)
             how = OWN_BY_RESERVE
             note = (f"NVML lists this process as PID {me.pid} (a container's PID namespace): matched by torch's "
                     "reserve; child processes cannot be told apart from other processes here")
@@ -360,13 +399,13 @@ def attribute_processes(nvml_index: int, procs: Sequence[GpuProcess] | Unavailab
             how = OWN_UNKNOWN
             note = ("NVML does not list this process's PID (a container's PID namespace?) and no single process "
                     "it lists holds torch's reserve plus a CUDA context")
-    elif torch_reserved == 0 and hidden:
+    elif torch_reserved == 0 and split_hidden():
         how = OWN_UNKNOWN
         note = ("torch has CUDA up but nothing reserved on this GPU, and NVML lists PIDs not visible here "
                 "(a container's PID namespace?): this process's CUDA context may be one of them")
     else:
         how = OWN_CHILD_PID if children else OWN_NOT_LISTED
-    others += hidden
+    others = rest
     self_bytes = None if how == OWN_UNKNOWN else (_sum_known(own) if own else 0)
     children_bytes = _sum_known(children)
     if (own or children) and (self_bytes is None or children_bytes is None) and not note:

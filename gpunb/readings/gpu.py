@@ -252,18 +252,31 @@ def unread_info(index: int, reason: str) -> GpuInfo:
     return GpuInfo(index, gap, gap, gap, gap, gap, gap, gap, gap, gap, gap, gap, gap, gap, gap, gap, gap)
 
 
+# Process names are one driver call each: with 60,000 processes listed (a shared node) naming
+# them all took %gpumem 5.4 s (issue 22). The largest this many are named; the rest are counted.
+MAX_NAMED_PROCESSES = 64
+
+
 def read_processes(nvml: NvmlSession, index: int, *, names: bool = True) -> tuple[GpuProcess, ...] | Unavailable:
     """Compute processes on GPU ``index`` (tens of µs per call: not for every sampler tick).
     ``names=False`` skips the name query, one more driver call per process."""
     procs = nvml.device_query(index, "nvmlDeviceGetComputeRunningProcesses")
     if isinstance(procs, Unavailable):
         return procs
+    named: set[int] = set()
+    if names:  # the largest ones only: every view names a few, and a shared node may list thousands
+        by_size = sorted(procs, key=lambda p: -(_bytes(getattr(p, "usedGpuMemory", None)) or 0))
+        named = {id(p) for p in by_size[:MAX_NAMED_PROCESSES]}
     out = []
     for p in procs:
         used = getattr(p, "usedGpuMemory", None)
-        name = nvml.query("nvmlSystemGetProcessName", p.pid) if names else ""
+        name = nvml.query("nvmlSystemGetProcessName", p.pid) if id(p) in named else ""
         out.append(GpuProcess(p.pid, used, name if is_available(name) else ""))
     return tuple(out)
+
+
+def _bytes(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 # NVML time %gpucheck may spend on the snapshot (plus one call's timeout): a hung driver

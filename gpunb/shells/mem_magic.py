@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from gpunb.shells.arguments import given, output_option, parse_args, whole_number
+from gpunb.shells.arguments import given, output_option, parse_args, usage_error, whole_number
 from gpunb.shells.kernel_state import KernelState
 
 if TYPE_CHECKING:
@@ -68,6 +68,13 @@ class MemMagics(Magics):
                       "%debug has no frames for that error).")
             if not given(self.gpumem, args, "free", "release", "all_devices", "top", "output"):
                 return  # only the setting; any other option asks for the report as well
+        if args.free:
+            from gpunb.analysis.memory.report import refuse_session_names
+
+            try:  # before anything is deleted or released: all or nothing
+                refuse_session_names(args.free, self.shell.user_ns, self.shell)
+            except ValueError as exc:
+                raise usage_error(self.gpumem, str(exc)) from None
         if args.release:
             from gpunb.analysis.memory.release import release_failure
             from gpunb.readings.torch_state import cuda_initialized, imported_torch

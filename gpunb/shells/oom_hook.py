@@ -53,7 +53,7 @@ class OomHook:
             from IPython.display import display
 
             display(diagnosis)
-        except Exception as err:  # the doctor must never add a traceback of its own
+        except BaseException as err:  # noqa: BLE001 (never a traceback of its own, never a lost reply)
             print(f"gpunb: could not diagnose this out-of-memory error ({_describe(err)}); "
                   "%gpumem shows what holds memory.")
 
@@ -61,7 +61,7 @@ class OomHook:
 def _describe(err: BaseException) -> str:
     try:
         return f"{type(err).__name__}: {str(err)[:200]}"
-    except Exception:
+    except BaseException:  # noqa: BLE001 (a user exception's __str__ may raise anything)
         return type(err).__name__
 
 
@@ -87,7 +87,9 @@ def handle_oom(shell: Any, exc: BaseException, *, before_ids: dict[str, int] | N
         try:
             diagnosis = gather_readings(exc, namespace=ns, output_history=oh if isinstance(oh, dict) else None,
                                         before_ids=before_ids, devices=devices, last_fit=last_fit())
-        except Exception as err:  # whatever the readings met, the memory is still given back below
+        # whatever the readings met (a namespace object raising CancelledError on attribute access,
+        # say), the memory is still given back below and the cell's reply still goes out
+        except BaseException as err:  # noqa: BLE001
             from gpunb.analysis.memory.oom import diagnose
 
             diagnosis = diagnose(exc, last_fit=last_fit())
@@ -117,12 +119,16 @@ def _release(shell: Any, exc: BaseException, diagnosis: Any, *, torch: Any, cuda
                 if index is not None:
                     nvml_bytes = lambda: read_ownership(  # noqa: E731
                         nvml, index, torch=torch, device_map=device_map, names=False).self_bytes
-    except Exception as err:
+    except BaseException as err:  # noqa: BLE001 (the release below must still happen)
         diagnosis.notes.append(f"memory before/after the release could not be measured ({_describe(err)})")
     pinned = diagnosis.census.total_bytes(source=EXCEPTION) if diagnosis.census is not None else None
-    diagnosis.release = release_failure(shell, exc, torch=torch, device=device, keep_traceback=keep,
-                                        devices=devices, nvml_process_bytes=nvml_bytes, pinned_bytes=pinned,
-                                        held_bytes=held_by(diagnosis.census))
+    try:
+        diagnosis.release = release_failure(shell, exc, torch=torch, device=device, keep_traceback=keep,
+                                            devices=devices, nvml_process_bytes=nvml_bytes, pinned_bytes=pinned,
+                                            held_bytes=held_by(diagnosis.census))
+    except BaseException as err:  # noqa: BLE001 (a user object in the history; the diagnosis still shows)
+        diagnosis.notes.append(f"the memory could not all be given back ({_describe(err)}); "
+                               "`%gpumem --release` tries again")
     return diagnosis
 
 

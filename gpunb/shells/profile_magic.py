@@ -226,15 +226,23 @@ class ProfileMagics(Magics):
             session.abort()
             value, error = self._run(code, last_expr)
             return self._finish(value, error, cell)
-        place = ReportPlace(shell, f"gpuprofile In [{number}]" if number is not None else "gpuprofile")
-        value, error = self._run(code, last_expr)
         try:
+            place = ReportPlace(shell, f"gpuprofile In [{number}]" if number is not None else "gpuprofile")
+        except BaseException:  # a Ctrl-C here too: no hook may stay in
+            session.abort()
+            raise
+        try:  # a Ctrl-C between start, the cell and stop still takes every hook out
+            value, error = self._run(code, last_expr)
             profile = session.stop(error)
         except Exception as exc:  # a gpunb bug must not cost the user their cell's result
             session.abort()
             print(f"gpunb: the profile could not be built ({type(exc).__name__}: {exc}); "
                   "the cell itself ran normally. Please report this at the gpunb issue tracker.")
             profile = None
+        except BaseException:  # a Ctrl-C in gpunb's stop: the hooks are out (stop aborted), the cell is interrupted
+            session.abort()
+            place.clear()
+            raise
         if profile is not None:
             if args.timeline is False:
                 profile.extra["timeline"] = False

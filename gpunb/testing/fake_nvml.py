@@ -77,6 +77,8 @@ class FakeGpu:
     # host PID, None drops the process.
     pid_map: dict[int, int | None] = field(default_factory=dict)
     processes_file: str | None = None  # JSON list of {"gpu", "pid", "used_gpu_memory"}, read per call
+    _file_cache: tuple[Any, list[dict]] | None = field(default=None, repr=False, compare=False)
+    _listed_cache: tuple[Any, ...] | None = field(default=None, repr=False, compare=False)
     drop_exited: bool = False  # like a real driver: an exited process holds no memory
     # NVLink as recorded: per link {"link", "state", "version", "remote_bus_id",
     # "remote_device_type", "cap_p2p"}; empty: a GPU without NVLink (NVML says NOT_SUPPORTED)
@@ -107,16 +109,31 @@ class FakeGpu:
         if not self.processes_file:
             return []
         try:
+            st = os.stat(self.processes_file)
+            key = (self.processes_file, st.st_mtime_ns, st.st_size)
+            cached = self._file_cache
+            if cached is not None and cached[0] == key:  # parsed once per version of the file:
+                return cached[1]  # a driver lists 60,000 processes faster than json parses them
             with open(self.processes_file) as f:
                 rows = json.load(f)
         except (OSError, ValueError):  # not written yet, or being written
             return []
-        return rows if isinstance(rows, list) else []
+        rows = rows if isinstance(rows, list) else []
+        self._file_cache = (key, rows)
+        return rows
 
     def listed_processes(self, index: int) -> list[dict]:
         """``extra_processes`` plus GPU ``index``'s rows of ``processes_file``."""
         # The file lists real processes: like a driver, forget those that exited.
-        listed = [r for r in self.file_rows() if r.get("gpu", 0) == index and _running(r["pid"])]
+        file_rows = self.file_rows()
+        cached = self._listed_cache
+        if cached is not None and cached[0] is file_rows and cached[1] == index and time.monotonic() < cached[2]:
+            listed = cached[3]  # looked up less than a second ago: a huge list costs one lookup a second
+        else:
+            rows = [r for r in file_rows if r.get("gpu", 0) == index]
+            alive = {pid: _running(pid) for pid in {r["pid"] for r in rows}}  # each PID looked up once
+            listed = [r for r in rows if alive[r["pid"]]]
+            self._listed_cache = (file_rows, index, time.monotonic() + 1.0, listed)
         extra = [r for r in self.extra_processes if _running(r["pid"])] if self.drop_exited else self.extra_processes
         return extra + listed
 

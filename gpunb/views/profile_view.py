@@ -170,6 +170,9 @@ def _rows(p: CellProfile) -> list[tuple[str, str]]:
                      + ("" if p.peak_rss_is_cell else " (lifetime peak of the process; per-cell peak needs Linux)")))
     rows.append(("where", where_words(p)))
     rows += throughput_rows(p) + ops_rows(p)
+    if p.other_thread_steps:
+        rows.append(("other threads", f"{p.other_thread_steps} optimizer steps ran in other threads during the "
+                                      "cell; not counted as the cell's"))
     if p.error:
         rows.append(("stopped", f"the cell raised {p.error} (report covers the part that ran)"))
     return rows

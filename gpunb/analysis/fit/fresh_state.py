@@ -15,7 +15,8 @@ gradients set to None), cuBLAS's workspaces dropped, and the cache is given back
 first step creates them all exactly where a fresh process would. The user's own state is set aside on the host once,
 the first time each optimizer steps during the fit (before that step changes it), and put
 back afterwards, with the hyperparameters of its groups (a learning rate a scheduler moved
-during the trials returns too). The weights are not put back: the trials trained them.
+during the trials returns too). Weights, buffers, gradients, schedulers, scalers, RNGs and
+modes are put back by ``user_state.py`` (saved before the first trial).
 
 An optimizer is left alone, its state kept in place (and the fit says so), when setting it
 aside would take more than half of the free host memory, or when it was built with

@@ -46,6 +46,8 @@ from typing import Any
 from gpunb.analysis.fit.fresh_state import FreshStart
 from gpunb.analysis.fit.records import BatchFit, Line, Trial
 from gpunb.analysis.fit.trial import CudaMemory, DeviceMemory, run_trial
+from gpunb.analysis.fit.user_state import UserState
+from gpunb.readings.interrupts import deferred_sigint
 
 GiB = 2**30
 __all__ = ["BatchFit", "Line", "Trial", "fit_batch_size", "fit_line", "last_fit", "lines_from", "next_trial",
@@ -421,6 +423,8 @@ def fit_with_memory(step_fn: Callable[[int], Any], memory: DeviceMemory, *, capa
     starts as a fresh process would; the optimizers' own state is put back at the end."""
     usable = int(capacity * (1 - margin))
     fresh = FreshStart(memory.torch, host_available or (lambda: None), memory.device)
+    # before anything runs: the model, its optimizers, schedulers, scalers, RNGs and modes as they are
+    saved = UserState.capture(memory.torch, step_fn, host_available=host_available or (lambda: None))
 
     def run(batch: int, purpose: str, n: int) -> Trial:
         return run_trial(step_fn, batch, memory=memory, steps=steps, index=n, purpose=purpose, capacity=usable,
@@ -430,10 +434,17 @@ def fit_with_memory(step_fn: Callable[[int], Any], memory: DeviceMemory, *, capa
         result = search(run, capacity=usable, start=start, max_batch=max_batch, margin=margin, tolerance=tolerance,
                         max_trials=max_trials, progress=progress)
     finally:
-        fresh.restore(memory.settle)
-        memory.settle()
+        # after a normal fit, an error in the step or a Ctrl-C: every saved thing goes back, a
+        # second Ctrl-C waits until it has (both restores hold SIGINT back)
+        with deferred_sigint():
+            try:
+                fresh.restore(memory.settle)
+            finally:
+                saved.restore()  # the pre-fit snapshot wins over the optimizer state FreshStart kept
+                memory.settle()
     result.step_name = getattr(step_fn, "__qualname__", None) or type(step_fn).__qualname__
     result.notes.extend(fresh.kept)
+    result.notes.extend(saved.notes)
     if margin:
         result.notes.append(f"{margin * 100:.0f} % of {capacity / GiB:.2f} GiB kept free (--margin)")
     if result.ok:

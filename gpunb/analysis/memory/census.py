@@ -120,7 +120,7 @@ def _short_repr(value: Any, limit: int = 40) -> str:
     """A key's repr for a reference path: bounded, and never raising."""
     try:
         text = repr(value)
-    except Exception:
+    except BaseException:  # noqa: BLE001 (a user object may raise anything: CancelledError too)
         text = f"<{type(value).__name__}>"
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
@@ -171,14 +171,14 @@ class _Walker:
         if not self.skipped_reason:
             try:
                 message = str(exc)
-            except Exception:
+            except BaseException:  # noqa: BLE001 (a user object may raise anything: CancelledError too)
                 message = ""
             self.skipped_reason = f"{type(exc).__name__}: {message[:120]}" if message else type(exc).__name__
 
     def is_module(self, obj: Any) -> bool:
         try:
             return isinstance(obj, self.Module)
-        except Exception:  # a proxy whose __class__ raises: the walk skips it later
+        except BaseException:  # noqa: BLE001 (CancelledError too); a proxy whose __class__ raises: the walk skips it later
             return False
 
     # -- tensors -----------------------------------------------------------------
@@ -192,7 +192,7 @@ class _Walker:
             storage = t.untyped_storage()
             key = (device, storage.data_ptr())
             nbytes = int(storage.nbytes())
-        except Exception:  # sparse, nested, fake or otherwise unusual tensors
+        except BaseException:  # noqa: BLE001 (CancelledError too); sparse, nested, fake or otherwise unusual tensors
             return
         if key in self.seen_storages or (key[1] == 0 and nbytes == 0):
             return
@@ -210,7 +210,7 @@ class _Walker:
             item = self.queue.popleft()
             try:
                 self._process(*item)
-            except Exception as exc:  # a hostile object: skip that name, walk the rest
+            except BaseException as exc:  # noqa: BLE001 (CancelledError too); a hostile object: skip that name, walk the rest
                 self.skip(item[1], exc)
 
     def _process(self, obj: Any, name: str, depth: int, source: str, role: str = "other") -> None:
@@ -279,7 +279,7 @@ class _Walker:
         try:
             params = list(module.named_parameters(remove_duplicate=True))
             buffers = list(module.named_buffers(remove_duplicate=True))
-        except Exception:
+        except BaseException:  # noqa: BLE001 (a user object may raise anything: CancelledError too)
             return
         for pname, p in params:
             full = f"{name}.{pname}"
@@ -296,7 +296,7 @@ class _Walker:
         for name, opt, source in self.optimizers:
             try:
                 self._finish_optimizer(name, opt, source)
-            except Exception as exc:  # an optimizer subclass with odd state
+            except BaseException as exc:  # noqa: BLE001 (CancelledError too); an optimizer subclass with odd state
                 self.skip(name, exc)
         self.optimizers.clear()
 
@@ -304,7 +304,7 @@ class _Walker:
         try:
             groups = opt.param_groups
             state = opt.state
-        except Exception:
+        except BaseException:  # noqa: BLE001 (a user object may raise anything: CancelledError too)
             return
         index = 0
         for group in groups:
@@ -328,7 +328,7 @@ def _frames(tb: Any) -> Iterable[tuple[str, dict[str, Any]]]:
         if code.co_name != "<module>" and "IPython" not in code.co_filename:  # module-level = the namespace
             try:
                 yield code.co_name, dict(frame.f_locals)
-            except Exception:
+            except BaseException:  # noqa: BLE001 (a user object may raise anything: CancelledError too)
                 pass
         tb = tb.tb_next
 

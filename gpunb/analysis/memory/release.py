@@ -156,7 +156,7 @@ def holds_tensor(value: Any, torch: Any, devices: AbstractSet[str] | None, depth
         return False
     try:
         return _holds_tensor(value, torch, devices, depth)
-    except Exception:
+    except BaseException:  # noqa: BLE001 (a user object may raise anything: CancelledError too)
         return False
 
 

@@ -9,6 +9,7 @@ Then the live tensors by notebook name, and leftovers (output history, old excep
 from __future__ import annotations
 
 import gc
+import re
 import sys
 from collections.abc import Iterable
 from typing import Any
@@ -73,9 +74,52 @@ def _gpu_rows(torch: Any, nvml: Any) -> tuple[tuple[GpuMemoryRow, ...], list[str
     return tuple(rows), problems
 
 
+# Names Python and IPython keep in the notebook's namespace for themselves: deleting one broke
+# the session (``Out``: every later cell ending in an expression failed with KeyError '_oh').
+_SESSION_NAMES = frozenset({"In", "Out", "_oh", "_ih", "_dh", "_", "__", "___", "_i", "_ii", "_iii",
+                            "get_ipython", "exit", "quit", "_sh"})
+_HISTORY_NAME = re.compile(r"_i?\d+")  # _5 (output 5), _i5 (input 5)
+
+
+def session_names(names: Iterable[str], namespace: dict[str, Any] | None = None,
+                  hidden: Iterable[str] = ()) -> list[str]:
+    """The names among ``names`` that belong to Python or IPython, not to the user: dunders
+    (``__builtins__``), the history (``In``, ``Out``, ``_``, ``_i3``, ``_3`` ...), ``exit`` and
+    the like, and whatever the shell itself put in the namespace (``hidden``: its
+    ``user_ns_hidden``) unless the user has rebound it since."""
+    hidden_set = set(hidden)
+    out = []
+    for name in names:
+        ours = name in hidden_set and namespace is not None and name in namespace
+        if ((name.startswith("__") and name.endswith("__")) or name in _SESSION_NAMES
+                or _HISTORY_NAME.fullmatch(name) or ours):
+            out.append(name)
+    return out
+
+
+def refuse_session_names(names: list[str], namespace: dict[str, Any], shell: Any) -> None:
+    hidden = getattr(shell, "user_ns_hidden", None)
+    hidden_names = [n for n in names if isinstance(hidden, dict) and n in hidden and hidden[n] is namespace.get(n)]
+    refused = session_names(names, namespace, hidden_names)
+    if refused:
+        listed = ", ".join(refused)
+        raise ValueError(f"not freeing {listed}: {'it belongs' if len(refused) == 1 else 'they belong'} to Python "
+                         "or IPython (the output and input history, builtins), and deleting "
+                         f"{'it' if len(refused) == 1 else 'them'} breaks the session; nothing was deleted. "
+                         "Name your own variables; to drop tensors held by the output history, "
+                         "use `%reset -f out`.")
+
+
 def free_variables(names: Iterable[str], namespace: dict[str, Any], *, shell: Any = None,
                    torch: Any = None) -> FreedVariables:
-    """Delete ``names`` from the namespace (and the output history), collect, empty the cache."""
+    """Delete ``names`` from the namespace (and the output history), collect, empty the cache.
+    All or nothing: a name of Python's or IPython's own (``session_names``) refuses the lot
+    (``ValueError``) before anything is deleted."""
+    names = list(names)
+    bad = [n for n in names if not isinstance(n, str)]
+    if bad:
+        raise TypeError(f"free takes variable names (str), got {type(bad[0]).__name__}")
+    refuse_session_names(names, namespace, shell)
     torch = torch if torch is not None else sys.modules.get("torch")
     device = 0 if torch is not None and _cuda(torch) else None
     before_census = take_census(namespace, torch=torch) if torch is not None else Census(())

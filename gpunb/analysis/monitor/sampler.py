@@ -15,6 +15,7 @@ stop) around one lock; its data structures are in ``series.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import threading
@@ -64,6 +65,11 @@ TICK_GRACE_S = 0.02  # a tick waits no longer than its budget (plus this) for a 
 # When NVML could not list the GPUs (not started, a timeout), ask again after this many
 # seconds, doubling up to the second figure.
 REDISCOVER_S = (1.0, 60.0)
+# A GPU's name, total memory and power limit that NVML did not give at the first read (a
+# timeout, a driver still starting) are asked for again after this long, doubling up to the
+# second value, until they come (without it the panel said "GPU 0" until %reload_ext).
+REFACT_S = (2.0, 60.0)
+STATIC_FACTS = ("name", "memory_total_bytes", "power_limit_w")
 # stop() waits this long for the thread (a tick is bounded by the budgets above).
 STOP_JOIN_S = 0.8
 
@@ -187,6 +193,8 @@ class Sampler:
         self._discover_delay = REDISCOVER_S[0]
         self.ram_total_mib: float | None = None
         self.cpu_count = os.cpu_count()
+        self._refact_at: float | None = None  # when to ask again for facts that were missing
+        self._refact_delay = REFACT_S[0]
         self._discover()
 
     # -- finding the GPUs -------------------------------------------------------------
@@ -226,6 +234,42 @@ class Sampler:
                 self.layout += 1
             if self.ticks:  # found late: say so beside the gap before it
                 self.note(f"NVML answers again: found {len(found)} GPU(s).")
+            self._schedule_refact(reset=True)
+
+    def _missing_facts(self) -> list[int]:
+        return [info.index for info in self.gpus
+                if not info.lost and not all(is_available(getattr(info, f)) for f in STATIC_FACTS)]
+
+    def _schedule_refact(self, reset: bool = False) -> None:
+        if reset:
+            self._refact_delay = REFACT_S[0]
+        if not self._missing_facts():
+            self._refact_at = None
+            return
+        self._refact_at = self._clock() + self._refact_delay
+        self._refact_delay = min(REFACT_S[1], self._refact_delay * 2)
+
+    def _reread_facts(self) -> None:
+        """Ask NVML again for the static facts it did not give before; keep what it gave."""
+        missing = set(self._missing_facts())
+        fresh = self.nvml.run(lambda: {i: read_info(self.nvml, i) for i in missing}, budget_s=START_BUDGET_S,
+                              what="the GPUs' names and limits", fallback=lambda why: {})
+        merged = []
+        changed = False
+        for info in self.gpus:
+            new = fresh.get(info.index)
+            if new is not None:
+                values = {f: getattr(new, f) for f in STATIC_FACTS
+                          if not is_available(getattr(info, f)) and is_available(getattr(new, f))}
+                if values:
+                    info = dataclasses.replace(info, **values)
+                    changed = True
+            merged.append(info)
+        if changed:
+            with self._data_lock:
+                self.gpus = tuple(merged)
+                self.layout += 1  # the views redraw their panels with the names
+        self._schedule_refact()
 
     # -- rate and listeners -----------------------------------------------------
     def set_hz(self, hz: float) -> str:
@@ -260,6 +304,8 @@ class Sampler:
             with self.nvml.budget(min(TICK_BUDGET_S, 0.8 / self.hz), "the monitor"):
                 if self._discover_at is not None and time.monotonic() >= self._discover_at:
                     self._discover()
+                elif self._refact_at is not None and self._clock() >= self._refact_at:
+                    self._reread_facts()
                 row = self._read_row()
             with self._data_lock:
                 self._store.append(row)

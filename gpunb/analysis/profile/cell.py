@@ -45,6 +45,7 @@ from gpunb.readings import torch_state
 from gpunb.readings.devices import GpuOwnership, read_device_map, read_ownership
 from gpunb.readings.gpu import read_driver
 from gpunb.readings.gpu_activity import UtilWindow, now_us, read_util_since
+from gpunb.readings.interrupts import deferred_sigint
 from gpunb.readings.nvml import NvmlSession, PendingRun, Unavailable, default_session, is_available
 from gpunb.readings.peak_cache import lookup_noted as measured_peaks
 from gpunb.readings.process import read_process_usage, reset_peak_rss
@@ -89,6 +90,16 @@ class ProfileSession:
         self.result: CellProfile | None = None
 
     def start(self) -> ProfileSession:
+        """Install the cell's instruments, all or nothing: any exception on the way (a Ctrl-C
+        too) takes out what went in before it goes on."""
+        try:
+            with deferred_sigint():  # a real Ctrl-C waits the few ms until start is done
+                return self._start()
+        except BaseException:
+            self.abort()
+            raise
+
+    def _start(self) -> ProfileSession:
         torch: Any = torch_state.imported_torch()  # the module, or None (then cuda is False)
         self.torch = torch
         self.cuda_at_start = cuda = torch_state.cuda_initialized(torch)
@@ -117,7 +128,9 @@ class ProfileSession:
         self.instruments.install(cuda)
         if self.ranks:
             self.traffic = TrafficMeter(self.nvml or default_session())
-            self.channel = RankChannel().open(self.instruments)
+            self.channel = RankChannel()  # kept before it opens: closing undoes a half-done open
+            with deferred_sigint():
+                self.channel.open(self.instruments)
         return self
 
     def _plan_steps(self, torch: Any) -> None:
@@ -126,18 +139,30 @@ class ProfileSession:
         self.instruments.step_watch = self.plan.on_step
 
     def abort(self) -> None:
-        """Take every hook out without building a report (after a failure of gpunb's own, or
-        when the cell could not be profiled)."""
+        """Take every hook out without building a report (after a failure of gpunb's own, a
+        Ctrl-C in start or stop, or when the cell could not be profiled). Idempotent; each
+        part is taken out even when another one fails."""
+        with deferred_sigint():
+            for part in (self._abort_instruments, self._abort_channel, self._abort_plan):
+                try:
+                    part()
+                except BaseException:  # noqa: BLE001 (the other parts must still come out)
+                    pass
+
+    def _abort_instruments(self) -> None:
         if self.instruments is not None:
             self.instruments.remove()
-        if self.channel is not None:
-            self.channel.close()
+
+    def _abort_channel(self) -> None:
+        channel = self.channel
+        if channel is not None:
+            channel.close()
             self.channel = None
-        if self.plan is not None:
-            try:
-                self.plan.finish()
-            except Exception:
-                pass
+
+    def _abort_plan(self) -> None:
+        plan, self.plan = self.plan, None
+        if plan is not None:
+            plan.abandon()
 
     def _trace_path(self) -> Path:
         """Next to the notebook (the kernel's working directory), named by cell and time."""
@@ -146,14 +171,23 @@ class ProfileSession:
         return Path(self.trace_dir if self.trace_dir is not None else os.getcwd()) / name
 
     def stop(self, error: BaseException | None = None) -> CellProfile:
-        """End the measurement (call once, also when the cell raised) and build the record."""
+        """End the measurement (call once, also when the cell raised) and build the record.
+        Whatever happens on the way (a Ctrl-C too), every hook is out when it returns or raises."""
+        try:
+            return self._stop(error)
+        except BaseException:
+            self.abort()
+            raise
+
+    def _stop(self, error: BaseException | None) -> CellProfile:
         ins = self.instruments
         assert ins is not None, "stop() before start()"
         t_end = time.perf_counter()
-        ins.remove()
-        channel, self.channel = self.channel, None
-        records = channel.close() if channel is not None else []
-        rank_notes = channel.notes if channel is not None else []
+        with deferred_sigint():
+            ins.remove()
+            channel, self.channel = self.channel, None
+            records = channel.close() if channel is not None else []
+            rank_notes = channel.notes if channel is not None else []
         plan = self.plan
         if plan is not None:
             plan.stop_counting()  # before gpunb's own end-of-cell work could be counted
@@ -220,10 +254,11 @@ class ProfileSession:
             optimizers=ins.optimizers,
             memory_timeline=tuple((t - self.t0, a, r) for t, a, r in ins.memory),
             step_marks_s=tuple(t - self.t0 for t in ins.step_t),
-            error=f"{type(error).__name__}: {error}" if error is not None else "",
+            error=_describe(error) if error is not None else "",
             flops=self._throughput(plan, steps, gpu, torch) if plan is not None and self.flops else None,
             ops=ops,
             driver_cuda=driver_cuda,
+            other_thread_steps=ins.other_thread_steps,
         )
         verdict, advice = judge(profile)
         part = build_ranks(records, warmup_steps=self.warmup_steps, nvml=nvml,
@@ -351,6 +386,17 @@ class ProfileSession:
             child_processes_bytes=own.children_bytes if own is not None else None,
             process_match=own.how if own is not None else "",
         ), ""
+
+
+def _describe(error: BaseException) -> str:
+    """``Type: message``; the message of an exception whose ``__str__`` itself raises (a user's
+    exception class) is said to be unreadable, and the profile is built all the same."""
+    name = getattr(type(error), "__name__", "an exception")
+    try:
+        message = str(error)
+    except BaseException as exc:  # noqa: BLE001 (the user's __str__: anything, even CancelledError)
+        return f"{name} (its message could not be read: {type(exc).__name__} in {name}.__str__)"
+    return f"{name}: {message}" if message else name
 
 
 class DeviceUsedReader:

@@ -118,6 +118,7 @@ class CellProfile(DisplayMixin):
     ops: OpsReport | None = None  # --ops: top operators and kernels of a few traced steps
     driver_cuda: str | None = None  # the newest CUDA the driver supports ("13.0"), from NVML
     ranks: RanksPart | None = None  # the worker processes of a multi-GPU cell (analysis/ranks/summary.py)
+    other_thread_steps: int = 0  # optimizer steps other threads took during the cell (not counted as its own)
 
 
 

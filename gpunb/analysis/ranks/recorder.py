@@ -58,6 +58,7 @@ class RankInstruments(Instruments):
 
     def __init__(self, torch: Any, recorder: RankRecorder) -> None:
         super().__init__(torch, memory_every_s=None)
+        self._thread = None  # a worker process has no cell: its steps count from any thread
         self.recorder = recorder
 
     def install(self, cuda: bool) -> None:

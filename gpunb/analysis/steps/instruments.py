@@ -24,12 +24,20 @@ cell imports it (``gpunb.readings.import_watch``).
 
 Every wrapper marks its frame ``__tracebackhide__`` so IPython shows a user's exception
 exactly as without gpunb.
+
+Install and remove are one transaction: each hook's undo is written down *before* the hook
+goes in (every undo is harmless when its hook never went in, and harmless twice), ``remove``
+drops an undo only after it ran, and a Ctrl-C is held back while either runs
+(``readings/interrupts.py``). An exception at any line of either leaves the process as
+before the cell once ``remove`` has run (``tests/test_fault_transactions.py`` raises one at
+every line).
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -38,7 +46,8 @@ from typing import Any
 
 from gpunb.analysis.steps.events import StepEvents
 from gpunb.readings import torch_state
-from gpunb.readings.import_watch import when_imported
+from gpunb.readings.import_watch import ImportWatch
+from gpunb.readings.interrupts import deferred_sigint
 
 # Tensor methods that copy a value to the host (a sync when the tensor is on a GPU).
 SYNC_METHODS = ("item", "tolist", "cpu", "__float__", "__int__", "__bool__", "__repr__", "__format__")
@@ -80,12 +89,22 @@ def _call_warning_at_caller(original: Callable[..., Any], tensor: Any, args: tup
 
 
 def _restore_write(stream: Any, timed: Callable[..., Any], previous: Callable[..., Any] | None) -> None:
-    if stream.__dict__.get("write") is not timed:
+    if getattr(stream, "__dict__", {}).get("write") is not timed:
         return  # someone replaced it after us: leave theirs
     if previous is None:
         del stream.write
     else:
         stream.write = previous
+
+
+def _remove_handles(handles: list[Any]) -> None:
+    for handle in handles:
+        handle.remove()  # a RemovableHandle: a no-op once removed
+
+
+def _put_back(owner: Any, name: str, original: Any, ours: Any) -> None:
+    if owner.__dict__.get(name) is ours:  # unless it never went in, or someone replaced ours since
+        setattr(owner, name, original)
 
 
 def _restore_stream(attr: str, stream: Any, proxy: Any) -> None:
@@ -131,6 +150,10 @@ class Instruments:
         # steps: host time of each step of the first optimizer seen (a GAN's second
         # optimizer would count every iteration twice)
         self.step_t: list[float] = []
+        # steps are the cell's when they run in the thread that started it (made these
+        # instruments); a background thread's training is counted apart, not mixed in
+        self._thread: int | None = threading.get_ident()  # None: every thread's steps count
+        self.other_thread_steps = 0
         self.step_events: StepEvents | None = None  # made at the first step that finds CUDA up
         version = getattr(torch, "version", None)
         # a CPU-only torch build never gets CUDA: skip the per-step "is CUDA up yet?" check
@@ -179,15 +202,17 @@ class Instruments:
         common training cell starts with ``import torch``."""
         torch = self.torch
         self.installed = True
-        if torch is not None:
-            if cuda:
-                self.start_event = torch.cuda.Event(enable_timing=True)
-                self.start_event.record()
-            self._hook_torch(torch)
-        else:
-            watch = when_imported("torch", self._torch_imported)
-            self._undo.append(watch.remove)
-        self._wrap_output()
+        with deferred_sigint():
+            if torch is not None:
+                if cuda:
+                    self.start_event = torch.cuda.Event(enable_timing=True)
+                    self.start_event.record()
+                self._hook_torch(torch)
+            else:
+                watch = ImportWatch("torch", self._torch_imported)
+                self._undo.append(watch.remove)
+                sys.meta_path.insert(0, watch)  # as when_imported does, with the undo first
+            self._wrap_output()
         self.sample_memory(force=True)
 
     def _hook_torch(self, torch: Any) -> None:
@@ -203,17 +228,34 @@ class Instruments:
         self.torch = module
         version = getattr(module, "version", None)
         self._no_events = not (getattr(version, "cuda", None) or getattr(version, "hip", None))
-        self._hook_torch(module)
+        with deferred_sigint():
+            self._hook_torch(module)
         if self.on_torch_import is not None:
             self.on_torch_import(module)
 
     def remove(self) -> None:
-        while self._undo:
-            try:
-                self._undo.pop()()
-            except Exception:  # restoring must go on for the other hooks
-                pass
-        self.installed = False
+        """Take every hook out, newest first (idempotent). An undo is dropped only once it ran:
+        one interrupted by an exception that is not an ``Exception`` (an injected
+        ``KeyboardInterrupt``) runs once more, the others still run, and that exception is
+        raised at the end."""
+        interrupted: BaseException | None = None
+        with deferred_sigint():
+            while self._undo:
+                undo = self._undo[-1]
+                try:
+                    undo()
+                except Exception:  # restoring must go on for the other hooks
+                    pass
+                except BaseException as exc:  # noqa: BLE001 (raised again below, once all are out)
+                    interrupted = interrupted or exc
+                    try:
+                        undo()
+                    except BaseException:  # noqa: BLE001 (the rest must still come out)
+                        pass
+                self._undo.pop()
+            self.installed = False
+        if interrupted is not None:
+            raise interrupted
 
     # -- steps ------------------------------------------------------------------------------
     def _hook_optimizer(self, torch: Any) -> None:
@@ -224,13 +266,17 @@ class Instruments:
         register = getattr(module, "register_optimizer_step_post_hook", None)
         if register is None:  # torch < 2.0: no global optimizer hooks
             return
-        handle = register(self._on_step)
-        self._undo.append(handle.remove)
+        handles: list[Any] = []
+        self._undo.append(partial(_remove_handles, handles))
+        handles.append(register(self._on_step))
 
     def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         # Runs after every optimizer.step(): a launch-bound loop pays all of this per step
         # (benchmarks/profile_overhead.py), so the common path is a few attribute reads.
         t = self.clock()
+        if self._thread is not None and threading.get_ident() != self._thread:
+            self.other_thread_steps += 1
+            return
         if id(optimizer) != self._primary and not self._first_step(optimizer):
             return
         self.step_t.append(t)
@@ -312,8 +358,8 @@ class Instruments:
                 recorder.batch_size = recorder.batch_size or n
             return batch
 
+        self._undo.append(partial(_put_back, _BaseDataLoaderIter, "__next__", original, __next__))
         _BaseDataLoaderIter.__next__ = __next__  # type: ignore[method-assign, assignment]  # wrapped for the cell
-        self._undo.append(lambda: setattr(_BaseDataLoaderIter, "__next__", original))
 
     # -- host syncs -------------------------------------------------------------------------
     def _wrap_tensor_syncs(self, torch: Any) -> None:
@@ -332,9 +378,9 @@ class Instruments:
             if original is not None:
                 self._own[name] = tensor.__dict__.get(name)
                 self._wrapped[name] = self._sync_wrapper(name, original)
+        self._undo.append(self._unwrap_tensor_syncs)
         for name, wrapper in self._wrapped.items():
             setattr(tensor, name, wrapper)
-        self._undo.append(self._unwrap_tensor_syncs)
         if originals["item"] is not None:
             self._bypass_optimizer_item(torch, originals["item"])
 
@@ -358,8 +404,6 @@ class Instruments:
 
         patched: list[Any] = [m for m in map(sys.modules.get, _optimizer_module_names())
                               if getattr(m, "_get_value", None) is original]
-        for module in patched:
-            module._get_value = _get_value
 
         def restore() -> None:
             for module in patched:
@@ -367,14 +411,18 @@ class Instruments:
                     module._get_value = original
 
         self._undo.append(restore)
+        for module in patched:
+            module._get_value = _get_value
 
     def _unwrap_tensor_syncs(self) -> None:
         tensor = self._tensor
-        for name in self._wrapped:
+        for name, wrapper in self._wrapped.items():
+            if tensor.__dict__.get(name) is not wrapper:
+                continue  # never went in, already out, or replaced by someone since: leave it
             own = self._own.get(name)
             if own is not None:
                 setattr(tensor, name, own)
-            elif name in tensor.__dict__:
+            else:
                 delattr(tensor, name)
 
     def _sync_wrapper(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -421,14 +469,13 @@ class Instruments:
             original = stream.write
             timed = self._timed_write(original)
             previous = getattr(stream, "__dict__", {}).get("write")  # an outer profile's timer
+            self._undo.append(partial(_restore_write, stream, timed, previous))
             try:
                 stream.write = timed  # ipykernel's OutStream and pytest's capture allow this
             except (AttributeError, TypeError):
                 proxy = _TimedStream(stream, timed)
-                setattr(sys, attr, proxy)
                 self._undo.append(partial(_restore_stream, attr, stream, proxy))
-            else:
-                self._undo.append(partial(_restore_write, stream, timed, previous))
+                setattr(sys, attr, proxy)
 
     def _timed_write(self, original: Callable[[str], int]) -> Callable[[str], int]:
         recorder = self

@@ -145,14 +145,20 @@ class OpTrace:
             self.prof.start()
         self.started_at = index
 
+    def abandon(self) -> None:
+        """Stop the profiler without a summary or a trace file (idempotent)."""
+        self.done = True
+        self._stop_quietly()
+
     def _stop_quietly(self) -> None:
-        prof, self.prof = self.prof, None
+        prof = self.prof
         if prof is not None:
             try:
                 with quiet_profiler_log():
-                    prof.stop()
+                    prof.stop()  # a second call (after an interrupted first one) raises, or does nothing
             except Exception:
                 pass
+        self.prof = None  # only now: a Ctrl-C before this line leaves it for abandon() to stop
 
     def stop(self) -> OpsReport | None:
         """End of the cell: stop the profiler, write the trace and summarize it."""

@@ -55,6 +55,13 @@ class StepPlan:
         self.stop_counting()
         return self.trace.stop() if self.trace is not None else None
 
+    def abandon(self) -> None:
+        """No report after all (a Ctrl-C, a failure of gpunb's): the count and the profiler
+        stop, nothing is summarized or written. Idempotent."""
+        self.stop_counting()
+        if self.trace is not None:
+            self.trace.abandon()
+
     @property
     def flop_count(self) -> FlopCount | None:
         return self.counter.result if self.counter is not None else None
