@@ -1,5 +1,8 @@
 """Find the largest batch that trains: probe, fit lines, scout, then bracket the limit.
 
+Over 500 lines on purpose: it is the one search, read top to bottom; a trial, the fresh start and
+the user's state it restores are in ``trial``, ``fresh_state`` and ``user_state``.
+
 "Fits" means what a user means: the batch trains a sustained run (``steps`` steps, 50 by
 default) without an out-of-memory error, in this process and in a fresh one. Every trial
 is such a run (:mod:`gpunb.analysis.fit.trial`), started as a fresh process starts

@@ -1,5 +1,8 @@
 """The hooks a profiled cell installs, and takes out again when it ends.
 
+Over 500 lines on purpose: the hooks go in and come out as one transaction (every undo recorded
+before its hook goes in), which only holds while one class owns them all.
+
 What each one measures, without changing the user's code:
 
 - **steps**: a global optimizer-step post hook (torch >= 2.0) notes the host time and, when
