@@ -148,6 +148,17 @@ def training_cell() -> None:
         sys.stdout.write("")  # a timed write
 
 
+@pytest.fixture(autouse=True)
+def sigint_handler_back():
+    """An exception injected inside ``deferred_sigint`` itself (between installing its noting
+    handler and putting the old one back) leaves the noting handler in place, which no real
+    SIGINT can do (that handler never raises). Put the handler back, or later tests' Ctrl-Cs
+    are only noted."""
+    handler = signal.getsignal(signal.SIGINT)
+    yield
+    signal.signal(signal.SIGINT, handler)
+
+
 @pytest.fixture
 def session_factory(fake_nvml, tmp_path):
     def make(ops: bool) -> ProfileSession:

@@ -185,9 +185,10 @@ class ProfileSession:
         t_end = time.perf_counter()
         with deferred_sigint():
             ins.remove()
-            channel, self.channel = self.channel, None
+            channel = self.channel
             records = channel.close() if channel is not None else []
             rank_notes = channel.notes if channel is not None else []
+            self.channel = None  # only now: a Ctrl-C inside close() leaves it for abort() to close
         plan = self.plan
         if plan is not None:
             plan.stop_counting()  # before gpunb's own end-of-cell work could be counted
