@@ -89,3 +89,22 @@ def tariff_from_env(environ: Mapping[str, str]) -> tuple[Tariff, list[str]]:
         except ValueError as err:
             notes.append(f"{CARBON_ENV}: {err}")
     return Tariff(price, currency, carbon), notes
+
+
+_SESSION: Tariff | None = None  # what %gpuenergy --price/--carbon set in this kernel
+
+
+def set_session_tariff(tariff: Tariff | None) -> None:
+    """Remember the user's price and carbon for this kernel (``%gpuenergy``); None forgets them."""
+    global _SESSION
+    _SESSION = tariff
+
+
+def session_tariff(environ: Mapping[str, str] | None = None) -> Tariff:
+    """The tariff every energy figure is priced with: what ``%gpuenergy`` set, else the
+    environment's (``GPUNB_ENERGY_PRICE`` / ``GPUNB_CARBON_INTENSITY``), else none (empty)."""
+    if _SESSION is not None:
+        return _SESSION
+    import os
+
+    return tariff_from_env(os.environ if environ is None else environ)[0]
