@@ -15,6 +15,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gpunb.readings.energy import PowerSamples, read_energy, read_power_since
 from gpunb.readings.gpu_activity import now_us
@@ -53,6 +54,7 @@ class CellEnergy:
     idle_share: float | None = None  # share of the cell's energy spent while no kernel ran (estimate)
     note: str = ""
     window_step_joules: tuple[float, ...] = ()  # per step in each consecutive window of >= MIN_WINDOW_S
+    tokens_per_sample: int | None = None  # the batch's sequence length (detected or given)
 
     @property
     def step_spread(self) -> float | None:
@@ -86,8 +88,21 @@ class CellEnergy:
         return 1.0 / per if per else None
 
     @property
+    def tokens_per_joule(self) -> float | None:
+        per = self.samples_per_joule
+        return per * self.tokens_per_sample if per and self.tokens_per_sample else None
+
+    @property
     def estimated(self) -> bool:
         return any(g.source == ESTIMATE for g in self.gpus)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields and the figures derived from them, as plain data."""
+        out = dataclasses.asdict(self)
+        for name in ("joules", "wh", "average_w", "sample_joules", "samples_per_joule", "tokens_per_joule",
+                     "step_spread", "estimated"):
+            out[name] = getattr(self, name)
+        return out
 
 
 @dataclass(frozen=True)
@@ -99,9 +114,9 @@ class Mark:
     energy_mj: dict[int, int]
 
 
-def _read_all(nvml: NvmlSession, indices: Sequence[int]) -> dict[int, int]:
+def _read_all(nvml: NvmlSession, indices: Sequence[int] | None) -> dict[int, int]:
     out = {}
-    for i in indices:
+    for i in range(nvml.device_count()) if indices is None else indices:  # None: every GPU NVML sees
         value = read_energy(nvml, i).energy_mj
         if is_available(value) and isinstance(value, int):
             out[i] = value
@@ -146,8 +161,11 @@ class EnergyMeter:
     """Reads the cell's GPUs' energy counters at its start, at step marks (in the background:
     a step never waits for NVML) and at its end."""
 
-    def __init__(self, nvml: NvmlSession, indices: Sequence[int], clock: Callable[[], float] = time.monotonic) -> None:
-        self.nvml, self.indices, self.clock = nvml, tuple(indices), clock
+    def __init__(self, nvml: NvmlSession, indices: Sequence[int] | None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        # indices None: every GPU (a cell that starts CUDA, or starts ranks, names its GPUs only at its end)
+        self.nvml, self.clock = nvml, clock
+        self.indices = tuple(indices) if indices is not None else None
         self.t0, self.t0_us = clock(), now_us()
         self._start: PendingRun[dict[int, int]] = nvml.run_soon(_read_all, nvml, self.indices, fallback=_none,
                                                                  what="the energy counters")
@@ -169,18 +187,24 @@ class EnergyMeter:
                                                             what="the energy counters"))
 
     def finish(self, *, warmup_steps: int = 1, batch_size: int | None = None,
-               idle_time_share: float | None = None) -> CellEnergy | None:
-        """The cell's energy; None when no GPU gave a counter or power samples."""
+               idle_time_share: float | None = None, indices: Sequence[int] | None = None) -> CellEnergy | None:
+        """The cell's energy on ``indices`` (default: the meter's GPUs); None when no GPU gave a
+        counter or power samples."""
         seconds = self.clock() - self.t0
         if self._pending is not None:  # the last mark still on its way: keep it
             t_s, steps, run = self._pending
             self.marks.append(Mark(t_s, steps, run.result()))
             self._pending = None
-        start, end = self._start.result(), _read_all(self.nvml, self.indices)
+        start = self._start.result()
+        used = tuple(indices) if indices is not None else self.indices if self.indices is not None else tuple(start)
+        if indices is not None:  # only the GPUs the cell used count, at every mark
+            self.marks = [dataclasses.replace(m, energy_mj={i: v for i, v in m.energy_mj.items() if i in used})
+                          for m in self.marks]
+        end = _read_all(self.nvml, used)
         end_us = now_us()
         gpus = []
         powers: dict[int, PowerSamples] = {}
-        for i in self.indices:
+        for i in used:
             if i in start and i in end and end[i] >= start[i]:
                 gpus.append(GpuEnergy(i, (end[i] - start[i]) / 1000.0, seconds, COUNTER))
                 continue

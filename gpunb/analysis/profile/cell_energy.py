@@ -1,0 +1,109 @@
+"""What a profiled cell's GPUs spent and moved: the energy meter and the PCIe sampler of one
+cell (``analysis/energy``), fed at the step marks, and read once at its end for the GPUs the
+cell used (the kernel's device, and every GPU its ranks trained on).
+
+The energy counters of every GPU are read at the start (in the background), because a cell that
+starts CUDA or worker processes names its GPUs only at its end. PCIe is sampled on the kernel's
+GPU when it is known at the start (CUDA already up), else only at the end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from gpunb.analysis.energy.links import CellLinks, PcieMeter
+from gpunb.analysis.energy.meter import CellEnergy, EnergyMeter
+from gpunb.analysis.gpu_specs import pcie_gbps
+from gpunb.analysis.profile.link_verdict import nvlink_peak_gbps, with_links
+from gpunb.analysis.profile.records import CellProfile
+from gpunb.readings import torch_state
+from gpunb.readings.nvml import NvmlSession, is_available
+from gpunb.readings.peak_cache import lookup
+
+NO_GPU = "the cell used no GPU, so no energy was measured"
+NO_READING = "NVML gave neither an energy counter nor power samples for {gpus}"
+
+
+def check_energy_options(energy: object, tokens_per_sample: object) -> None:
+    if not isinstance(energy, bool):
+        raise TypeError(f"energy must be True or False, got {energy!r}")
+    if tokens_per_sample is not None and (not isinstance(tokens_per_sample, int)
+                                          or isinstance(tokens_per_sample, bool) or tokens_per_sample < 1):
+        raise ValueError(f"tokens_per_sample must be a whole number >= 1 (the sequence length), "
+                         f"got {tokens_per_sample!r}")
+
+
+class CellMeters:
+    """The energy meter and PCIe sampler of one profiled cell; ``at_step`` is the step hook's
+    callback (``Instruments.step_meter``): it never waits for NVML."""
+
+    def __init__(self, nvml: NvmlSession, kernel_index: int | None) -> None:
+        self.nvml = nvml
+        self.energy = EnergyMeter(nvml, None)
+        self.pcie = PcieMeter(nvml, (kernel_index,) if kernel_index is not None else ())
+
+    def at_step(self, steps: int) -> None:
+        self.energy.at_step(steps)
+        self.pcie.at_step()
+
+    def finish(self, used: Sequence[int], *, warmup_steps: int, batch_size: int | None,
+               idle_time_share: float | None, tokens_per_sample: int | None,
+               nvlink_bytes: dict[int, int] | None = None, uuid: str | None = None,
+               nvlink_peak_gbps: float | None = None) -> tuple[CellEnergy | None, str, CellLinks | None]:
+        """(energy, why there is none, link traffic) on the NVML indices ``used``."""
+        used = tuple(sorted(set(used)))
+        if not used:
+            self.energy.finish(indices=())  # the last mark's reading is taken back; nothing to report
+            return None, NO_GPU, None
+        energy = self.energy.finish(warmup_steps=warmup_steps, batch_size=batch_size,
+                                    idle_time_share=idle_time_share, indices=used)
+        why = "" if energy is not None else NO_READING.format(gpus=_gpus(used))
+        if energy is not None and tokens_per_sample:
+            energy = dataclasses.replace(energy, tokens_per_sample=tokens_per_sample)
+        pcie = self.pcie.finish(used)
+        seconds = energy.seconds if energy is not None else self.pcie.clock() - self.pcie.t0
+        peak, source = h2d_peak(self.nvml, used[0], uuid)
+        nvlink = {i: b for i, b in (nvlink_bytes or {}).items() if i in used}
+        links = CellLinks(pcie, nvlink, seconds, peak, source, nvlink_peak_gbps if nvlink else None) \
+            if pcie or nvlink else None
+        return energy, why, links
+
+
+def _gpus(indices: Sequence[int]) -> str:
+    return ("GPU " if len(indices) == 1 else "GPUs ") + ", ".join(str(i) for i in indices)
+
+
+def h2d_peak(nvml: NvmlSession, index: int, uuid: str | None) -> tuple[float | None, str]:
+    """Host->GPU GB/s the cell's traffic is measured against: what ``%gpucheck``'s pinned copy
+    reached on this GPU (the peak cache), else the link's datasheet rate."""
+    measured = lookup(uuid) if uuid else None
+    if measured is not None and measured.h2d_gbps:
+        return measured.h2d_gbps, f"%gpucheck's pinned copy, {measured.measured_at}"
+    gen = nvml.device_query(index, "nvmlDeviceGetMaxPcieLinkGeneration")
+    width = nvml.device_query(index, "nvmlDeviceGetMaxPcieLinkWidth")
+    if is_available(gen) and is_available(width) and isinstance(gen, int) and isinstance(width, int):
+        rate = pcie_gbps(gen, width)
+        if rate:
+            return rate, f"PCIe gen{gen} x{width} datasheet"
+    return None, ""
+
+
+def with_energy(profile: CellProfile, meters: CellMeters, *, warmup_steps: int, torch: Any,
+                tokens_given: int | None, tokens_seen: int | None) -> CellProfile:
+    """``profile`` with its energy and link traffic on the GPUs it used (its own, its ranks'),
+    its tokens per sample (given, else seen in the first batch), and the links in its verdict."""
+    gpu, part = profile.gpu, profile.ranks
+    used = {gpu.nvml_index} if gpu is not None and gpu.nvml_index is not None else set()
+    used |= {r.nvml_index for r in part.ranks if r.nvml_index is not None} if part is not None else set()
+    tokens = tokens_given or tokens_seen
+    steps = dataclasses.replace(profile.steps, tokens_per_sample=tokens, tokens_given=tokens_given is not None)
+    uuid = torch_state.device_uuid(torch, gpu.device) if gpu is not None else None
+    energy, why, links = meters.finish(
+        sorted(used), warmup_steps=warmup_steps, batch_size=steps.batch_size,
+        idle_time_share=gpu.util_idle_share if gpu is not None else None, tokens_per_sample=tokens,
+        nvlink_bytes=part.nvlink_traffic if part is not None else None, uuid=uuid,
+        nvlink_peak_gbps=nvlink_peak_gbps(part.link) if part is not None else None)
+    return dataclasses.replace(profile, steps=steps, energy=energy, energy_absent=why, links=links,
+                               verdict=with_links(profile.verdict, links))
