@@ -23,6 +23,11 @@ from gpunb.readings.nvml import NvmlSession, PendingRun, is_available
 
 MARK_EVERY_S = 0.25  # a counter reading at a step mark at most this often (it moves every ~0.1 s)
 MIN_WINDOW_S = 1.0  # a per-step energy needs a steady window at least this long
+# A mark's reading is taken just after the counter moves (it moves every ~0.09 s on an H200), on the
+# NVML worker: a reading taken at any moment is up to one move stale (~60 J at 700 W, 9 % of a 1 s
+# window), one taken as it moves is not. The worker polls at most this long; the step never waits.
+FRESH_WAIT_S = 0.15
+FRESH_POLL_S = 0.002
 COUNTER = "energy counter"
 ESTIMATE = "power samples (estimate)"
 # How far the estimate was off, measured: 3 s of bf16 matmuls on an H200, 2026-12-01.
@@ -127,6 +132,30 @@ def _none(_why: str) -> dict[int, int]:
     return {}
 
 
+def _read_marked(nvml: NvmlSession, indices: Sequence[int] | None, fresh: int | None,
+                 clock: Callable[[], float]) -> tuple[float | None, dict[int, int]]:
+    """(when, counters) with the counters read just after GPU ``fresh``'s counter moved, ``when``
+    on ``clock``; (None, counters read now) without ``fresh`` or when it did not move in
+    FRESH_WAIT_S (an idle GPU, a frozen test clock)."""
+    first = _read_all(nvml, indices)
+    if fresh is None or fresh not in first:
+        return None, first
+    give_up = time.monotonic() + FRESH_WAIT_S
+    while time.monotonic() < give_up:
+        time.sleep(FRESH_POLL_S)
+        value = read_energy(nvml, fresh).energy_mj
+        if isinstance(value, int) and is_available(value) and value != first[fresh]:
+            when = clock()
+            out = _read_all(nvml, [i for i in first if i != fresh])
+            out[fresh] = value
+            return when, out
+    return None, first
+
+
+def _none_marked(_why: str) -> tuple[float | None, dict[int, int]]:
+    return None, {}
+
+
 def steady_step_joules(marks: Sequence[Mark], warmup_steps: int) -> tuple[float | None, int, float | None]:
     """(joules per step, steps in the window, window seconds) between the first mark after the
     warm-up and the last mark, summed over the GPUs both marks read; None under MIN_WINDOW_S."""
@@ -162,15 +191,16 @@ class EnergyMeter:
     a step never waits for NVML) and at its end."""
 
     def __init__(self, nvml: NvmlSession, indices: Sequence[int] | None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        # indices None: every GPU (a cell that starts CUDA, or starts ranks, names its GPUs only at its end)
-        self.nvml, self.clock = nvml, clock
+                 clock: Callable[[], float] = time.monotonic, fresh: int | None = None) -> None:
+        # indices None: every GPU (a cell that starts CUDA, or starts ranks, names its GPUs only at its end);
+        # fresh: the GPU whose counter's moves the step marks are taken at (FRESH_WAIT_S), None: any time
+        self.nvml, self.clock, self.fresh = nvml, clock, fresh
         self.indices = tuple(indices) if indices is not None else None
         self.t0, self.t0_us = clock(), now_us()
         self._start: PendingRun[dict[int, int]] = nvml.run_soon(_read_all, nvml, self.indices, fallback=_none,
                                                                  what="the energy counters")
         self.marks: list[Mark] = []
-        self._pending: tuple[float, int, PendingRun[dict[int, int]]] | None = None
+        self._pending: tuple[float, int, PendingRun[tuple[float | None, dict[int, int]]]] | None = None
         self._asked_at = -1.0
 
     def at_step(self, steps: int) -> None:
@@ -178,23 +208,38 @@ class EnergyMeter:
         now = self.clock() - self.t0
         pending = self._pending
         if pending is not None and pending[2].ready():
-            self.marks.append(Mark(pending[0], pending[1], pending[2].result()))
+            self._keep(pending, now, steps)
             pending = self._pending = None
         if pending is None and now - self._asked_at >= MARK_EVERY_S:
             self._asked_at = now
-            self._pending = (now, steps, self.nvml.run_soon(_read_all, self.nvml, self.indices, fallback=_none,
+            self._pending = (now, steps, self.nvml.run_soon(_read_marked, self.nvml, self.indices, self.fresh,
+                                                            self.clock, fallback=_none_marked,
                                                             budget_s=self.nvml.call_timeout_s,
                                                             what="the energy counters"))
+
+    def _keep(self, pending: tuple[float, int, PendingRun[tuple[float | None, dict[int, int]]]],
+              seen_s: float, steps_seen: int) -> None:
+        """A reading taken when asked is marked with the steps then; a fresh one (taken as the
+        counter moved, between asking and seeing it back) with its own time and the steps
+        interpolated between those two moments (within half a step)."""
+        asked_s, asked_steps, run = pending
+        when, counters = run.result()
+        if when is None:
+            self.marks.append(Mark(asked_s, asked_steps, counters))
+            return
+        t_s = when - self.t0
+        share = (t_s - asked_s) / (seen_s - asked_s) if seen_s > asked_s else 1.0
+        steps = asked_steps + (steps_seen - asked_steps) * min(1.0, max(0.0, share))
+        self.marks.append(Mark(t_s, round(steps), counters))
 
     def finish(self, *, warmup_steps: int = 1, batch_size: int | None = None,
                idle_time_share: float | None = None, indices: Sequence[int] | None = None) -> CellEnergy | None:
         """The cell's energy on ``indices`` (default: the meter's GPUs); None when no GPU gave a
         counter or power samples."""
         seconds = self.clock() - self.t0
-        if self._pending is not None:  # the last mark still on its way: keep it
-            t_s, steps, run = self._pending
-            self.marks.append(Mark(t_s, steps, run.result()))
-            self._pending = None
+        pending, self._pending = self._pending, None
+        if pending is not None and self.fresh is None:  # the last mark, read when asked: kept
+            self._keep(pending, pending[0], pending[1])  # (a fresh one is dropped: the end never waits for it)
         start = self._start.result()
         used = tuple(indices) if indices is not None else self.indices if self.indices is not None else tuple(start)
         if indices is not None:  # only the GPUs the cell used count, at every mark

@@ -41,7 +41,8 @@ class CellMeters:
 
     def __init__(self, nvml: NvmlSession, kernel_index: int | None) -> None:
         self.nvml = nvml
-        self.energy = EnergyMeter(nvml, None)
+        # step marks read as the kernel GPU's counter moves (meter.FRESH_WAIT_S), when it is known
+        self.energy = EnergyMeter(nvml, None, fresh=kernel_index)
         self.pcie = PcieMeter(nvml, (kernel_index,) if kernel_index is not None else ())
 
     def at_step(self, steps: int) -> None:
