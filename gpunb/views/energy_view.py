@@ -53,12 +53,24 @@ def price_words(e: CellEnergy, tariff: Tariff) -> str:
     return ", ".join(parts)
 
 
+def energy_cell(p: CellProfile) -> str:
+    """The history table's energy column: per sample, else per step, else the cell's Wh."""
+    e = p.energy
+    if e is None:
+        return "-"
+    if e.sample_joules is not None:
+        return f"{joules(e.sample_joules)}/sample"
+    if e.step_joules is not None:
+        return f"{joules(e.step_joules)}/step"
+    return watt_hours(e.wh)
+
+
 def energy_line(p: CellProfile, tariff: Tariff | None = None) -> str:
     """"Energy 0.42 Wh in 12.0 s, 126 W average: 3.1 J per step, 24 mJ per sample = 41 samples/J,
     18% spent idle"; "" when energy was not asked for."""
     e = p.energy
-    if e is None:
-        return f"Energy not measured: {p.energy_absent}" if p.energy_absent else ""
+    if e is None:  # (a cell without a GPU says so in its GPU row already)
+        return f"Energy not measured: {p.energy_absent}" if p.energy_absent and p.gpu is not None else ""
     on = f" on {len(e.gpus)} GPUs" if len(e.gpus) > 1 else ""
     line = f"Energy {watt_hours(e.wh)}{on} in {seconds(e.seconds)}"
     if e.average_w is not None:

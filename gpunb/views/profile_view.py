@@ -21,7 +21,7 @@ from gpunb.readings.devices import OWN_BY_RESERVE
 from gpunb.units import byte_rate, flop_count, flop_rate, milliseconds, seconds
 from gpunb.views import chart
 from gpunb.views.chart import DIM, SMALL
-from gpunb.views.energy_view import energy_html, energy_text
+from gpunb.views.energy_view import energy_cell, energy_html, energy_text
 from gpunb.views.markup import code_html
 from gpunb.views.per_gpu import without_qualifiers
 from gpunb.views.ranks_view import ranks_html, ranks_text
@@ -380,7 +380,7 @@ def one_line_text(line: CellLine) -> str:
 
 # -- history -----------------------------------------------------------------------------
 
-HISTORY_HEADER = ["#", "cell", "label", "wall", "median step", "steps", "peak mem", "verdict", "compared"]
+HISTORY_HEADER = ["#", "cell", "label", "wall", "median step", "steps", "peak mem", "energy", "verdict", "compared"]
 
 
 def _history_row(i: int, p: Any, previous: Any | None, j: int | None) -> list[str]:
@@ -390,10 +390,11 @@ def _history_row(i: int, p: Any, previous: Any | None, j: int | None) -> list[st
     cell = f"[{p.cell}]" if p.cell is not None else "api"
     if getattr(p, "steps", None) is None:  # a cell of the one-line mode: timed, not judged
         peak = p.peak_vram_bytes if p.peak_vram_bytes is not None else p.peak_rss_bytes
-        return [str(i + 1), cell, p.label or "", seconds(p.wall_s), "-", "-", fmt_bytes(peak), "one-line", against]
+        return [str(i + 1), cell, p.label or "", seconds(p.wall_s), "-", "-", fmt_bytes(peak), "-", "one-line",
+                against]
     peak = p.gpu.peak_allocated_bytes if p.gpu is not None else p.peak_rss_bytes
     return [str(i + 1), cell, p.label or "", seconds(p.wall_s), milliseconds(p.steps.median_ms),
-            str(p.steps.count), fmt_bytes(peak), p.verdict.kind, against]
+            str(p.steps.count), fmt_bytes(peak), energy_cell(p), p.verdict.kind, against]
 
 
 def history_rows(entries: Sequence[Any], baselines: Sequence[int | None] = ()) -> list[list[str]]:

@@ -23,6 +23,8 @@ from gpunb.readings.nvml import NvmlSession, is_available
 from gpunb.readings.peak_cache import lookup
 
 NO_GPU = "the cell used no GPU, so no energy was measured"
+NO_NVML = ("NVML did not name the cell's GPU (no NVIDIA driver library here, or CUDA's device could not be "
+           "matched to NVML's), so its energy counter could not be read")
 NO_READING = "NVML gave neither an energy counter nor power samples for {gpus}"
 
 
@@ -106,5 +108,7 @@ def with_energy(profile: CellProfile, meters: CellMeters, *, warmup_steps: int, 
         idle_time_share=gpu.util_idle_share if gpu is not None else None, tokens_per_sample=tokens,
         nvlink_bytes=part.nvlink_traffic if part is not None else None, uuid=uuid,
         nvlink_peak_gbps=nvlink_peak_gbps(part.link) if part is not None else None)
+    if not used and gpu is not None:
+        why = NO_NVML
     return dataclasses.replace(profile, steps=steps, energy=energy, energy_absent=why, links=links,
                                verdict=with_links(profile.verdict, links))
