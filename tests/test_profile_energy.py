@@ -6,6 +6,7 @@ tests/gpu/test_energy_gpu.py and benchmarks/energy_accuracy.py."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from types import SimpleNamespace
 
@@ -24,11 +25,25 @@ from gpunb.analysis.profile.link_verdict import nvlink_peak_gbps, pcie_words, wi
 from gpunb.analysis.profile.records import Verdict  # noqa: E402
 from gpunb.analysis.steps.instruments import sequence_length  # noqa: E402
 from gpunb.readings import nvml as nvml_module  # noqa: E402
-from gpunb.readings import peak_cache  # noqa: E402
+from gpunb.readings import peak_cache, torch_state  # noqa: E402
 from gpunb.readings.nvml import NvmlSession  # noqa: E402
 from gpunb.testing import scenario  # noqa: E402
 from gpunb.views.energy_view import energy_line  # noqa: E402
-from tests.test_profile_cuda_paths import fake_cuda  # noqa: E402, F401 (the fixture)
+from tests.test_profile_cuda_paths import FakeCuda, TorchWithFakeCuda  # noqa: E402
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """CUDA up on the recorded H200 (test_profile_cuda_paths.py's stand-in), NVML replaying it in real time."""
+    start = time.monotonic()
+    fake = scenario("h200", clock=lambda: 16.0 + (time.monotonic() - start))
+    fake.gpus[0].pid_map = {412: os.getpid()}  # the recording's training process is this one
+    nvml_module.set_default_session(NvmlSession(fake))
+    cuda = FakeCuda()
+    proxy = TorchWithFakeCuda(cuda)
+    monkeypatch.setattr(torch_state, "imported_torch", lambda: proxy)
+    yield cuda
+    nvml_module.set_default_session(None)
 
 
 def _train(seconds: float, batch: int = 8, tokens: bool = False, sleep_s: float = 0.004) -> None:
@@ -224,7 +239,7 @@ def test_history_compares_energy_per_sample_with_the_last_run_of_the_cell():
 def test_history_table_has_the_energy_per_sample_of_real_runs(ip, capsys, fake_cuda):
     ip.user_ns["_train"] = _train
     for _ in range(2):
-        assert ip.run_cell("%%gpuprofile --label energy-run\n_train(1.3)\n").success
+        assert ip.run_cell("%%gpuprofile --label energy-run\n_train(1.9)\n").success
     capsys.readouterr()
     ip.run_cell("%gpuprofile history -o _gpunb_h")
     report = ip.user_ns["_gpunb_h"]
