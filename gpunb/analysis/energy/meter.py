@@ -233,9 +233,13 @@ class EnergyMeter:
         self.marks.append(Mark(t_s, round(steps), counters))
 
     def finish(self, *, warmup_steps: int = 1, batch_size: int | None = None,
-               idle_time_share: float | None = None, indices: Sequence[int] | None = None) -> CellEnergy | None:
+               idle_time_share: float | None = None, indices: Sequence[int] | None = None,
+               steps_at: Callable[[float], int] | None = None) -> CellEnergy | None:
         """The cell's energy on ``indices`` (default: the meter's GPUs); None when no GPU gave a
-        counter or power samples."""
+        counter or power samples. ``steps_at(t_s)``: the steps the GPU had finished ``t_s`` into
+        the meter's time (from the steps' CUDA events), which replace the steps the host had
+        queued at each mark: the host runs up to a launch queue ahead of the GPU, and the
+        counter counts what the GPU did."""
         seconds = self.clock() - self.t0
         pending, self._pending = self._pending, None
         if pending is not None and self.fresh is None:  # the last mark, read when asked: kept
@@ -245,6 +249,8 @@ class EnergyMeter:
         if indices is not None:  # only the GPUs the cell used count, at every mark
             self.marks = [dataclasses.replace(m, energy_mj={i: v for i, v in m.energy_mj.items() if i in used})
                           for m in self.marks]
+        if steps_at is not None:
+            self.marks = [dataclasses.replace(m, steps=steps_at(m.t_s)) for m in self.marks]
         end = _read_all(self.nvml, used)
         end_us = now_us()
         gpus = []

@@ -290,7 +290,8 @@ class ProfileSession:
         profile = dataclasses.replace(profile, verdict=verdict, advice=tuple(advice), ranks=part)
         if self.meters is not None:  # energy and link traffic on the GPUs the cell used (cell_energy.py)
             profile = with_energy(profile, self.meters, warmup_steps=self.warmup_steps, torch=self.torch,
-                                  tokens_given=self.tokens_per_sample, tokens_seen=ins.sequence_length)
+                                  tokens_given=self.tokens_per_sample, tokens_seen=ins.sequence_length,
+                                  cell_t0=self.t0)
         self.result = profile
         return self.result
 

@@ -9,8 +9,11 @@ GPU when it is known at the start (CUDA already up), else only at the end.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
-from collections.abc import Sequence
+import itertools
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpunb.analysis.energy.links import CellLinks, PcieMeter
@@ -43,9 +46,10 @@ class CellMeters:
 
     def __init__(self, nvml: NvmlSession, kernel_index: int | None) -> None:
         self.nvml = nvml
-        # step marks read as the kernel GPU's counter moves (meter.FRESH_WAIT_S), when it is known
-        self.energy = EnergyMeter(nvml, None, fresh=kernel_index)
-        self.pcie = PcieMeter(nvml, (kernel_index,) if kernel_index is not None else ())
+        # step marks read as the kernel GPU's counter moves (meter.FRESH_WAIT_S), when it is known;
+        # on the steps' clock (Instruments: perf_counter), so a mark can be put among the steps
+        self.energy = EnergyMeter(nvml, None, clock=time.perf_counter, fresh=kernel_index)
+        self.pcie = PcieMeter(nvml, (kernel_index,) if kernel_index is not None else (), clock=time.perf_counter)
 
     def at_step(self, steps: int) -> None:
         self.energy.at_step(steps)
@@ -54,14 +58,15 @@ class CellMeters:
     def finish(self, used: Sequence[int], *, warmup_steps: int, batch_size: int | None,
                idle_time_share: float | None, tokens_per_sample: int | None,
                nvlink_bytes: dict[int, int] | None = None, uuid: str | None = None,
-               nvlink_peak_gbps: float | None = None) -> tuple[CellEnergy | None, str, CellLinks | None]:
+               nvlink_peak_gbps: float | None = None,
+               steps_at: Callable[[float], int] | None = None) -> tuple[CellEnergy | None, str, CellLinks | None]:
         """(energy, why there is none, link traffic) on the NVML indices ``used``."""
         used = tuple(sorted(set(used)))
         if not used:
             self.energy.finish(indices=())  # the last mark's reading is taken back; nothing to report
             return None, NO_GPU, None
         energy = self.energy.finish(warmup_steps=warmup_steps, batch_size=batch_size,
-                                    idle_time_share=idle_time_share, indices=used)
+                                    idle_time_share=idle_time_share, indices=used, steps_at=steps_at)
         why = "" if energy is not None else NO_READING.format(gpus=_gpus(used))
         if energy is not None and tokens_per_sample:
             energy = dataclasses.replace(energy, tokens_per_sample=tokens_per_sample)
@@ -93,8 +98,20 @@ def h2d_peak(nvml: NvmlSession, index: int, uuid: str | None) -> tuple[float | N
     return None, ""
 
 
+def gpu_steps_at(profile: CellProfile, cell_t0: float, meter_t0: float) -> Callable[[float], int] | None:
+    """The steps the GPU had finished ``t`` seconds into the meter's time, from the steps' CUDA
+    events (step i ended sum(step_ms[:i+1]) after the cell's start event, recorded at about
+    ``cell_t0``); None when the steps were timed by the host clock only."""
+    st = profile.steps
+    if not st.source.startswith("CUDA events") or not st.step_ms:
+        return None
+    offset = cell_t0 - meter_t0
+    done = [offset + ms / 1000.0 for ms in itertools.accumulate(st.step_ms)]
+    return lambda t: bisect.bisect_right(done, t)
+
+
 def with_energy(profile: CellProfile, meters: CellMeters, *, warmup_steps: int, torch: Any,
-                tokens_given: int | None, tokens_seen: int | None) -> CellProfile:
+                tokens_given: int | None, tokens_seen: int | None, cell_t0: float) -> CellProfile:
     """``profile`` with its energy and link traffic on the GPUs it used (its own, its ranks'),
     its tokens per sample (given, else seen in the first batch), and the links in its verdict."""
     gpu, part = profile.gpu, profile.ranks
@@ -107,7 +124,8 @@ def with_energy(profile: CellProfile, meters: CellMeters, *, warmup_steps: int, 
         sorted(used), warmup_steps=warmup_steps, batch_size=steps.batch_size,
         idle_time_share=gpu.util_idle_share if gpu is not None else None, tokens_per_sample=tokens,
         nvlink_bytes=part.nvlink_traffic if part is not None else None, uuid=uuid,
-        nvlink_peak_gbps=nvlink_peak_gbps(part.link) if part is not None else None)
+        nvlink_peak_gbps=nvlink_peak_gbps(part.link) if part is not None else None,
+        steps_at=gpu_steps_at(profile, cell_t0, meters.energy.t0))
     if not used and gpu is not None:
         why = NO_NVML
     return dataclasses.replace(profile, steps=steps, energy=energy, energy_absent=why, links=links,
