@@ -321,3 +321,16 @@ def test_marks_count_the_steps_the_gpu_finished_not_the_ones_the_host_queued():
     at = gpu_steps_at(profile, cell_t0=100.0, meter_t0=100.2)  # the meter started 0.2 s after the cell
     assert at(0.2) == 0 and at(0.3) == 1 and at(0.405) == 11 and at(5.0) == 201
     assert gpu_steps_at(SimpleNamespace(steps=SimpleNamespace(source="host clock", step_ms=(1.0,))), 0, 0) is None
+
+
+def test_the_cells_end_does_not_wait_for_a_mark_still_waiting_for_the_counter():
+    t = {"t": 20.0}
+    nvml = NvmlSession(scenario("h200", clock=lambda: t["t"]))  # a frozen clock: the counter never moves
+    meter = EnergyMeter(nvml, [0], fresh=0)
+    meter._start.result()
+    meter.at_step(1)  # the worker now waits up to FRESH_WAIT_S for a move that never comes
+    time.sleep(0.01)
+    t0 = time.perf_counter()
+    cell = meter.finish()
+    assert time.perf_counter() - t0 < 0.6 * meter_module.FRESH_WAIT_S
+    assert cell is not None and cell.joules == 0

@@ -12,6 +12,7 @@ integrated instead, and the record says it is an estimate.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -133,15 +134,16 @@ def _none(_why: str) -> dict[int, int]:
 
 
 def _read_marked(nvml: NvmlSession, indices: Sequence[int] | None, fresh: int | None,
-                 clock: Callable[[], float]) -> tuple[float | None, dict[int, int]]:
+                 clock: Callable[[], float], stop: threading.Event) -> tuple[float | None, dict[int, int]]:
     """(when, counters) with the counters read just after GPU ``fresh``'s counter moved, ``when``
     on ``clock``; (None, counters read now) without ``fresh`` or when it did not move in
-    FRESH_WAIT_S (an idle GPU, a frozen test clock)."""
+    FRESH_WAIT_S (an idle GPU, a frozen test clock). ``stop`` ends the wait at once (the cell
+    ended: its end readings must not queue behind this one)."""
     first = _read_all(nvml, indices)
     if fresh is None or fresh not in first:
         return None, first
     give_up = time.monotonic() + FRESH_WAIT_S
-    while time.monotonic() < give_up:
+    while time.monotonic() < give_up and not stop.is_set():
         time.sleep(FRESH_POLL_S)
         value = read_energy(nvml, fresh).energy_mj
         if isinstance(value, int) and is_available(value) and value != first[fresh]:
@@ -195,6 +197,7 @@ class EnergyMeter:
         # indices None: every GPU (a cell that starts CUDA, or starts ranks, names its GPUs only at its end);
         # fresh: the GPU whose counter's moves the step marks are taken at (FRESH_WAIT_S), None: any time
         self.nvml, self.clock, self.fresh = nvml, clock, fresh
+        self._ending = threading.Event()  # set at the end: a mark still waiting for the counter gives up
         self.indices = tuple(indices) if indices is not None else None
         self.t0, self.t0_us = clock(), now_us()
         self._start: PendingRun[dict[int, int]] = nvml.run_soon(_read_all, nvml, self.indices, fallback=_none,
@@ -213,7 +216,7 @@ class EnergyMeter:
         if pending is None and now - self._asked_at >= MARK_EVERY_S:
             self._asked_at = now
             self._pending = (now, steps, self.nvml.run_soon(_read_marked, self.nvml, self.indices, self.fresh,
-                                                            self.clock, fallback=_none_marked,
+                                                            self.clock, self._ending, fallback=_none_marked,
                                                             budget_s=self.nvml.call_timeout_s,
                                                             what="the energy counters"))
 
@@ -241,6 +244,7 @@ class EnergyMeter:
         queued at each mark: the host runs up to a launch queue ahead of the GPU, and the
         counter counts what the GPU did."""
         seconds = self.clock() - self.t0
+        self._ending.set()
         pending, self._pending = self._pending, None
         if pending is not None and self.fresh is None:  # the last mark, read when asked: kept
             self._keep(pending, pending[0], pending[1])  # (a fresh one is dropped: the end never waits for it)
