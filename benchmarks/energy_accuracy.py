@@ -43,17 +43,18 @@ from training_loops import LOOPS, build_loop
 # is an idle one (~10 J), not a step of the loop at full power (~60 J): the comparison is then
 # of gpunb's window, not of where the counter's ~90 ms updates fell.
 SETTLE_S = 0.3
-_HANDLE: list[Any] = []  # (pynvml, handle) of GPU 0, made once
+_HANDLE: list[Any] = []  # (pynvml, handle) of the GPU the loops run on, made once
+NVML_INDEX = [0]  # cuda:0's NVML index (CUDA_VISIBLE_DEVICES may name another GPU); set in main()
 
 
 def counter_mj() -> int | None:
-    """GPU 0's energy counter read here, apart from gpunb (None without NVML or a counter)."""
+    """The loops' GPU's energy counter read here, apart from gpunb (None without NVML or a counter)."""
     try:
         if not _HANDLE:
             import pynvml
 
             pynvml.nvmlInit()
-            _HANDLE.append((pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)))
+            _HANDLE.append((pynvml, pynvml.nvmlDeviceGetHandleByIndex(NVML_INDEX[0])))
         pynvml, handle = _HANDLE[0]
         return int(pynvml.nvmlDeviceGetTotalEnergyConsumption(handle))
     except Exception:
@@ -65,7 +66,7 @@ def estimate_j(start_us: int, end_us: int) -> float | None:
     from gpunb.readings.energy import PowerSamples, read_power_since
     from gpunb.readings.nvml import default_session
 
-    samples = read_power_since(default_session(), 0, start_us - 2_000_000)
+    samples = read_power_since(default_session(), NVML_INDEX[0], start_us - 2_000_000)
     return samples.joules(start_us, end_us) if isinstance(samples, PowerSamples) else None
 
 
@@ -80,7 +81,7 @@ def nvml_read_ms(n: int = 20) -> dict[str, float | None]:
         times = []
         for _ in range(n):
             t0 = time.perf_counter()
-            fn(nvml, 0)
+            fn(nvml, NVML_INDEX[0])
             times.append((time.perf_counter() - t0) * 1e3)
         out[name] = statistics.median(times)
     return out
@@ -172,10 +173,18 @@ def main(argv: list[str] | None = None) -> int:
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     cell_s, rounds = (args.cell_s, args.rounds) if device == "cuda" else (0.3, 2)
+    if device == "cuda":
+        from gpunb.readings.devices import read_device_map
+        from gpunb.readings.nvml import default_session
+
+        torch.cuda.init()
+        index = read_device_map(default_session(), torch=torch).nvml_index(0)
+        NVML_INDEX[0] = index if index is not None else 0
     results = [measure(name, device, cell_s, rounds) for name in LOOPS]
     reads = nvml_read_ms()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     report = {"device": device, "gpu": torch.cuda.get_device_name(0) if device == "cuda" else "",
+              "nvml_index": NVML_INDEX[0],
               "measured_at": time.strftime("%Y-%m-%d %H:%M"), "nvml_read_ms": reads, "results": results}
     (Path(args.out) / "energy_accuracy.json").write_text(json.dumps(report, indent=1, default=str))
     print(f"{'loop':14} {'cells':>5} {'median|err|':>11} {'max|err|':>9} {'estimate':>9} {'spread':>7} "
