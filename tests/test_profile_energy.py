@@ -334,3 +334,36 @@ def test_the_cells_end_does_not_wait_for_a_mark_still_waiting_for_the_counter():
     cell = meter.finish()
     assert time.perf_counter() - t0 < 0.6 * meter_module.FRESH_WAIT_S
     assert cell is not None and cell.joules == 0
+
+
+def test_a_multi_gpu_cell_has_energy_per_gpu_summed_and_per_rank_and_nvlink_in_its_verdict():
+    """The ranks trained on GPUs 0 and 1 of the recorded NVLink pair; the kernel used no GPU."""
+    import dataclasses
+
+    from gpunb.analysis.profile.cell_energy import CellMeters, with_energy
+    from gpunb.analysis.profile.rank_verdict import judge_ranks
+    from gpunb.analysis.ranks.summary import build_ranks
+    from tests.test_profile_ranks import _ddp, _record
+
+    start = time.monotonic()
+    nvml = NvmlSession(scenario("h200x2-nvlink", clock=lambda: 16.0 + (time.monotonic() - start)))
+    meters = CellMeters(nvml, None)  # a kernel without CUDA: every GPU's counter is read at the start
+    time.sleep(0.4)
+    records = [_record(r, 50, [500.0] + [50.0] * 49, ddp=_ddp(20.0, 5.0)) for r in (0, 1)]
+    part = build_ranks(records, nvml=nvml, traffic={0: 12 * 10**9, 1: 13 * 10**9})
+    verdict, _ = judge_ranks(part)
+    with gpunb.profile(record=False, show=False, energy=False) as p:
+        pass
+    profile = dataclasses.replace(p.result, ranks=part, verdict=verdict)
+    got = with_energy(profile, meters, warmup_steps=1, torch=None, tokens_given=None, tokens_seen=None,
+                      cell_t0=0.0)
+    e = got.energy
+    assert e is not None and [g.index for g in e.gpus] == [0, 1]
+    assert e.joules == pytest.approx(sum(g.joules for g in e.gpus)) and all(g.joules > 0 for g in e.gpus)
+    assert got.links is not None and got.links.nvlink_bytes == {0: 12 * 10**9, 1: 13 * 10**9}
+    assert got.links.nvlink_peak_gbps == 956.0
+    assert "NVLink" in got.verdict.reason and "of 956 GB/s" in got.verdict.reason
+    text = str(got)
+    assert "on 2 GPUs" in text and "per rank: rank 0 on GPU 0" in text and "rank 1 on GPU 1" in text
+    assert "NVLink: GPU 0 12.00 GB, GPU 1 13.00 GB sent + received" in text
+    assert "PCIe" not in text  # the ranks' GPUs were not sampled while the cell ran: no end-only figure

@@ -132,7 +132,7 @@ def _rank_words(p: CellProfile) -> str:
 def _link_rows(links: CellLinks) -> list[tuple[str, str]]:
     rows = []
     if links.pcie:
-        count = sum(x.samples for x in links.pcie)
+        count = max(x.samples for x in links.pcie)
         pcie = " · ".join(f"GPU {x.index} host→GPU {x.rx_bytes_s / 1e9:.2f} GB/s = {x.rx_bytes / 1e9:.2f} GB, "
                           f"GPU→host {x.tx_bytes_s / 1e9:.2f} GB/s = {x.tx_bytes / 1e9:.2f} GB, "
                           f"highest host→GPU reading {x.peak_rx_bytes_s / 1e9:.2f} GB/s"
@@ -146,7 +146,7 @@ def _link_rows(links: CellLinks) -> list[tuple[str, str]]:
         if said:
             rows.append(("bus", said))
     if links.nvlink_bytes:
-        moved = " · ".join(f"GPU {i} {b / 1e9:.2f} GB" for i, b in sorted(links.nvlink_bytes.items()))
+        moved = ", ".join(f"GPU {i} {b / 1e9:.2f} GB" for i, b in sorted(links.nvlink_bytes.items()))
         rows.append(("NVLink", f"{moved} sent + received (NVML's counters) · {nvlink_words(links)}"))
     return rows
 

@@ -116,14 +116,19 @@ class PcieMeter:
             self._ask(now)
 
     def finish(self, indices: Sequence[int]) -> tuple[PcieTraffic, ...]:
-        """Per GPU of ``indices``: the average of the readings (one more at the end)."""
+        """Per GPU of ``indices`` that was sampled while the cell ran: the average of the
+        readings (one more at the end). A GPU read only at the end is left out: that reading
+        comes after the cell's work."""
         seconds = self.clock() - self.t0
         if self._pending is not None:
             self.readings.append(self._pending.result())
             self._pending = None
-        self.readings.append(_read_rates(self.nvml, indices))
+        sampled = [i for i in indices if i in self.indices]
+        if not sampled:
+            return ()
+        self.readings.append(_read_rates(self.nvml, sampled))
         out = []
-        for i in indices:
+        for i in sampled:
             rates = [r[i] for r in self.readings if i in r]
             if rates:
                 out.append(PcieTraffic(i, sum(r[0] for r in rates) / len(rates), sum(r[1] for r in rates) / len(rates),
