@@ -367,3 +367,22 @@ def test_a_multi_gpu_cell_has_energy_per_gpu_summed_and_per_rank_and_nvlink_in_i
     assert "on 2 GPUs" in text and "per rank: rank 0 on GPU 0" in text and "rank 1 on GPU 1" in text
     assert "NVLink: GPU 0 12.00 GB, GPU 1 13.00 GB sent + received" in text
     assert "PCIe" not in text  # the ranks' GPUs were not sampled while the cell ran: no end-only figure
+
+
+def test_a_cell_that_starts_cuda_itself_samples_its_gpu_from_the_first_step_that_finds_cuda_up(fake_cuda,
+                                                                                                monkeypatch):
+    up = {"cuda": False}
+    monkeypatch.setattr(fake_cuda, "is_initialized", lambda: up["cuda"], raising=False)
+    seen = {}
+    real_finish = gpunb.analysis.profile.cell_energy.CellMeters.finish
+
+    def finish(self, *args, **kwargs):
+        seen["fresh"], seen["pcie"] = self.energy.fresh, self.pcie.indices
+        return real_finish(self, *args, **kwargs)
+
+    monkeypatch.setattr(gpunb.analysis.profile.cell_energy.CellMeters, "finish", finish)
+    with gpunb.profile(record=False, show=False) as p:
+        up["cuda"] = True  # the cell's model.cuda()
+        _train(1.0)
+    assert seen == {"fresh": 0, "pcie": (0,)}
+    assert p.result.energy is not None and p.result.links is not None and p.result.links.pcie[0].samples >= 2

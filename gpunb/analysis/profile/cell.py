@@ -147,7 +147,7 @@ class ProfileSession:
         assert self.instruments is not None
         used = self.instruments.device_used
         self.meters = CellMeters(self.nvml or default_session(),
-                                 used.index if isinstance(used, DeviceUsedReader) else None)
+                                 used.index if isinstance(used, DeviceUsedReader) else None, self.torch)
         self.instruments.step_meter = self.meters.at_step
 
     def _plan_steps(self, torch: Any) -> None:

@@ -4,7 +4,9 @@ cell used (the kernel's device, and every GPU its ranks trained on).
 
 The energy counters of every GPU are read at the start (in the background), because a cell that
 starts CUDA or worker processes names its GPUs only at its end. PCIe is sampled on the kernel's
-GPU when it is known at the start (CUDA already up), else only at the end.
+GPU, and the step marks are read as its counter moves, from the moment it is known: at the start
+when CUDA is already up, else from the first step that finds CUDA up (its NVML index is looked
+up on the NVML worker meanwhile).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from gpunb.analysis.gpu_specs import pcie_gbps
 from gpunb.analysis.profile.link_verdict import nvlink_peak_gbps, with_links
 from gpunb.analysis.profile.records import CellProfile
 from gpunb.readings import torch_state
-from gpunb.readings.nvml import NvmlSession, is_available
+from gpunb.readings.devices import read_device_map
+from gpunb.readings.nvml import NvmlSession, PendingRun, is_available
 from gpunb.readings.peak_cache import lookup
 
 NO_GPU = "the cell used no GPU, so no energy was measured"
@@ -44,16 +47,44 @@ class CellMeters:
     """The energy meter and PCIe sampler of one profiled cell; ``at_step`` is the step hook's
     callback (``Instruments.step_meter``): it never waits for NVML."""
 
-    def __init__(self, nvml: NvmlSession, kernel_index: int | None) -> None:
-        self.nvml = nvml
+    def __init__(self, nvml: NvmlSession, kernel_index: int | None, torch: Any = None) -> None:
+        self.nvml, self.torch = nvml, torch
+        self._finding = kernel_index is None  # the kernel's GPU is looked up once CUDA is up
+        self._lookup: PendingRun[int | None] | None = None
         # step marks read as the kernel GPU's counter moves (meter.FRESH_WAIT_S), when it is known;
         # on the steps' clock (Instruments: perf_counter), so a mark can be put among the steps
         self.energy = EnergyMeter(nvml, None, clock=time.perf_counter, fresh=kernel_index)
         self.pcie = PcieMeter(nvml, (kernel_index,) if kernel_index is not None else (), clock=time.perf_counter)
 
     def at_step(self, steps: int) -> None:
+        if self._finding:
+            self._find_kernel_gpu()
         self.energy.at_step(steps)
         self.pcie.at_step()
+
+    def _find_kernel_gpu(self) -> None:
+        """At a step: once CUDA is up, ask the NVML worker for the current device's NVML index;
+        once it answered, sample that GPU (never waits)."""
+        lookup = self._lookup
+        if lookup is None:
+            torch = self.torch if self.torch is not None else torch_state.imported_torch()
+            if torch is not None and not getattr(getattr(torch, "version", None), "cuda", None):
+                self._finding = False  # a CPU-only torch never brings CUDA up
+                return
+            if not torch_state.cuda_initialized(torch):
+                return
+            try:
+                dev = torch_state.current_device(torch)
+            except Exception:  # a broken CUDA context: the profile says so elsewhere
+                self._finding = False
+                return
+            self._lookup = self.nvml.run_soon(_nvml_index, self.nvml, torch, dev, fallback=_no_index,
+                                              what="the cell's GPU")
+        elif lookup.ready():
+            index, self._finding = lookup.result(), False
+            if index is not None:
+                self.energy.fresh = index
+                self.pcie.indices = (index,)
 
     def finish(self, used: Sequence[int], *, warmup_steps: int, batch_size: int | None,
                idle_time_share: float | None, tokens_per_sample: int | None,
@@ -77,6 +108,14 @@ class CellMeters:
         links = CellLinks(pcie, nvlink, seconds, peak, source, nvlink_peak_gbps if nvlink else None) \
             if pcie or nvlink else None
         return energy, why, links
+
+
+def _nvml_index(nvml: NvmlSession, torch: Any, dev: int) -> int | None:
+    return read_device_map(nvml, torch=torch).nvml_index(dev)
+
+
+def _no_index(_why: str) -> None:
+    return None
 
 
 def _gpus(indices: Sequence[int]) -> str:
