@@ -386,3 +386,14 @@ def test_a_cell_that_starts_cuda_itself_samples_its_gpu_from_the_first_step_that
         _train(1.0)
     assert seen == {"fresh": 0, "pcie": (0,)}
     assert p.result.energy is not None and p.result.links is not None and p.result.links.pcie[0].samples >= 2
+
+
+def test_a_failure_inside_the_energy_readings_costs_only_the_energy_line(fake_cuda, monkeypatch):
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("driver said nonsense")
+
+    monkeypatch.setattr(gpunb.analysis.profile.cell_energy.CellMeters, "finish", broken)
+    with gpunb.profile(record=False, show=False) as p:
+        _train(0.2)
+    assert p.result.energy is None and "RuntimeError: driver said nonsense" in p.result.energy_absent
+    assert p.result.steps.count > 0 and "Energy not measured: the energy readings failed" in str(p.result)

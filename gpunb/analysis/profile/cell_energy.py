@@ -158,13 +158,17 @@ def with_energy(profile: CellProfile, meters: CellMeters, *, warmup_steps: int, 
     used |= {r.nvml_index for r in part.ranks if r.nvml_index is not None} if part is not None else set()
     tokens = tokens_given or tokens_seen
     steps = dataclasses.replace(profile.steps, tokens_per_sample=tokens, tokens_given=tokens_given is not None)
-    uuid = torch_state.device_uuid(torch, gpu.device) if gpu is not None else None
-    energy, why, links = meters.finish(
-        sorted(used), warmup_steps=warmup_steps, batch_size=steps.batch_size,
-        idle_time_share=gpu.util_idle_share if gpu is not None else None, tokens_per_sample=tokens,
-        nvlink_bytes=part.nvlink_traffic if part is not None else None, uuid=uuid,
-        nvlink_peak_gbps=nvlink_peak_gbps(part.link) if part is not None else None,
-        steps_at=gpu_steps_at(profile, cell_t0, meters.energy.t0))
+    try:
+        uuid = torch_state.device_uuid(torch, gpu.device) if gpu is not None else None
+        energy, why, links = meters.finish(
+            sorted(used), warmup_steps=warmup_steps, batch_size=steps.batch_size,
+            idle_time_share=gpu.util_idle_share if gpu is not None else None, tokens_per_sample=tokens,
+            nvlink_bytes=part.nvlink_traffic if part is not None else None, uuid=uuid,
+            nvlink_peak_gbps=nvlink_peak_gbps(part.link) if part is not None else None,
+            steps_at=gpu_steps_at(profile, cell_t0, meters.energy.t0))
+    except Exception as exc:  # a reading gpunb did not expect: the rest of the report still stands
+        energy, links = None, None
+        why = f"the energy readings failed ({type(exc).__name__}: {exc}); please report this to gpunb"
     if not used and gpu is not None:
         why = NO_NVML
     return dataclasses.replace(profile, steps=steps, energy=energy, energy_absent=why, links=links,
