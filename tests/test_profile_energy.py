@@ -298,14 +298,14 @@ def test_step_marks_are_read_as_the_counter_moves_with_the_steps_of_that_moment(
     cell = meter.finish(warmup_steps=1)
     assert cell is not None and len(meter.marks) >= 3
     # each mark's reading is the counter's value just after it moved (it moves every ~70 ms in the
-    # recording): 30 ms before the mark it read less. A reading at any moment would be so 40 % of
-    # the time; one mark may miss under a loaded CPU.
+    # recording), dated to when it moved: within 30 ms of the mark it read less before and the same
+    # after. A reading at any moment would be so 40 % of the time; one mark may miss under a
+    # loaded CPU.
     counter = fake.gpus[0].energy_at
     fresh = 0
     for m in meter.marks:
         fake_t = 16.0 + (meter.t0 + m.t_s - start)
-        assert counter(fake_t + 0.001)[0] == m.energy_mj[0]
-        fresh += counter(fake_t - 0.03)[0] < m.energy_mj[0]
+        fresh += counter(fake_t - 0.03)[0] < m.energy_mj[0] == counter(fake_t + 0.03)[0]
     assert len(meter.marks) >= 4 and fresh >= len(meter.marks) - 1
     assert all(0 < m.steps <= steps for m in meter.marks)
     assert cell.step_joules is not None
