@@ -28,9 +28,10 @@ MIN_WINDOW_S = 1.0  # a per-step energy needs a steady window at least this long
 # NVML worker: a reading taken at any moment is up to one move stale (~60 J at 700 W, 9 % of a 1 s
 # window), one taken as it moves is not. The worker polls at most this long; the step never waits.
 FRESH_WAIT_S = 0.15
-# Between two reads the worker sleeps (no GIL held): ~25 reads of ~0.1 ms per mark. The move is
-# dated halfway between the last read before it and the first after: within 2 ms.
-FRESH_POLL_S = 0.004
+# Between two reads the worker sleeps (no GIL held): ~6 reads per mark on average (each holds the
+# GIL for tens of µs, which a launch-bound loop would feel). The move is dated halfway between the
+# last read before it and the first after: within 4 ms, 0.4 % of a 1 s window.
+FRESH_POLL_S = 0.008
 COUNTER = "energy counter"
 ESTIMATE = "power samples (estimate)"
 # How far the estimate was off, measured: 3 s of bf16 matmuls on an H200, 2026-12-01.
