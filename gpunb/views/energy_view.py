@@ -11,6 +11,7 @@ from html import escape
 from gpunb.analysis.energy.links import CellLinks
 from gpunb.analysis.energy.meter import COUNTER, ESTIMATE_NOTE, MARK_EVERY_S, MIN_WINDOW_S, CellEnergy
 from gpunb.analysis.energy.tariff import Tariff, session_tariff
+from gpunb.analysis.profile.cell_energy import steady_from
 from gpunb.analysis.profile.link_verdict import nvlink_words, pcie_words
 from gpunb.analysis.profile.records import CellProfile
 from gpunb.units import seconds
@@ -100,13 +101,13 @@ def _gpu_words(e: CellEnergy) -> str:
                       for g in e.gpus)
 
 
-def _window_words(e: CellEnergy, warmup: int) -> str:
+def _window_words(e: CellEnergy, first: int) -> str:
     if e.step_joules is None:
         return (f"no per-step figure: {e.note}" if "too short" in e.note else
                 "no per-step figure: no steady steps were marked (the steps ran in other processes, or too "
                 f"few of them: it needs {MIN_WINDOW_S:.0f} s after the warm-up)")
-    text = (f"{joules(e.step_joules)} per step over {e.window_steps} steps in {seconds(e.window_s)} "
-            f"after {warmup} warm-up step{'s' if warmup != 1 else ''}")
+    text = (f"{joules(e.step_joules)} per step over {e.window_steps} steps in {seconds(e.window_s)}, "
+            f"from step {first + 1} on")
     windows = e.window_step_joules
     if len(windows) > 1 and e.step_spread is not None:
         text += (f" · {len(windows)} windows of at least {MIN_WINDOW_S:.0f} s: {joules(min(windows))} to "
@@ -160,7 +161,7 @@ def energy_rows(p: CellProfile) -> list[tuple[str, str]]:
         ranks = _rank_words(p)
         if ranks:
             rows.append(("per rank", ranks))
-        rows.append(("per step", _window_words(e, p.steps.skipped)))
+        rows.append(("per step", _window_words(e, steady_from(p.steps, p.steps.skipped))))
         st = p.steps
         if st.tokens_per_sample:
             how = "given" if st.tokens_given else "the first batch's token ids"

@@ -22,7 +22,7 @@ from gpunb.analysis.energy.links import CellLinks, PcieMeter
 from gpunb.analysis.energy.meter import CellEnergy, EnergyMeter
 from gpunb.analysis.gpu_specs import pcie_gbps
 from gpunb.analysis.profile.link_verdict import nvlink_peak_gbps, with_links
-from gpunb.analysis.profile.records import CellProfile
+from gpunb.analysis.profile.records import CellProfile, StepStats
 from gpunb.readings import torch_state
 from gpunb.readings.devices import read_device_map
 from gpunb.readings.nvml import NvmlSession, PendingRun, is_available
@@ -137,6 +137,12 @@ def h2d_peak(nvml: NvmlSession, index: int, uuid: str | None) -> tuple[float | N
     return None, ""
 
 
+def steady_from(steps: StepStats, warmup_steps: int) -> int:
+    """The first step the per-step energy counts: after the warm-up and after the steps a closer
+    look slowed (the FLOP count of step 2, --ops), whose idle GPU time is not a training step's."""
+    return max([warmup_steps] + [i + 1 for i in steps.excluded])
+
+
 def gpu_steps_at(profile: CellProfile, cell_t0: float, meter_t0: float) -> Callable[[float], int] | None:
     """The steps the GPU had finished ``t`` seconds into the meter's time, from the steps' CUDA
     events (step i ended sum(step_ms[:i+1]) after the cell's start event, recorded at about
@@ -161,7 +167,7 @@ def with_energy(profile: CellProfile, meters: CellMeters, *, warmup_steps: int, 
     try:
         uuid = torch_state.device_uuid(torch, gpu.device) if gpu is not None else None
         energy, why, links = meters.finish(
-            sorted(used), warmup_steps=warmup_steps, batch_size=steps.batch_size,
+            sorted(used), warmup_steps=steady_from(steps, warmup_steps), batch_size=steps.batch_size,
             idle_time_share=gpu.util_idle_share if gpu is not None else None, tokens_per_sample=tokens,
             nvlink_bytes=part.nvlink_traffic if part is not None else None, uuid=uuid,
             nvlink_peak_gbps=nvlink_peak_gbps(part.link) if part is not None else None,
