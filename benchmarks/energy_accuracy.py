@@ -42,7 +42,7 @@ from training_loops import LOOPS, build_loop
 # The GPU idles this long at the block's end, so the counter's last step before both end reads
 # is an idle one (~10 J), not a step of the loop at full power (~60 J): the comparison is then
 # of gpunb's window, not of where the counter's ~90 ms updates fell.
-SETTLE_S = 0.3
+SETTLE_S = 0.5
 _HANDLE: list[Any] = []  # (pynvml, handle) of the GPU the loops run on, made once
 NVML_INDEX = [0]  # cuda:0's NVML index (CUDA_VISIBLE_DEVICES may name another GPU); set in main()
 

@@ -25,7 +25,7 @@ from gpunb.readings.devices import read_device_map  # noqa: E402
 from gpunb.readings.nvml import default_session  # noqa: E402
 from tests.gpu.results import save_json  # noqa: E402
 
-SETTLE_S = 0.3  # idle at the block's end: a counter update between the two end reads is an idle one
+SETTLE_S = 0.5  # idle at the block's end: a counter update between the two end reads is an idle one
 
 
 def _counter(index: int) -> int:
