@@ -397,3 +397,14 @@ def test_a_failure_inside_the_energy_readings_costs_only_the_energy_line(fake_cu
         _train(0.2)
     assert p.result.energy is None and "RuntimeError: driver said nonsense" in p.result.energy_absent
     assert p.result.steps.count > 0 and "Energy not measured: the energy readings failed" in str(p.result)
+
+
+def test_a_price_too_small_to_show_in_four_decimals_says_under():
+    from gpunb.views.energy_view import price_words
+
+    tiny = CellEnergy((GpuEnergy(0, 100.0, 1.0, COUNTER),), 1.0)  # 0.028 Wh
+    assert price_words(tiny, Tariff(0.25, "€", None)) == "under €0.0001"
+    assert price_words(tiny, Tariff(0.25, "EUR", 350.0)) == "under 0.0001 EUR, 0.00972 g CO₂"
+    big = CellEnergy((GpuEnergy(0, 3.6e6, 3600.0, COUNTER),), 3600.0)  # 1 kWh
+    assert price_words(big, Tariff(0.25, "€", None)) == "€0.25"
+    assert price_words(big, Tariff()) == ""

@@ -45,9 +45,13 @@ def price_words(e: CellEnergy, tariff: Tariff) -> str:
     if tariff.empty:
         return ""
     parts = []
-    cost = tariff.cost_words(e.wh)
-    if cost:
-        parts.append(cost)
+    cost = tariff.cost(e.wh)
+    if cost is not None:  # a short cell costs fractions of a cent: "under €0.0001", not "€0.0000"
+        if cost >= 0.0001:
+            parts.append(tariff.cost_words(e.wh))
+        else:
+            symbol = tariff.currency
+            parts.append("under " + (f"{symbol}0.0001" if len(symbol) == 1 else f"0.0001 {symbol}".strip()))
     co2 = tariff.co2_g(e.wh)
     if co2 is not None:
         parts.append(f"{co2:.3g} g CO₂" if co2 < 1000 else f"{co2 / 1000:.3g} kg CO₂")
