@@ -23,7 +23,7 @@ from gpunb.analysis.profile.cell_energy import NO_GPU, NO_NVML  # noqa: E402
 from gpunb.analysis.profile.history import compare  # noqa: E402
 from gpunb.analysis.profile.link_verdict import nvlink_peak_gbps, pcie_words, with_links  # noqa: E402
 from gpunb.analysis.profile.records import Verdict  # noqa: E402
-from gpunb.analysis.steps.instruments import sequence_length  # noqa: E402
+from gpunb.analysis.steps.tokens import sequence_length  # noqa: E402
 from gpunb.readings import nvml as nvml_module  # noqa: E402
 from gpunb.readings import peak_cache, torch_state  # noqa: E402
 from gpunb.readings.nvml import NvmlSession  # noqa: E402
