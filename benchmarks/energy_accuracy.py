@@ -87,6 +87,22 @@ def nvml_read_ms(n: int = 20) -> dict[str, float | None]:
     return out
 
 
+def at_step_us(n: int = 100_000) -> float:
+    """The step hook's energy callback timed in place (``CellMeters.at_step`` on the real NVML,
+    marks queued as in a cell): µs per step. Whole cells on/off cannot resolve 0.5 % on a VM whose
+    speed wanders; this bounds the per-step part directly."""
+    from gpunb.analysis.profile.cell_energy import CellMeters
+    from gpunb.readings.nvml import default_session
+
+    meters = CellMeters(default_session(), NVML_INDEX[0])
+    t0 = time.perf_counter()
+    for i in range(n):
+        meters.at_step(i)
+    us = (time.perf_counter() - t0) / n * 1e6
+    meters.finish([NVML_INDEX[0]], warmup_steps=1, batch_size=None, idle_time_share=None, tokens_per_sample=None)
+    return us
+
+
 def profiled_cell(loop: Any, steps: int, energy: bool) -> dict[str, Any]:
     import gpunb
     from gpunb.readings.gpu_activity import now_us
@@ -182,10 +198,14 @@ def main(argv: list[str] | None = None) -> int:
         NVML_INDEX[0] = index if index is not None else 0
     results = [measure(name, device, cell_s, rounds) for name in LOOPS]
     reads = nvml_read_ms()
+    hook_us = at_step_us()
+    for r in results:
+        r["at_step_us"], r["at_step_share"] = hook_us, hook_us / (r["step_ms"] * 1e3)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     report = {"device": device, "gpu": torch.cuda.get_device_name(0) if device == "cuda" else "",
               "nvml_index": NVML_INDEX[0],
-              "measured_at": time.strftime("%Y-%m-%d %H:%M"), "nvml_read_ms": reads, "results": results}
+              "measured_at": time.strftime("%Y-%m-%d %H:%M"), "nvml_read_ms": reads, "at_step_us": hook_us,
+              "results": results}
     (Path(args.out) / "energy_accuracy.json").write_text(json.dumps(report, indent=1, default=str))
     print(f"{'loop':14} {'cells':>5} {'median|err|':>11} {'max|err|':>9} {'estimate':>9} {'spread':>7} "
           f"{'max spr':>7} {'J/step':>8} {'cost':>7} {'end ms on/off':>14}")
@@ -194,7 +214,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['loop']:14} {len(r['cells']):>5} {_pct(r['median_abs_error']):>11} {_pct(r['max_abs_error']):>9} "
               f"{_pct(r['estimate_error']):>9} {_pct(r['median_spread']):>7} {_pct(r['max_spread']):>7} "
               f"{step:8.3f} {_pct(r['cost']):>7} {r['end_on_ms']:>6.1f}/{r['end_off_ms']:<6.1f}")
-    print(f"one NVML read: energy {reads['energy']:.3f} ms, PCIe (both directions) {reads['pcie']:.3f} ms")
+    print(f"one NVML read: energy {reads['energy']:.3f} ms, PCIe (both directions) {reads['pcie']:.3f} ms; "
+          f"the step hook's energy call {hook_us:.2f} µs = "
+          + ", ".join(f"{r['at_step_share'] * 100:.3f}% of a {r['loop']} step" for r in results))
     for r in results:
         line = next((c["view_line"] for c in r["cells"] if c.get("view_line")), "")
         print(f"{r['loop']}: {line.strip()}")
