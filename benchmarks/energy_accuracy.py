@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    cell_s, rounds = (args.cell_s, args.rounds) if device == "cuda" else (0.3, 2)
+    cell_s, rounds = (args.cell_s, args.rounds) if device == "cuda" else (0.2, 1)  # CPU: the code path only
     if device == "cuda":
         from gpunb.readings.devices import read_device_map
         from gpunb.readings.nvml import default_session
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         NVML_INDEX[0] = index if index is not None else 0
     results = [measure(name, device, cell_s, rounds) for name in LOOPS]
     reads = nvml_read_ms()
-    hook_us = at_step_us()
+    hook_us = at_step_us(100_000 if device == "cuda" else 5_000)
     for r in results:
         r["at_step_us"], r["at_step_share"] = hook_us, hook_us / (r["step_ms"] * 1e3)
     Path(args.out).mkdir(parents=True, exist_ok=True)

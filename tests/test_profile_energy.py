@@ -408,3 +408,20 @@ def test_a_price_too_small_to_show_in_four_decimals_says_under():
     big = CellEnergy((GpuEnergy(0, 3.6e6, 3600.0, COUNTER),), 3600.0)  # 1 kWh
     assert price_words(big, Tariff(0.25, "€", None)) == "€0.25"
     assert price_words(big, Tariff()) == ""
+
+
+def test_the_accuracy_benchmark_runs_on_cpu(tmp_path):
+    """benchmarks/energy_accuracy.py's code path (no GPU: no energy, the table still printed)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "energy_accuracy.py"), "--out", str(tmp_path),
+                        "--device", "cpu"], capture_output=True, text=True, cwd=root, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(root)})
+    assert r.returncode == 0, r.stderr
+    report = json.loads((tmp_path / "energy_accuracy.json").read_text())
+    assert [x["loop"] for x in report["results"]] == ["launch-bound", "compute-bound"]
+    assert all(c["gpunb_j"] is None and c["why"] for x in report["results"] for c in x["cells"])
+    assert "the step hook's energy call" in r.stdout and report["at_step_us"] > 0
