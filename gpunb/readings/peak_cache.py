@@ -46,6 +46,7 @@ class MeasuredPeaks:
     measured_at: str  # local time, "YYYY-MM-DD HH:MM"
     pid: int  # the process whose check measured it
     torch_version: str = ""
+    h2d_gbps: float | None = None  # the check's pinned host->device copy, GB/s (%%gpuprofile's PCIe figure)
 
     @property
     def this_process(self) -> bool:
@@ -88,7 +89,9 @@ def _entry(uuid: str, raw: object) -> MeasuredPeaks | None:
     if not tflops or not (isinstance(pid, int) and not isinstance(pid, bool)) \
             or not all(isinstance(v, str) for v in text.values()):
         return None
-    return MeasuredPeaks(uuid, text["name"], tflops, text["measured_at"], pid, text["torch_version"])
+    h2d = raw.get("h2d_gbps")
+    h2d_gbps = float(h2d) if isinstance(h2d, (int, float)) and is_number(h2d) and h2d > 0 else None
+    return MeasuredPeaks(uuid, text["name"], tflops, text["measured_at"], pid, text["torch_version"], h2d_gbps)
 
 
 def remember(uuid: str, name: str, result: Mapping[str, object], *, torch_version: str = "",
@@ -102,7 +105,10 @@ def remember(uuid: str, name: str, result: Mapping[str, object], *, torch_versio
             tflops[p] = float(value)
     if not uuid or not tflops:
         return None
-    peaks = MeasuredPeaks(uuid, name, tflops, time.strftime("%Y-%m-%d %H:%M"), os.getpid(), torch_version)
+    h2d = result.get("pinned_gbps")  # the check's copy probe, when it ran
+    h2d_gbps = float(h2d) if isinstance(h2d, (int, float)) and not isinstance(h2d, bool) and h2d > 0 else None
+    peaks = MeasuredPeaks(uuid, name, tflops, time.strftime("%Y-%m-%d %H:%M"), os.getpid(), torch_version,
+                          h2d_gbps)
     _this_process[_norm(uuid)] = peaks
     path = cache_file(environ)
     try:
@@ -113,6 +119,8 @@ def remember(uuid: str, name: str, result: Mapping[str, object], *, torch_versio
             data = {}
         data[uuid] = {"name": name, "tflops": tflops, "measured_at": peaks.measured_at, "pid": peaks.pid,
                       "torch_version": torch_version}
+        if h2d_gbps is not None:
+            data[uuid]["h2d_gbps"] = h2d_gbps
         _write_atomically(path, json.dumps(data, indent=1, sort_keys=True))
     except OSError:
         pass

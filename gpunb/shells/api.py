@@ -76,18 +76,23 @@ class profile(DisplayMixin):  # noqa: N801  (used like a function: `with gpunb.p
     step 2 for TFLOP/s and MFU; default on), ``ops`` (torch.profiler over steps 4-6: top
     operators and kernels, time shares, a trace file), ``trace_dir`` (where the trace goes;
     default: the working directory, in Jupyter the notebook's), ``ranks`` (profile the worker
-    processes the block starts: torchrun, torch.multiprocessing, notebook_launcher).
+    processes the block starts: torchrun, torch.multiprocessing, notebook_launcher), ``energy``
+    (meter the GPUs' energy and PCIe/NVLink traffic: ``p.result.energy``, ``p.result.links``;
+    default on), ``tokens_per_sample`` (the sequence length, for tokens/s and tokens/J; default:
+    read from the first batch when it holds token ids).
     """
 
     def __init__(self, label: str = "", *, warmup_steps: int = 1, reset_peak: bool = True,
                  timeline: bool = True, show: bool | None = None, record: bool = True, flops: bool = True,
-                 ops: bool = False, trace_dir: Any = None, ranks: bool = True) -> None:
+                 ops: bool = False, trace_dir: Any = None, ranks: bool = True, energy: bool = True,
+                 tokens_per_sample: int | None = None) -> None:
         from gpunb.analysis.profile.cell import ProfileSession
 
         if not isinstance(label, str):
             raise TypeError(f"label must be a string, got {type(label).__name__}")
         self._session = ProfileSession(label=label, warmup_steps=warmup_steps, reset_peak=reset_peak,
-                                       timeline=timeline, flops=flops, ops=ops, trace_dir=trace_dir, ranks=ranks)
+                                       timeline=timeline, flops=flops, ops=ops, trace_dir=trace_dir, ranks=ranks,
+                                       energy=energy, tokens_per_sample=tokens_per_sample)
         self.show = show
         self.record = record
         self.result: CellProfile | None = None

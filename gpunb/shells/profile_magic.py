@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
 
 # Options of the cell form that the line form's actions do not take, and those they do.
-_CELL_OPTIONS = ("steps", "no_reset", "timeline", "label", "no_ranks", "output", "ops", "no_flops")
+_CELL_OPTIONS = ("steps", "no_reset", "timeline", "label", "no_ranks", "output", "ops", "no_flops", "no_energy",
+                 "tokens_per_sample")
 _LINE_OPTIONS = {"on": ("no_reset",), "off": (), "history": ("clear", "output")}
 
 
@@ -129,6 +130,13 @@ class ProfileMagics(Magics):
     @argument("--no-flops", action="store_true",
               help="do not count the FLOPs of step 2 (by default they are counted, for TFLOP/s and MFU; "
                    "the counted step is left out of the step times)")
+    @argument("--no-energy", action="store_true",
+              help="do not meter energy and link traffic (by default NVML's energy counter of the cell's GPUs is "
+                   "read at its start, its end and at most every 0.25 s at step ends, and PCIe throughput every "
+                   "0.5 s, all in the background: J per step and per sample, Wh, average W, host→GPU GB/s)")
+    @argument("--tokens-per-sample", type=whole_number(1), default=None, metavar="N",
+              help="tokens in one sample (the sequence length), for tokens/s and tokens/J (by default read from "
+                   "the first batch when it holds token ids: a 2-D integer tensor, or a dict's input_ids)")
     @argument("--clear", action="store_true", help="with `history`: forget the profiled cells")
     @output_option("the result object (CellProfile; with `history` the HistoryReport)")
     @line_cell_magic
@@ -138,7 +146,7 @@ class ProfileMagics(Magics):
         ::
 
           %%gpuprofile [--steps N] [--no-reset] [--timeline | --no-timeline] [--no-ranks] [--label TEXT]
-                       [--ops] [--no-flops] [-o NAME]
+                       [--ops] [--no-flops] [--no-energy] [--tokens-per-sample N] [-o NAME]
           <training code>
 
           %gpuprofile on [--no-reset]   one line after every cell
@@ -149,7 +157,9 @@ class ProfileMagics(Magics):
         (no per-step synchronize). Data wait is time inside DataLoader iterators; host syncs
         are .item()/.cpu()/.tolist()/printing of tensors. The FLOPs of step 2 are counted on
         the operations that ran, for TFLOP/s and MFU against the datasheet peak and the one
-        %gpucheck measured; --ops adds torch.profiler's view of steps 4-6. Worker processes the
+        %gpucheck measured; --ops adds torch.profiler's view of steps 4-6. Energy comes from
+        NVML's energy counter (power samples, marked as an estimate, where it is missing), per
+        step over steady windows of at least 1 s, with PCIe/NVLink traffic. Worker processes the
         cell starts (torchrun, torch.multiprocessing, accelerate.notebook_launcher) report per
         rank: step times, peak VRAM, data wait, DDP's all-reduce time; the slowest rank is named.
         Without a GPU it reports wall/CPU time, peak RSS, steps, FLOPs and TFLOP/s and says the
@@ -218,7 +228,8 @@ class ProfileMagics(Magics):
         session = ProfileSession(label=label, cell=number,
                                  warmup_steps=args.steps if args.steps is not None else 1,
                                  reset_peak=not args.no_reset, timeline=args.timeline is not False,
-                                 flops=not args.no_flops, ops=args.ops, ranks=not args.no_ranks)
+                                 flops=not args.no_flops, ops=args.ops, ranks=not args.no_ranks,
+                                 energy=not args.no_energy, tokens_per_sample=args.tokens_per_sample)
         try:
             session.start()
         except Exception as exc:  # never keep the user's cell from running

@@ -21,6 +21,7 @@ from gpunb.readings.devices import OWN_BY_RESERVE
 from gpunb.units import byte_rate, flop_count, flop_rate, milliseconds, seconds
 from gpunb.views import chart
 from gpunb.views.chart import DIM, SMALL
+from gpunb.views.energy_view import energy_cell, energy_html, energy_text
 from gpunb.views.markup import code_html
 from gpunb.views.per_gpu import without_qualifiers
 from gpunb.views.ranks_view import ranks_html, ranks_text
@@ -108,6 +109,8 @@ def steps_words(p: CellProfile) -> str:
         s += f" · {st.steps_per_s:.1f} steps/s"
     if st.samples_per_s:
         s += f" · {st.samples_per_s:,.0f} samples/s (batch {st.batch_size})"
+    if st.tokens_per_s:
+        s += f" · {st.tokens_per_s:,.0f} tokens/s ({st.tokens_per_sample:,} per sample)"
     return s + f" · timed by {st.source}"
 
 
@@ -298,6 +301,7 @@ def profile_text(p: CellProfile) -> str:
     if p.verdict.reason:
         lines.append(f"  {'why':<11} {p.verdict.reason}")
     lines.append(f"  {'cell':<11} {_identity(p)}")
+    lines += energy_text(p)  # the finding about energy, near the top (views/energy_view.py)
     lines += [f"  {h:<11} {t}" for h, t in _rows(p)]  # in full: a terminal has no click for details
     if p.ranks is not None:  # worker processes of a multi-GPU cell (views/ranks_view.py)
         lines += ranks_text(p.ranks)
@@ -352,7 +356,7 @@ def _advice_html(p: CellProfile) -> str:
 
 def profile_html(p: CellProfile) -> str:
     return (f"<div class='gpunb-profile' style='font-family:var(--jp-ui-font-family,sans-serif);font-size:13px'>"
-            f"{_verdict_html(p)}{_rows_html(p)}{ranks_html(p.ranks) if p.ranks is not None else ''}"
+            f"{_verdict_html(p)}{energy_html(p)}{_rows_html(p)}{ranks_html(p.ranks) if p.ranks is not None else ''}"
             f"{_advice_html(p)}{timeline_html(p)}</div>")
 
 
@@ -376,7 +380,7 @@ def one_line_text(line: CellLine) -> str:
 
 # -- history -----------------------------------------------------------------------------
 
-HISTORY_HEADER = ["#", "cell", "label", "wall", "median step", "steps", "peak mem", "verdict", "compared"]
+HISTORY_HEADER = ["#", "cell", "label", "wall", "median step", "steps", "peak mem", "energy", "verdict", "compared"]
 
 
 def _history_row(i: int, p: Any, previous: Any | None, j: int | None) -> list[str]:
@@ -386,10 +390,11 @@ def _history_row(i: int, p: Any, previous: Any | None, j: int | None) -> list[st
     cell = f"[{p.cell}]" if p.cell is not None else "api"
     if getattr(p, "steps", None) is None:  # a cell of the one-line mode: timed, not judged
         peak = p.peak_vram_bytes if p.peak_vram_bytes is not None else p.peak_rss_bytes
-        return [str(i + 1), cell, p.label or "", seconds(p.wall_s), "-", "-", fmt_bytes(peak), "one-line", against]
+        return [str(i + 1), cell, p.label or "", seconds(p.wall_s), "-", "-", fmt_bytes(peak), "-", "one-line",
+                against]
     peak = p.gpu.peak_allocated_bytes if p.gpu is not None else p.peak_rss_bytes
     return [str(i + 1), cell, p.label or "", seconds(p.wall_s), milliseconds(p.steps.median_ms),
-            str(p.steps.count), fmt_bytes(peak), p.verdict.kind, against]
+            str(p.steps.count), fmt_bytes(peak), energy_cell(p), p.verdict.kind, against]
 
 
 def history_rows(entries: Sequence[Any], baselines: Sequence[int | None] = ()) -> list[list[str]]:

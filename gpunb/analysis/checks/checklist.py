@@ -121,7 +121,9 @@ def _keep_matmul_peaks(inputs: CheckInputs, env: Mapping[str, str]) -> None:
         return
     for dev in facts.get("devices", []):
         result = probe.result("matmul", dev.get("index"))
+        copy = probe.result("copy", dev.get("index"))  # the pinned host->device GB/s, for the profile's PCIe line
         if result and dev.get("uuid"):
+            result = {**result, "pinned_gbps": copy.get("pinned_gbps")} if copy else result
             remember_matmul_peaks(dev["uuid"], str(dev.get("name", "")), result,
                                   torch_version=str(facts.get("torch_version", "")), environ=env)
 

@@ -12,9 +12,11 @@ integrated instead, and the record says it is an estimate.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gpunb.readings.energy import PowerSamples, read_energy, read_power_since
 from gpunb.readings.gpu_activity import now_us
@@ -22,6 +24,14 @@ from gpunb.readings.nvml import NvmlSession, PendingRun, is_available
 
 MARK_EVERY_S = 0.25  # a counter reading at a step mark at most this often (it moves every ~0.1 s)
 MIN_WINDOW_S = 1.0  # a per-step energy needs a steady window at least this long
+# A mark's reading is taken just after the counter moves (it moves every ~0.09 s on an H200), on the
+# NVML worker: a reading taken at any moment is up to one move stale (~60 J at 700 W, 9 % of a 1 s
+# window), one taken as it moves is not. The worker polls at most this long; the step never waits.
+FRESH_WAIT_S = 0.15
+# Between two reads the worker sleeps (no GIL held): ~6 reads per mark on average (each holds the
+# GIL for tens of µs, which a launch-bound loop would feel). The move is dated halfway between the
+# last read before it and the first after: within 4 ms, 0.4 % of a 1 s window.
+FRESH_POLL_S = 0.008
 COUNTER = "energy counter"
 ESTIMATE = "power samples (estimate)"
 # How far the estimate was off, measured: 3 s of bf16 matmuls on an H200, 2026-12-01.
@@ -53,6 +63,7 @@ class CellEnergy:
     idle_share: float | None = None  # share of the cell's energy spent while no kernel ran (estimate)
     note: str = ""
     window_step_joules: tuple[float, ...] = ()  # per step in each consecutive window of >= MIN_WINDOW_S
+    tokens_per_sample: int | None = None  # the batch's sequence length (detected or given)
 
     @property
     def step_spread(self) -> float | None:
@@ -86,8 +97,21 @@ class CellEnergy:
         return 1.0 / per if per else None
 
     @property
+    def tokens_per_joule(self) -> float | None:
+        per = self.samples_per_joule
+        return per * self.tokens_per_sample if per and self.tokens_per_sample else None
+
+    @property
     def estimated(self) -> bool:
         return any(g.source == ESTIMATE for g in self.gpus)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields and the figures derived from them, as plain data."""
+        out = dataclasses.asdict(self)
+        for name in ("joules", "wh", "average_w", "sample_joules", "samples_per_joule", "tokens_per_joule",
+                     "step_spread", "estimated"):
+            out[name] = getattr(self, name)
+        return out
 
 
 @dataclass(frozen=True)
@@ -99,9 +123,9 @@ class Mark:
     energy_mj: dict[int, int]
 
 
-def _read_all(nvml: NvmlSession, indices: Sequence[int]) -> dict[int, int]:
+def _read_all(nvml: NvmlSession, indices: Sequence[int] | None) -> dict[int, int]:
     out = {}
-    for i in indices:
+    for i in range(nvml.device_count()) if indices is None else indices:  # None: every GPU NVML sees
         value = read_energy(nvml, i).energy_mj
         if is_available(value) and isinstance(value, int):
             out[i] = value
@@ -110,6 +134,33 @@ def _read_all(nvml: NvmlSession, indices: Sequence[int]) -> dict[int, int]:
 
 def _none(_why: str) -> dict[int, int]:
     return {}
+
+
+def _read_marked(nvml: NvmlSession, indices: Sequence[int] | None, fresh: int | None,
+                 clock: Callable[[], float], stop: threading.Event) -> tuple[float | None, dict[int, int]]:
+    """(when, counters) with the counters read just after GPU ``fresh``'s counter moved, ``when``
+    on ``clock``; (None, counters read now) without ``fresh`` or when it did not move in
+    FRESH_WAIT_S (an idle GPU, a frozen test clock). ``stop`` ends the wait at once (the cell
+    ended: its end readings must not queue behind this one)."""
+    first = _read_all(nvml, indices)
+    if fresh is None or fresh not in first:
+        return None, first
+    give_up = time.monotonic() + FRESH_WAIT_S
+    unchanged_at = clock()  # when the counter last read as it was
+    while time.monotonic() < give_up and not stop.is_set():
+        time.sleep(FRESH_POLL_S)
+        value = read_energy(nvml, fresh).energy_mj
+        now = clock()
+        if isinstance(value, int) and is_available(value) and value != first[fresh]:
+            out = _read_all(nvml, [i for i in first if i != fresh])
+            out[fresh] = value
+            return (unchanged_at + now) / 2, out
+        unchanged_at = now
+    return None, first
+
+
+def _none_marked(_why: str) -> tuple[float | None, dict[int, int]]:
+    return None, {}
 
 
 def steady_step_joules(marks: Sequence[Mark], warmup_steps: int) -> tuple[float | None, int, float | None]:
@@ -146,13 +197,18 @@ class EnergyMeter:
     """Reads the cell's GPUs' energy counters at its start, at step marks (in the background:
     a step never waits for NVML) and at its end."""
 
-    def __init__(self, nvml: NvmlSession, indices: Sequence[int], clock: Callable[[], float] = time.monotonic) -> None:
-        self.nvml, self.indices, self.clock = nvml, tuple(indices), clock
+    def __init__(self, nvml: NvmlSession, indices: Sequence[int] | None,
+                 clock: Callable[[], float] = time.monotonic, fresh: int | None = None) -> None:
+        # indices None: every GPU (a cell that starts CUDA, or starts ranks, names its GPUs only at its end);
+        # fresh: the GPU whose counter's moves the step marks are taken at (FRESH_WAIT_S), None: any time
+        self.nvml, self.clock, self.fresh = nvml, clock, fresh
+        self._ending = threading.Event()  # set at the end: a mark still waiting for the counter gives up
+        self.indices = tuple(indices) if indices is not None else None
         self.t0, self.t0_us = clock(), now_us()
         self._start: PendingRun[dict[int, int]] = nvml.run_soon(_read_all, nvml, self.indices, fallback=_none,
                                                                  what="the energy counters")
         self.marks: list[Mark] = []
-        self._pending: tuple[float, int, PendingRun[dict[int, int]]] | None = None
+        self._pending: tuple[float, int, PendingRun[tuple[float | None, dict[int, int]]]] | None = None
         self._asked_at = -1.0
 
     def at_step(self, steps: int) -> None:
@@ -160,27 +216,55 @@ class EnergyMeter:
         now = self.clock() - self.t0
         pending = self._pending
         if pending is not None and pending[2].ready():
-            self.marks.append(Mark(pending[0], pending[1], pending[2].result()))
+            self._keep(pending, now, steps)
             pending = self._pending = None
         if pending is None and now - self._asked_at >= MARK_EVERY_S:
             self._asked_at = now
-            self._pending = (now, steps, self.nvml.run_soon(_read_all, self.nvml, self.indices, fallback=_none,
+            self._pending = (now, steps, self.nvml.run_soon(_read_marked, self.nvml, self.indices, self.fresh,
+                                                            self.clock, self._ending, fallback=_none_marked,
                                                             budget_s=self.nvml.call_timeout_s,
                                                             what="the energy counters"))
 
+    def _keep(self, pending: tuple[float, int, PendingRun[tuple[float | None, dict[int, int]]]],
+              seen_s: float, steps_seen: int) -> None:
+        """A reading taken when asked is marked with the steps then; a fresh one (taken as the
+        counter moved, between asking and seeing it back) with its own time and the steps
+        interpolated between those two moments (within half a step)."""
+        asked_s, asked_steps, run = pending
+        when, counters = run.result()
+        if when is None:
+            self.marks.append(Mark(asked_s, asked_steps, counters))
+            return
+        t_s = when - self.t0
+        share = (t_s - asked_s) / (seen_s - asked_s) if seen_s > asked_s else 1.0
+        steps = asked_steps + (steps_seen - asked_steps) * min(1.0, max(0.0, share))
+        self.marks.append(Mark(t_s, round(steps), counters))
+
     def finish(self, *, warmup_steps: int = 1, batch_size: int | None = None,
-               idle_time_share: float | None = None) -> CellEnergy | None:
-        """The cell's energy; None when no GPU gave a counter or power samples."""
+               idle_time_share: float | None = None, indices: Sequence[int] | None = None,
+               steps_at: Callable[[float], int] | None = None) -> CellEnergy | None:
+        """The cell's energy on ``indices`` (default: the meter's GPUs); None when no GPU gave a
+        counter or power samples. ``steps_at(t_s)``: the steps the GPU had finished ``t_s`` into
+        the meter's time (from the steps' CUDA events), which replace the steps the host had
+        queued at each mark: the host runs up to a launch queue ahead of the GPU, and the
+        counter counts what the GPU did."""
         seconds = self.clock() - self.t0
-        if self._pending is not None:  # the last mark still on its way: keep it
-            t_s, steps, run = self._pending
-            self.marks.append(Mark(t_s, steps, run.result()))
-            self._pending = None
-        start, end = self._start.result(), _read_all(self.nvml, self.indices)
+        self._ending.set()
+        pending, self._pending = self._pending, None
+        if pending is not None and self.fresh is None:  # the last mark, read when asked: kept
+            self._keep(pending, pending[0], pending[1])  # (a fresh one is dropped: the end never waits for it)
+        start = self._start.result()
+        used = tuple(indices) if indices is not None else self.indices if self.indices is not None else tuple(start)
+        if indices is not None:  # only the GPUs the cell used count, at every mark
+            self.marks = [dataclasses.replace(m, energy_mj={i: v for i, v in m.energy_mj.items() if i in used})
+                          for m in self.marks]
+        if steps_at is not None:
+            self.marks = [dataclasses.replace(m, steps=steps_at(m.t_s)) for m in self.marks]
+        end = _read_all(self.nvml, used)
         end_us = now_us()
         gpus = []
         powers: dict[int, PowerSamples] = {}
-        for i in self.indices:
+        for i in used:
             if i in start and i in end and end[i] >= start[i]:
                 gpus.append(GpuEnergy(i, (end[i] - start[i]) / 1000.0, seconds, COUNTER))
                 continue

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gpunb.analysis.advice import ranked
+from gpunb.analysis.profile.cell_energy import CellMeters, check_energy_options, with_energy
 from gpunb.analysis.profile.rank_verdict import judge_ranks
 from gpunb.analysis.profile.records import CellProfile, GpuPart, StepStats, TimeShares
 from gpunb.analysis.profile.throughput import assess
@@ -64,12 +65,17 @@ class ProfileSession:
     def __init__(self, *, label: str = "", cell: int | None = None, warmup_steps: int = 1,
                  reset_peak: bool = True, timeline: bool = True, nvml: NvmlSession | None = None,
                  flops: bool = True, ops: bool = False, trace_dir: str | os.PathLike[str] | None = None,
-                 environ: Mapping[str, str] | None = None, ranks: bool = True) -> None:
+                 environ: Mapping[str, str] | None = None, ranks: bool = True, energy: bool = True,
+                 tokens_per_sample: int | None = None) -> None:
         if not isinstance(warmup_steps, int) or isinstance(warmup_steps, bool) or warmup_steps < 0:
             raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
         for name, value in (("flops", flops), ("ops", ops)):
             if not isinstance(value, bool):
                 raise TypeError(f"{name} must be True or False, got {value!r}")
+        check_energy_options(energy, tokens_per_sample)
+        self.energy = energy  # meter the GPUs' energy and link traffic (cell_energy.py)
+        self.tokens_per_sample = tokens_per_sample
+        self.meters: CellMeters | None = None
         if trace_dir is not None and not isinstance(trace_dir, (str, os.PathLike)):
             raise TypeError(f"trace_dir must be a directory path, got {type(trace_dir).__name__}")
         self.flops = flops
@@ -125,6 +131,8 @@ class ProfileSession:
                 self.instruments.on_torch_import = self._plan_steps
         self.usage0 = read_process_usage()
         self.t0 = self.usage0.t_s
+        if self.energy:
+            self._start_meters()
         self.instruments.install(cuda)
         if self.ranks:
             self.traffic = TrafficMeter(self.nvml or default_session())
@@ -132,6 +140,15 @@ class ProfileSession:
             with deferred_sigint():
                 self.channel.open(self.instruments)
         return self
+
+    def _start_meters(self) -> None:
+        """The energy counters of every GPU (the cell's are known at its end) and PCIe of the
+        kernel's GPU, read in the background; the step hook feeds them marks."""
+        assert self.instruments is not None
+        used = self.instruments.device_used
+        self.meters = CellMeters(self.nvml or default_session(),
+                                 used.index if isinstance(used, DeviceUsedReader) else None, self.torch)
+        self.instruments.step_meter = self.meters.at_step
 
     def _plan_steps(self, torch: Any) -> None:
         self.plan = StepPlan(torch, flops=self.flops, trace_path=self._trace_path() if self.ops else None)
@@ -270,7 +287,12 @@ class ProfileSession:
             if verdict.kind == "none":  # the training ran in the workers, not in the kernel
                 verdict = rank_verdict
             advice = ranked(list(advice) + rank_advice)
-        self.result = dataclasses.replace(profile, verdict=verdict, advice=tuple(advice), ranks=part)
+        profile = dataclasses.replace(profile, verdict=verdict, advice=tuple(advice), ranks=part)
+        if self.meters is not None:  # energy and link traffic on the GPUs the cell used (cell_energy.py)
+            profile = with_energy(profile, self.meters, warmup_steps=self.warmup_steps, torch=self.torch,
+                                  tokens_given=self.tokens_per_sample, tokens_seen=ins.sequence_length,
+                                  cell_t0=self.t0)
+        self.result = profile
         return self.result
 
     def _device_used_probe(self, torch: Any) -> DeviceUsedReader | None:

@@ -7,7 +7,9 @@ samples/s when both runs know their batch size and it differs (a larger batch ta
 per step but may train faster), else the median step time when both runs have steps, else
 the wall time; memory compares torch's peak allocated bytes when both ran on a GPU, else
 the peak resident memory. When both counted their FLOPs on the same GPU model, the MFU
-(datasheet basis) of each is named too: "MFU from 21% to 48%".
+(datasheet basis) of each is named too: "MFU from 21% to 48%". When both measured their
+energy, the energy per sample (else per step, at the same batch size) is compared:
+"−38% energy per sample".
 
 A cell is only compared with an earlier run of the same cell: the same ``--label`` given by
 the user, or the same code. Two different cells have no ratio (a one-line evaluation against a
@@ -51,6 +53,8 @@ class Comparison:
     memory_basis: str  # "peak VRAM" | "peak RSS"
     mfu: tuple[float, float] | None = None  # (earlier, later), each against its own precision's datasheet peak
     mfu_precisions: tuple[str, str] = ("", "")  # the precision most FLOPs ran in, earlier and later
+    energy_ratio: float | None = None  # later / earlier, per sample (or per step)
+    energy_basis: str = ""  # "energy per sample" | "energy per step"
 
     def words(self) -> str:
         """What changed, naming what was compared: "median step 1.3x faster, peak VRAM 35% less"."""
@@ -80,6 +84,10 @@ class Comparison:
                 parts.append(f"MFU from {before}% ({p0}) to {after}% ({p1})")
             else:
                 parts.append(f"MFU {before}%" if before == after else f"MFU from {before}% to {after}%")
+        if self.energy_ratio is not None:
+            change = self.energy_ratio - 1
+            parts.append(f"{self.energy_basis}: same" if abs(change) < 0.03 else
+                         f"{'−' if change < 0 else '+'}{100 * abs(change):.0f}% {self.energy_basis}")
         return ", ".join(parts)
 
 
@@ -130,7 +138,20 @@ def compare(earlier: Any, later: Any) -> Comparison:
     speed = s0 / s1 if s0 and s1 else None
     memory = m1 / m0 if m0 and m1 and c0 == c1 else None
     mfu, precisions = _mfu_pair(earlier, later)
-    return Comparison(speed, b1, memory, c1, mfu, precisions)
+    return Comparison(speed, b1, memory, c1, mfu, precisions, *_energy_pair(earlier, later))
+
+
+def _energy_pair(earlier: Any, later: Any) -> tuple[float | None, str]:
+    """(later / earlier, what was compared): joules per sample when both know it, else per
+    step when both ran the same batch size; (None, "") when either measured no energy."""
+    a, b = getattr(earlier, "energy", None), getattr(later, "energy", None)
+    if a is None or b is None:
+        return None, ""
+    if a.sample_joules and b.sample_joules:
+        return b.sample_joules / a.sample_joules, "energy per sample"
+    if a.step_joules and b.step_joules and a.batch_size == b.batch_size:
+        return b.step_joules / a.step_joules, "energy per step"
+    return None, ""
 
 
 def _mfu_pair(earlier: Any, later: Any) -> tuple[tuple[float, float] | None, tuple[str, str]]:

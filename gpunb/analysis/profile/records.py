@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpunb.analysis.advice import Advice
+from gpunb.analysis.energy.links import CellLinks
+from gpunb.analysis.energy.meter import CellEnergy
 from gpunb.analysis.ranks.records import RanksPart
 from gpunb.analysis.steps.records import OpsReport, Throughput
 from gpunb.display import DisplayMixin
@@ -26,6 +28,12 @@ class StepStats:
     step_ms: tuple[float, ...] = ()  # every step, in order (step 0 from the cell start)
     # 0-based steps left out of median/p90 besides the warm-up: counted for FLOPs, traced by --ops
     excluded: tuple[int, ...] = ()
+    tokens_per_sample: int | None = None  # the batch's sequence length: detected from token ids, or given
+    tokens_given: bool = False  # --tokens-per-sample / tokens_per_sample= (else detected)
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.samples_per_s * self.tokens_per_sample if self.samples_per_s and self.tokens_per_sample else None
 
 
 @dataclass(frozen=True)
@@ -119,6 +127,9 @@ class CellProfile(DisplayMixin):
     driver_cuda: str | None = None  # the newest CUDA the driver supports ("13.0"), from NVML
     ranks: RanksPart | None = None  # the worker processes of a multi-GPU cell (analysis/ranks/summary.py)
     other_thread_steps: int = 0  # optimizer steps other threads took during the cell (not counted as its own)
+    energy: CellEnergy | None = None  # what the cell's GPUs spent (analysis/profile/cell_energy.py)
+    energy_absent: str = ""  # why there is no energy ("" when there is, or when --no-energy)
+    links: CellLinks | None = None  # PCIe (sampled) and NVLink (counted) traffic during the cell
 
 
 

@@ -21,6 +21,8 @@ What each one measures, without changing the user's code:
 - **output**: ``sys.stdout.write`` / ``sys.stderr.write`` are timed.
 - **a closer look at a few steps**: ``step_watch(index)``, when set, is called at the end of
   each step until it returns False (``step_plan.py``: the FLOP count of step 2, ``--ops``).
+- **energy**: ``step_meter(steps)``, when set, is called at every step end with the steps so
+  far (``profile/cell_energy.py``: it asks the NVML worker for the counters, never waits).
 
 When the cell starts before torch is imported, the torch hooks are put in the moment the
 cell imports it (``gpunb.readings.import_watch``).
@@ -48,6 +50,7 @@ from functools import partial
 from typing import Any
 
 from gpunb.analysis.steps.events import StepEvents
+from gpunb.analysis.steps.tokens import sequence_length
 from gpunb.readings import torch_state
 from gpunb.readings.import_watch import ImportWatch
 from gpunb.readings.interrupts import deferred_sigint
@@ -193,6 +196,9 @@ class Instruments:
         self.device_used_peak: int | None = None
         # called with the step's index at every step end while it returns True (step_plan.py)
         self.step_watch: Callable[[int], bool] | None = None
+        # called with the number of steps so far at every step end (the cell's energy meter)
+        self.step_meter: Callable[[int], None] | None = None
+        self.sequence_length: int | None = None  # tokens per sample of the first batch (token ids only)
         # called with the module when the cell itself imports torch (after the hooks are in)
         self.on_torch_import: Callable[[Any], None] | None = None
         self._undo: list[Callable[[], None]] = []
@@ -296,6 +302,9 @@ class Instruments:
         watch = self.step_watch
         if watch is not None and not watch(len(self.step_t) - 1):
             self.step_watch = None  # nothing left to look at: the per-step path is one test again
+        meter = self.step_meter
+        if meter is not None:
+            meter(len(self.step_t))
 
     def _first_step(self, optimizer: Any) -> bool:
         """True when ``optimizer`` is the one whose steps are counted (the first one seen)."""
@@ -355,6 +364,7 @@ class Instruments:
                 recorder.first_fetch_t = t0
                 recorder.loader_workers = getattr(it, "_num_workers", None)
                 recorder.loader_pin_memory = getattr(it, "_pin_memory", None)
+                recorder.sequence_length = sequence_length(batch)
             n = batch_length(batch)
             if n:
                 recorder.samples += n
