@@ -155,7 +155,7 @@ def test_the_badge_has_its_place_before_it_appears():
     assert "no throttling" in before and "clocks held back: power cap" in during
     place = re.compile(r'<div style="display:flex;flex-wrap:wrap;align-items:baseline;gap:2px 8px;min-height:18px;')
     assert place.search(before) and place.search(during)  # the same reserved line in both
-    assert len(charts(during)) == 5 + 2  # five GPU charts, two host charts
+    assert len(charts(during)) == 5 + 2 + 2  # five GPU charts, two host charts, PCIe both ways (no NVLink)
     assert "stopped at" in monitor_html(window_of("h200"), state="stopped")
 
 
@@ -207,7 +207,8 @@ def svg_of_text(image: dict) -> str:
 def test_charts_are_large_enough_to_read_and_panels_wrap_in_a_narrow_window():
     assert WIDTH >= 160 and HEIGHT >= 50  # the first version's 100x38 px could not be read
     page = monitor_html(window_of("eight-gpus"))
-    assert page.count('class="gpunb-gpu"') == 8 and len(charts(page)) == 8 * 5 + 2 and "GPU 7" in page
+    # five charts per GPU; CPU, RAM and PCIe both ways (a line per GPU) in the host's row
+    assert page.count('class="gpunb-gpu"') == 8 and len(charts(page)) == 8 * 5 + 2 + 2 and "GPU 7" in page
     # fixed-width panels in rows that wrap: in a 590 px output area (1024 px window, file browser
     # open) two panels fit side by side and the others go to the next line, none is cut off
     widths = {int(w) for w in re.findall(r'class="gpunb-panel" style="box-sizing:border-box;width:(\d+)px', page)}
@@ -232,7 +233,7 @@ def test_two_gpus_one_lost():
     assert page.count('class="gpunb-gpu"') == 2
     assert "NVIDIA H200" in page and "GPU 1" in page and "lost (no readings)" in page
     drawn = charts(page)
-    assert len(drawn) == 5 + 2  # GPU 1 has no chart, only boxes saying there is no reading
+    assert len(drawn) == 5 + 2 + 2  # GPU 1 has no chart, only boxes saying there is no reading
     assert all(list(svg_of(i).iter(SVG + "path")) for i in drawn)
     assert words(page).count("no reading") >= 4
     assert "GPU 1 is lost" in page

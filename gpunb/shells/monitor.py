@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from gpunb.analysis.energy.tariff import session_tariff
 from gpunb.analysis.monitor.sampler import HZ_DEFAULT, WINDOW_MAX_S, WINDOW_MIN_S, Sampler, clamp_hz, gpu_column
 from gpunb.analysis.monitor.series import Window
 from gpunb.display import DisplayMixin, Render
@@ -342,6 +343,8 @@ class Monitor(DisplayMixin):
             clock_text=clock_time(sampler.started_unix, panel.t_last),
             holders=holders,
             imbalance=findings,
+            tariff=session_tariff(),
+            started_unix=sampler.started_unix,
         )
         # the text form of the newest readings only (a second's window is a few rows)
         text = monitor_text(self.window(min(self.window_s, 2.0)), holders)
