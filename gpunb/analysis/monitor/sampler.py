@@ -29,11 +29,10 @@ from gpunb.analysis.energy.tariff import session_tariff
 from gpunb.analysis.monitor.imbalance import WINDOW_S as IMBALANCE_WINDOW_S
 from gpunb.analysis.monitor.imbalance import Imbalance, find_imbalance
 from gpunb.analysis.monitor.series import GpuSeries, RingColumns, Window
-from gpunb.analysis.monitor.traffic import NVLINK_COLUMNS, PCIE_COLUMNS, TrafficReader
+from gpunb.analysis.monitor.traffic import NVLINK_COLUMNS, PCIE_COLUMNS, TrafficReader, counted_links
 from gpunb.readings.devices import kernel_pids, read_ownership
 from gpunb.readings.gpu import GpuInfo, read_info, read_sample, unread_sample
 from gpunb.readings.host import read_host_sample
-from gpunb.readings.links import read_gpu_links
 from gpunb.readings.nvml import (
     HUNG_FIX,
     TIMEOUT,
@@ -216,7 +215,7 @@ class Sampler:
             return status, count
         infos = tuple(read_info(self.nvml, i) for i in range(count))
         # NVLink is a static fact (a few calls per GPU): read once here, never per tick
-        self._found_links = {i.index: read_gpu_links(self.nvml, i.index, i.pci_bus_id) for i in infos if not i.lost}
+        self._found_links = counted_links(self.nvml, infos)
         return status, infos
 
     def _discover(self) -> None:

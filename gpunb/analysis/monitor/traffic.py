@@ -24,8 +24,8 @@ from typing import Any
 from gpunb.analysis.energy.meter import COUNTER, ESTIMATE
 from gpunb.analysis.gpu_specs import pcie_gbps
 from gpunb.readings.energy import PcieReading, read_energy, read_pcie
-from gpunb.readings.links import GpuLinks, read_nvlink_link_bytes
-from gpunb.readings.nvml import NvmlSession, Unavailable, is_available
+from gpunb.readings.links import GpuLinks, read_gpu_links, read_nvlink_link_bytes
+from gpunb.readings.nvml import NOT_SUPPORTED, NvmlSession, Unavailable, is_available
 from gpunb.readings.peak_cache import MeasuredPeaks, lookup
 
 # Per-GPU columns the sampler adds (GB/s, 1 GB = 10^9 bytes). NVLink columns exist only for GPUs
@@ -61,6 +61,24 @@ def read_traffic(nvml: NvmlSession, index: int, clock: Callable[[], float], link
     nvlink = read_nvlink_link_bytes(nvml, index, links) if links else None
     reading = read_pcie(nvml, index, clock) if pcie else None
     return TrafficReading(index, energy.t_s, energy.energy_mj, reading, nvlink)
+
+
+def counted_links(nvml: NvmlSession, infos: Sequence[Any]) -> dict[int, GpuLinks]:
+    """Each GPU's NVLink facts (``infos``: GpuInfo), read once when the GPUs are found (never per
+    tick). A GPU whose active links have no traffic counters (NVML: NOT_SUPPORTED) counts as
+    having none: its NVLink chart is hidden rather than drawn empty."""
+    out = {}
+    for info in infos:
+        if info.lost:
+            continue
+        links = read_gpu_links(nvml, info.index, info.pci_bus_id)
+        if links.active:
+            probe = read_nvlink_link_bytes(nvml, info.index, [p.link for p in links.active])
+            if isinstance(probe, Unavailable) and probe.code == NOT_SUPPORTED:
+                links = GpuLinks(info.index, info.pci_bus_id, links.link_count, (), links.link_speed_mbps,
+                                 "NVLink traffic counters not supported")
+        out[info.index] = links
+    return out
 
 
 @dataclass(frozen=True)
