@@ -265,6 +265,13 @@ class Monitor(DisplayMixin):
                     "power_limit_w": g.power_limit_w,
                     "lost": g.lost,
                     "latest": {k: latest(v) for k, v in g.columns.items()},
+                    "energy": None if g.energy is None else {
+                        "joules": g.energy.joules, "wh": g.energy.wh, "seconds": g.energy.until_s - g.energy.since_s,
+                        "source": g.energy.source},
+                    "link_limits_gbs": None if g.links is None else {
+                        "pcie_rx": g.links.pcie_rx.gbs, "pcie_tx": g.links.pcie_tx.gbs,
+                        "nvlink": g.links.nvlink.gbs if g.links.nvlink is not None else None,
+                        "measured": g.links.pcie_rx.measured},
                 }
                 for g in w.gpus
             ],
@@ -429,7 +436,8 @@ def monitor(
 ) -> Monitor:
     """Live GPU charts (memory split into this kernel / other processes, utilization,
     power against its limit, temperature against the slowdown threshold, SM clock,
-    throttle reasons) and host CPU/RAM, sampled ``hz`` times a second (0.5 to 10; default
+    throttle reasons), the energy since it started, host CPU/RAM and the GPUs' PCIe and
+    NVLink traffic against each link's peak, sampled ``hz`` times a second (0.5 to 10; default
     2, or the rate already running) by the kernel's one sampler thread, showing the last
     ``window_s`` seconds. ``device`` limits it to some GPUs. Several monitors share the
     sampler, which runs at the fastest rate any of them asked for.
