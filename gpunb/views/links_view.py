@@ -47,22 +47,24 @@ def _limit(limits: Sequence[LinkLimit]) -> tuple[float | None, str, str]:
     return top.gbs, words, "; ".join(sources)
 
 
-def _gpu_key(panel_gpus: Sequence[GpuSeries]) -> str:
-    """A small legend of the GPUs' colours, under a chart that holds several GPUs."""
-    if len(panel_gpus) < 2:
+def gpu_key(gpus: Sequence[GpuSeries]) -> str:
+    """The GPUs' colours in the link charts, for the row's heading (no line of its own: the
+    monitor is tall enough); '' for one GPU."""
+    shown = [g for g in gpus if g.links is not None]
+    if len(shown) < 2:
         return ""
-    items = [(gpu_color(i, len(panel_gpus)), f"GPU {g.index}", False) for i, g in enumerate(panel_gpus)]
-    return f'<div style="{SMALL};{DIM};margin-top:1px">{chart.legend(items)}</div>'
+    items = [(gpu_color(i, len(shown)), f"GPU {g.index}", False) for i, g in enumerate(shown)]
+    return f'<span style="{SMALL};{DIM}">{chart.legend(items)}</span>'
 
 
 def _panel(panel: SparkPanel, gpus: Sequence[GpuSeries], column: str, title: str, label: str,
-           limits: Sequence[LinkLimit]) -> str:
-    series = [(f"gpu{g.index}_{column}", gpu_color(i, len(gpus)), f"GPU {g.index}") for i, g in enumerate(gpus)]
+           limits: Sequence[LinkLimit], colors: dict[int, str]) -> str:
+    series = [(f"gpu{g.index}_{column}", colors[g.index], f"GPU {g.index}") for g in gpus]
     limit, words, source = _limit(limits)
     legend = (f'<span title="{_e(source)}">{chart.legend([(chart.RED, words, True)])}</span>' if limit else
               f'<span style="{DIM}" title="{_e(source)}">no limit known</span>')
     return panel.multi_line(series, label=label, unit="GB/s", title=title, threshold=limit,
-                            threshold_words=f"{words} ({source})", legend=legend, under=_gpu_key(gpus))
+                            threshold_words=f"{words} ({source})", legend=legend)
 
 
 def link_panels(panel: SparkPanel, gpus: Sequence[GpuSeries]) -> list[str]:
@@ -71,12 +73,14 @@ def link_panels(panel: SparkPanel, gpus: Sequence[GpuSeries]) -> list[str]:
     shown = [g for g in gpus if g.links is not None and f"gpu{g.index}_pcie_rx_gbs" in panel.tracks]
     if not shown:
         return []
-    out = [_panel(panel, shown, column, title, label, [getattr(g.links, attr) for g in shown])
+    colors = {g.index: gpu_color(i, len(shown)) for i, g in enumerate(shown)}  # as gpu_key() names them
+    out = [_panel(panel, shown, column, title, label, [getattr(g.links, attr) for g in shown], colors)
            for column, title, label, attr in _PCIE]
     linked = [g for g in shown if g.links is not None and g.links.nvlink is not None]
     if linked:
         out.append(_panel(panel, linked, "nvlink_rx_gbs", "NVLink received (GB/s)", "NVLink received",
-                          [g.links.nvlink for g in linked if g.links is not None and g.links.nvlink is not None]))
+                          [g.links.nvlink for g in linked if g.links is not None and g.links.nvlink is not None],
+                          colors))
     return out
 
 

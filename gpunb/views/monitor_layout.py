@@ -22,7 +22,15 @@ from gpunb.views import chart
 from gpunb.views.chart import DIM, SMALL
 from gpunb.views.holders_view import holders_html, holders_text
 from gpunb.views.imbalance_view import imbalance_badge, imbalance_html
-from gpunb.views.links_view import energy_html, energy_words, gpu_energy_badge, link_panels, links_text, power_now
+from gpunb.views.links_view import (
+    energy_html,
+    energy_words,
+    gpu_energy_badge,
+    gpu_key,
+    link_panels,
+    links_text,
+    power_now,
+)
 from gpunb.views.sparkline import COLORS, SparkPanel
 
 # Reasons worth a badge: a slowdown, or a cap the user might not know about. "idle" is not.
@@ -115,8 +123,10 @@ def host_html(panel: SparkPanel, gpus: Sequence[GpuSeries] = ()) -> str:
     links = link_panels(panel, gpus)
     panels += links
     name = "Host and links" if links else "Host"
+    key = f" {gpu_key(gpus)}" if links else ""  # the GPUs' colours in the link charts
     return (f'<div class="gpunb-host"><div style="margin:2px 0"><b style="font-size:13px">{name}</b> '
-            f'<span style="{DIM}">{_e(cores + ram)}</span></div><div style="{_WRAP}">{"".join(panels)}</div></div>')
+            f'<span style="{DIM}">{_e(cores + ram)}</span>{key}</div>'
+            f'<div style="{_WRAP}">{"".join(panels)}</div></div>')
 
 
 def panel_html(
