@@ -34,8 +34,8 @@ PCIE_COLUMNS: tuple[tuple[str, str], ...] = (("pcie_rx_gbs", "f"), ("pcie_tx_gbs
 NVLINK_COLUMNS: tuple[tuple[str, str], ...] = (("nvlink_rx_gbs", "f"), ("nvlink_tx_gbs", "f"))
 # Each PCIe throughput call measures a 20 ms window: a GPU's pair costs the NVML worker ~40 ms.
 PCIE_READS_PER_S = 5.0
-# The power-reading estimate holds a reading at most this long: a longer gap (a stopped monitor)
-# is left out rather than filled with a guess.
+# The power-reading estimate bridges two readings at most this far apart: a longer gap (a stopped
+# monitor) is left out rather than filled with a guess.
 ESTIMATE_GAP_S = 5.0
 GB = 1e9
 # The limits come partly from %gpucheck's cache file: looked up again this often.
