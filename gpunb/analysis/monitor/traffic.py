@@ -293,7 +293,7 @@ class TrafficReader:
                 f"GPU {index} energy counter: {got.energy_mj} — energy since the start is estimated from the "
                 "power readings." if so_far.estimated else
                 f"GPU {index} energy counter: {got.energy_mj} — energy since the start counts to the last "
-                "reading until it answers again.")
+                "reading until the counter is back.")
         col = f"gpu{index}_"
         if got.pcie is not None:
             row[col + "pcie_rx_gbs"], row[col + "pcie_tx_gbs"] = gbs(got.pcie.rx_bytes_s), gbs(got.pcie.tx_bytes_s)
