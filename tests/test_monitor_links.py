@@ -144,7 +144,7 @@ def test_nvlink_chart_from_the_per_link_counters_of_the_h200_pair():
     assert window.gpus[0].links.nvlink_links == 18
     assert window.gpus[0].links.nvlink.gbs == pytest.approx(18 * 26.562, rel=1e-3)
     page = monitor_html(window)
-    assert "NVLink received (GB/s)" in page and len(charts(page)) == 2 * 5 + 2 + 3
+    assert "NVLink received (GB/s)" in page and len(charts(page)) == 5 + 2 * 5 + 2 + 3  # overview, GPUs, host
     alt = next(c["alt"] for c in charts(page) if c["alt"].startswith("NVLink received"))
     assert "GPU 0 " in alt and "GPU 1 " in alt and "18 links" in alt
     assert "NVLink in" in monitor_text(window)
@@ -160,7 +160,7 @@ def test_nvlink_is_hidden_where_its_counters_are_not_supported():
     sampler, _, _ = run(fake, seconds=3.0)
     page = monitor_html(sampler.window(30))
     assert "NVLink" not in page and "gpu0_nvlink_rx_gbs" not in sampler.samples()
-    assert len(charts(page)) == 2 * 5 + 2 + 2  # no chart of zeros
+    assert len(charts(page)) == 5 + 2 * 5 + 2 + 2  # no chart of zeros
 
 
 def test_nvml_errors_mid_run_leave_a_note_and_a_gap_never_a_crash():

@@ -140,6 +140,7 @@ class Monitor(DisplayMixin):
         self.frames = 0  # frames sent to the frontend (tests, benchmarks)
         self._layout = -1  # the sampler's GPU layout the panel was made for
         self._paused = False  # the picture is frozen (sampling goes on)
+        self.each_gpu = False  # several GPUs: each GPU's own panels shown under the overview (a button)
         self.controls: Any = None  # the Pause/Stop/window widgets (monitor_controls), once displayed
 
     # -- data -------------------------------------------------------------------
@@ -239,6 +240,14 @@ class Monitor(DisplayMixin):
                 return
             self.window_s = window_s
             self._panel = None  # a new scale of time: drawn afresh from the buffer
+            if self._handles and not self._stopped:
+                self._send(self._live_bundle())
+
+    def set_each_gpu(self, on: bool) -> None:
+        """With several GPUs, show each GPU's own panels under the overview (live frames would
+        shut a ``<details>`` at every redraw, so a button opens it)."""
+        with self._lock:
+            self.each_gpu = bool(on)
             if self._handles and not self._stopped:
                 self._send(self._live_bundle())
 
@@ -352,6 +361,9 @@ class Monitor(DisplayMixin):
             imbalance=findings,
             tariff=session_tariff(),
             started_unix=sampler.started_unix,
+            # several GPUs: each GPU's panels are drawn only while the button shows them (cheaper);
+            # without the button (no ipywidgets) in a <details>, as the stopped frame has them
+            per_gpu="open" if self.each_gpu else "button" if self.controls is not None else "details",
         )
         # the text form of the newest readings only (a second's window is a few rows)
         text = monitor_text(self.window(min(self.window_s, 2.0)), holders)

@@ -31,8 +31,12 @@ from gpunb.views.links_view import (
     links_text,
     power_now,
 )
+from gpunb.views.monitor_overview import overview_html
 from gpunb.views.sparkline import COLORS, SparkPanel
 
+# From this many GPUs the monitor shows one panel per metric with a line per GPU: two GPUs'
+# blocks of five panels wrap to four rows at 1024 px with JupyterLab's file browser open.
+OVERVIEW_FROM = 2
 # Reasons worth a badge: a slowdown, or a cap the user might not know about. "idle" is not.
 _BADGE_BITS = SLOWDOWN_BITS | 0x4 | 0x2 | 0x10
 _WRAP = "display:flex;flex-wrap:wrap;gap:6px;align-items:flex-start"
@@ -142,8 +146,12 @@ def panel_html(
     imbalance: Sequence[Any] = (),
     tariff: Tariff | None = None,
     started_unix: float | None = None,
+    per_gpu: str = "details",
 ) -> str:
-    """The whole monitor: a block per GPU (``gpus`` gives names and lost flags now) with who
+    """The whole monitor: from two GPUs an overview (views/monitor_overview.py: a panel per
+    metric with a line per GPU, a table, then each GPU's block: ``per_gpu`` "details" in a
+    closed ``<details>``, "open" in an open one, "button" not drawn, a line names the button
+    that shows them), else a block per GPU (``gpus`` gives names and lost flags now) with who
     holds its memory (``holders``: lines per GPU index) under it, the energy since the start
     (priced with ``tariff`` when the user named one), the host and the links, notes, a caption.
     ``imbalance`` (the unbalanced-GPU findings) is one line above the charts and a badge in
@@ -154,8 +162,16 @@ def panel_html(
     parts = [imbalance_html(imbalance)] if imbalance else []
     if not gpus and not gpu_count:
         parts.append(no_gpu_html(nvml))
-    parts.extend(gpu_html(panel, g, imbalance=imbalance, held=holders_html(holders.get(g.index, ())),
-                          several=len(shown) > 1) for g in shown)
+    overview = len(shown) >= OVERVIEW_FROM
+    blocks = [] if overview and per_gpu == "button" else [
+        gpu_html(panel, g, imbalance=imbalance, held=holders_html(holders.get(g.index, ())), several=len(shown) > 1)
+        for g in shown]
+    if overview:
+        badges = {g.index: _badge(panel, g.index) for g in shown}
+        parts.append(overview_html(panel, shown, badges=badges, per_gpu="".join(blocks), imbalance=imbalance,
+                                   how=per_gpu))
+    else:
+        parts.extend(blocks)
     parts.append(energy_html(energy_words(shown, tariff, started_unix, power_now(shown, panel.latest))))
     parts.append(host_html(panel, shown))
     if notes:

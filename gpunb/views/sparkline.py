@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import html
 import math
+import statistics
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -23,9 +24,10 @@ from gpunb.views import chart
 from gpunb.views.chart import DIM, SMALL
 
 # Plot pixels of one chart: large enough to read a value off its scale (the first version's
-# 100x38 px were not), small enough that five panels sit side by side in a 1366 px window;
-# narrower windows wrap the panels (monitor_layout), never cut them off.
-WIDTH = 180
+# 100x38 px were not), small enough that five panels (5 x 180 px + gaps = 924 px) sit side by
+# side in the 934 px JupyterLab leaves at 1366 px with its file browser open; narrower windows
+# wrap the panels (monitor_layout), never cut them off.
+WIDTH = 136
 HEIGHT = 56
 # Points per chart (a point per 1.8 px): rows beyond that are merged into buckets. Not one per
 # pixel: every point is formatted on the sampler thread, which holds the GIL while it draws.
@@ -364,10 +366,13 @@ class SparkPanel:
 
     def multi_line(self, series: Sequence[tuple[str, str, str]], *, label: str, unit: str, title: str,
                    threshold: float | None = None, threshold_words: str = "", legend: str = "",
-                   digits: int = 1, under: str = "") -> str:
+                   digits: int = 1, under: str = "", scale: float = 1.0, total: str = "sum") -> str:
         """Several series on one chart and scale (``series``: key, colour, name, e.g. one per GPU);
-        the large value is their sum now, the alt text names each."""
-        tracks = [(self.tracks[k], color, name) for k, color, name in series if k in self.tracks]
+        the large value is their ``total`` now ("sum", or "mean"/"max"/"min", which it names), the
+        alt text names each. ``scale`` converts readings to ``unit`` (MiB to GiB)."""
+        memory = {pair[0].key: pair[0] for pair in self.memory.values()}  # used memory, for the overview
+        tracks = [(self.tracks.get(k) or memory[k], color, name) for k, color, name in series
+                  if k in self.tracks or k in memory]
         for track, _, _ in tracks:
             track.fit_scale(self._pending.get(track.key, []))
         top = max([t.top for t, _, _ in tracks] + [threshold * 1.08 if threshold else 0.0])
@@ -376,7 +381,7 @@ class SparkPanel:
             track.set_top(top)
             pending = self._pending.get(track.key, [])
             now = self.recent(track.key)
-            parts.append(f"{name} {'n/a' if now is None else f'{now:,.{digits}f} {unit}'}")
+            parts.append(f"{name} {'n/a' if now is None else f'{now * scale:,.{digits}f} {unit}'}")
             hi = track.stats(pending)[1]
             if hi is not None:
                 highs.append(hi)
@@ -386,22 +391,26 @@ class SparkPanel:
             if d:
                 paths.append(f'<path d="{d}" fill="none" stroke="{color}" stroke-width="1.5" stroke-linejoin="round" '
                              f'stroke-linecap="round" vector-effect="non-scaling-stroke"/>')
-        values = [v for t, _, _ in tracks if (v := self.recent(t.key)) is not None]
-        value_text = "n/a" if not values else f"{sum(values):,.{digits}f} {unit}"
-        peak_text = f"max {max(highs):,.{digits}f}" if highs else ""
+        values = [v * scale for t, _, _ in tracks if (v := self.recent(t.key)) is not None]
+        combine: dict[str, Callable[[list[float]], float]] = {"sum": sum, "mean": statistics.fmean, "max": max,
+                                                              "min": min}
+        now = combine[total](values) if values else None
+        word = "" if total == "sum" else f"{total} "
+        value_text = "n/a" if now is None else f"{word}{now:,.{digits}f} {unit}"
+        peak_text = f"max {max(highs) * scale:,.{digits}f}" if highs else ""
         stats = "; ".join(parts) if parts else "no reading"
         if threshold:
-            stats += f"; {threshold_words} {threshold:,.{digits}f} {unit}"
+            stats += f"; {threshold_words} {threshold * scale:,.{digits}f} {unit}"
         alt = (f"{label}: {stats} (last {chart.span_words(round(self.span_s()))}, scale 0 to "
-               f"{chart.axis_number(top)} {unit})")
+               f"{chart.axis_number(top * scale)} {unit})")
         if not highs:
             words = "no reading in this window" if self.t_last is not None else "waiting for the first samples"
             return self._cell(value_text, peak_text, chart.waiting_box(self.width, self.height, words), None,
                               title=title, legend=legend, under=under)
         body = f'<g transform="{self._placement()}">{"".join(paths)}</g>'
         limit_y = self._y(threshold, top) if threshold and threshold <= top else None
-        return self._cell(value_text, peak_text, self._image(body, alt, limit_y), top, title=title, legend=legend,
-                          under=under)
+        return self._cell(value_text, peak_text, self._image(body, alt, limit_y), top * scale, title=title,
+                          legend=legend, under=under)
 
     def _memory_bars(self, used: _Track, own: _Track, p_used: list, p_own: list) -> tuple[str, bool]:
         total = used.top
