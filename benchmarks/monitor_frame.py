@@ -1,13 +1,14 @@
 """What one live-monitor frame costs: its size (sent to the frontend up to 4 times a second) and
 the time to draw it on the sampler thread, eight fake H200s at 2 Hz with a full 2-minute window.
 
-    python benchmarks/monitor_frame.py            # prints: frame 170 KiB, draw median 6.2 ms
+    python benchmarks/monitor_frame.py            # prints: live: frame 170 KiB, draw median 6.2 ms
 
 Run it against two checkouts side by side (PYTHONPATH=<checkout>) to compare layouts.
 """
 
 from __future__ import annotations
 
+import inspect
 import statistics
 import time
 
@@ -31,12 +32,17 @@ def main(frames: int = 30) -> None:
     panel.feed(*sampler.rows_since(0))
     args = (sampler.gpu_series(),)
     kw = {"nvml": sampler.status, "gpu_count": len(sampler.gpus), "caption_text": "x"}
-    times, html = [], ""
-    for _ in range(frames):
-        t0 = time.perf_counter()
-        html = panel_html(panel, *args, **kw) if panel_html else panel.html(*args, **kw)
-        times.append(time.perf_counter() - t0)
-    print(f"frame {len(html) / 1024:.0f} KiB, draw median {1000 * statistics.median(times):.1f} ms")
+    # the live frame as drawn by default and with each GPU's panels shown (the "Each GPU" button)
+    variants = {"live": {}}
+    if panel_html is not None and "per_gpu" in inspect.signature(panel_html).parameters:
+        variants = {"live": {"per_gpu": "button"}, "each GPU shown": {"per_gpu": "open"}}
+    for name, extra in variants.items():
+        times, html = [], ""
+        for _ in range(frames):
+            t0 = time.perf_counter()
+            html = panel_html(panel, *args, **kw, **extra) if panel_html else panel.html(*args, **kw)
+            times.append(time.perf_counter() - t0)
+        print(f"{name}: frame {len(html) / 1024:.0f} KiB, draw median {1000 * statistics.median(times):.1f} ms")
 
 
 if __name__ == "__main__":

@@ -1,12 +1,13 @@
 """What the live monitor costs a training loop.
 
-Step time of a training loop with the monitor off, on at 2 Hz and on at 10 Hz, in
-interleaved rounds of one run (the order rotates each round, so drift hits all variants
-alike), plus the sampler thread's own CPU time per second. "On" is the real work of a
-live ``%gpumonitor``: the sampler tick (NVML, process list every 5 s, host) and the
-listener that redraws the HTML panel of a 120 s window (incrementally, charts as data-URI
-SVG images, at most 4 times a second). Only the send of the redrawn output is missing (no
-kernel here); it happens on ipykernel's IOPub thread.
+Step time of a training loop with the monitor off, and on at 2 Hz and at 10 Hz each with and
+without the energy and link reads ("base": the monitor before them; issue 23), in interleaved
+rounds of one run (the order rotates each round, so drift hits all variants alike), plus the
+sampler thread's own CPU time per second. "On" is the real work of a live ``%gpumonitor``: the
+sampler tick (NVML, process list every 5 s, host; the energy counter, NVLink counters and PCIe
+throughput in turns) and the listener that redraws the HTML panel of a 120 s window
+(incrementally, charts as data-URI SVG images, at most 4 times a second). Only the send of the
+redrawn output is missing (no kernel here); it happens on ipykernel's IOPub thread.
 
 Two loops, the ones ``profile_overhead.py`` times too (both built by ``training_loops.py``):
 ``launch-bound``, a small MLP (the worst case for a Python thread taking the GIL), and
@@ -38,7 +39,7 @@ from gpunb.analysis.monitor.sampler import Sampler  # noqa: E402
 from gpunb.shells.monitor import MIN_DRAW_INTERVAL_S, Monitor  # noqa: E402  (no IPython needed)
 
 WINDOW_S = 120.0
-VARIANTS = ("off", "2 Hz", "10 Hz")
+VARIANTS = ("off", "2 Hz base", "2 Hz", "10 Hz base", "10 Hz")  # base: without the energy and link reads
 
 
 def timed(loop: TrainingLoop, steps: int) -> float:
@@ -56,6 +57,7 @@ def run_variant(variant: str, sampler: Sampler, loop: TrainingLoop, steps: int) 
     if variant == "off":
         return timed(loop, steps), 0.0, 0.0
     sampler.set_hz(float(variant.split()[0]))
+    sampler.read_links = not variant.endswith("base")
     cpu0, wall0 = sampler.thread_cpu_s, sampler.thread_wall_s
     sampler.start()
     time.sleep(0.05)  # the thread's first tick (and its first draw) before timing
@@ -110,7 +112,7 @@ def main() -> None:
         per = {v: [] for v in VARIANTS}
         cpu = {v: [0.0, 0.0] for v in VARIANTS}
         for r in range(args.rounds):
-            order = VARIANTS[r % 3 :] + VARIANTS[: r % 3]
+            order = VARIANTS[r % len(VARIANTS) :] + VARIANTS[: r % len(VARIANTS)]
             for v in order:
                 ms, c, w = run_variant(v, sampler, loop, steps)
                 per[v].append(ms)
@@ -129,6 +131,9 @@ def main() -> None:
                 "sampler_cpu_s_per_s": (cpu[v][0] / cpu[v][1]) if cpu[v][1] else 0.0,
                 "runs_ms": per[v],
             }
+        for hz in ("2 Hz", "10 Hz"):  # what the energy and link reads add, paired per round
+            rows[hz]["links_vs_base_median_paired"] = statistics.median(
+                [a / b - 1 for a, b in zip(per[hz], per[f"{hz} base"])])
         results[kind] = {"steps_per_run": steps, "variants": rows}
 
     info = {
@@ -144,6 +149,7 @@ def main() -> None:
         "loop_shapes": {kind: asdict(SHAPES[(kind, device)]) for kind in LOOPS},
         "panel_html_bytes": drawn[-1] if drawn else None,
         "sampler_ticks": sampler.ticks,
+        "nvlink_links": {i: len(g.active) for i, g in sampler.traffic.links.items()},
         "sampler_notes": list(sampler.notes),
     }
     report = {"info": info, "results": results}
@@ -151,12 +157,15 @@ def main() -> None:
 
     print(f"monitor overhead on {info['device']} (torch {info['torch']}, {args.rounds} interleaved rounds, "
           f"{info['gpus_sampled']} GPU(s) sampled, panel {info['panel_html_bytes']} bytes per draw)")
-    print(f"{'loop':13} {'monitor':8} {'step ms (median)':>17} {'min':>8} {'max':>8} {'slowdown':>9} "
+    print(f"{'loop':13} {'monitor':10} {'step ms (median)':>17} {'min':>8} {'max':>8} {'slowdown':>9} "
           f"{'sampler CPU/s':>14}")
     for kind, res in results.items():
         for v, row in res["variants"].items():
-            print(f"{kind:13} {v:8} {row['step_ms_median']:17.3f} {row['step_ms_min']:8.3f} {row['step_ms_max']:8.3f} "
+            print(f"{kind:13} {v:10} {row['step_ms_median']:17.3f} {row['step_ms_min']:8.3f} {row['step_ms_max']:8.3f} "
                   f"{row['slowdown_vs_off_median_paired']:+9.2%} {row['sampler_cpu_s_per_s']:14.4f}")
+        for hz in ("2 Hz", "10 Hz"):
+            print(f"{kind:13} energy/link reads at {hz}: {res['variants'][hz]['links_vs_base_median_paired']:+.2%} "
+                  "vs the same rate without them")
     print(f"target: slowdown under 0.5 % at 2 Hz; written to {out / 'monitor_overhead.json'}")
 
 

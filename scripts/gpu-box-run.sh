@@ -27,7 +27,8 @@ gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 pytest_gpu() { python3 -m pytest -m gpu -v -rA -p no:cacheprovider "$@"; }
 SINGLE_GPU_TESTS=(tests/gpu/test_check_gpu.py tests/gpu/test_oom_gpu.py tests/gpu/test_profile_gpu.py
   tests/gpu/test_monitor_gpu.py tests/gpu/test_flops_gpu.py tests/gpu/test_outputs_gpu.py
-  tests/gpu/test_magic_arguments_gpu.py tests/gpu/test_nvml_deadlines_gpu.py tests/gpu/test_notebooks_gpu.py)
+  tests/gpu/test_magic_arguments_gpu.py tests/gpu/test_nvml_deadlines_gpu.py tests/gpu/test_notebooks_gpu.py
+  tests/gpu/test_monitor_links_gpu.py)
 MULTI_GPU_TESTS=(tests/gpu/test_multi_gpu.py tests/gpu/test_fork_safety_gpu.py tests/gpu/test_devices_gpu.py
   tests/gpu/test_server_gpu.py)
 case "$part" in

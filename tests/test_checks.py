@@ -201,6 +201,7 @@ def test_the_measured_matmul_peaks_are_kept_for_gpuprofile(h200_torch, private_p
     kept = peak_cache.lookup("GPU-12bebae7-3cb1-fcf7-294c-65779ece26ff")
     assert kept.tflops == pytest.approx({"bf16": 784.872, "tf32": 387.786, "fp32": 50.774}, rel=1e-5)
     assert kept.name == "NVIDIA H200" and kept.torch_version == "2.11.0+cu130" and kept.this_process
+    assert kept.copy_gbps == {"h2d": pytest.approx(55.507, rel=1e-4)}  # the PCIe limit line (recorded before D2H)
     assert "GPU-12bebae7-3cb1-fcf7-294c-65779ece26ff" in json.loads(private_peak_cache.read_text())
     peak_cache.forget_this_process()
     run(quick=True)  # no probe: nothing new, the file still answers

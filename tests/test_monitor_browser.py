@@ -31,7 +31,7 @@ from tests.jupyter_browser import (
 pytestmark = pytest.mark.browser
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
-CHARTS = 5 * 2 + 2  # five per GPU, two for the host
+CHARTS = 5 * 2 + 2 + 2  # five per GPU, two for the host, PCIe both ways (the fake pair has no NVLink)
 
 
 @pytest.fixture(scope="module")

@@ -283,8 +283,9 @@ def test_overhead_benchmark_runs_on_cpu(tmp_path):
     assert set(data["info"]["loop_shapes"]) == {"launch-bound", "compute-bound"}
     for loop in ("launch-bound", "compute-bound"):
         rows = data["results"][loop]["variants"]
-        assert set(rows) == {"off", "2 Hz", "10 Hz"}
+        assert set(rows) == {"off", "2 Hz base", "2 Hz", "10 Hz base", "10 Hz"}  # base: without energy/links
         assert all(r["step_ms_median"] > 0 for r in rows.values())
+        assert all(isinstance(rows[hz]["links_vs_base_median_paired"], float) for hz in ("2 Hz", "10 Hz"))
         assert rows["off"]["sampler_cpu_s_per_s"] == 0 and rows["10 Hz"]["sampler_cpu_s_per_s"] > 0
     assert data["info"]["panel_html_bytes"] > 1000 and "slowdown" in out.stdout
 

@@ -55,11 +55,12 @@ def test_stopped_monitor_leaves_its_last_frame_in_the_saved_notebook_and_its_htm
     data = frame.data
     assert WIDGET_VIEW not in data and "<svg" not in data["text/html"]
     html = data["text/html"]
-    assert len(images(html, "gpunb-chart")) == 7 and "stopped at" in html and "NVIDIA H200" in html
+    # five GPU charts, CPU and RAM, PCIe both ways
+    assert len(images(html, "gpunb-chart")) == 9 and "stopped at" in html and "NVIDIA H200" in html
     assert "GPU0 NVIDIA H200" in data["text/plain"]
     assert nb.cells[1].outputs[0].data["text/plain"] == "True"
     assert "stopped 1 monitor(s)" in nb.cells[2].outputs[0].text
-    assert _exported(nb).count('class="gpunb-chart"') == 7
+    assert _exported(nb).count('class="gpunb-chart"') == 9
 
 
 def test_a_live_monitor_saved_mid_run_keeps_a_recent_frame(monkeypatch, tmp_path):
@@ -81,10 +82,10 @@ def test_a_live_monitor_saved_mid_run_keeps_a_recent_frame(monkeypatch, tmp_path
         model_id = c.data[WIDGET_VIEW]["model_id"]
         assert model_id in nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
     html = data["text/html"]
-    assert len(images(html, "gpunb-chart")) == 7 and "last sample" in html
+    assert len(images(html, "gpunb-chart")) == 9 and "last sample" in html
     # Redrawn in place while the next cell ran: the saved frame is from its end, not its start.
     shown = re.search(r"last sample \d{4}-\d\d-\d\d (\d\d:\d\d:\d\d)", html).group(1)
     ended = nb.cells[1].outputs[0].text.strip()
     to_s = lambda hms: sum(int(x) * f for x, f in zip(hms.split(":"), (3600, 60, 1)))  # noqa: E731
     assert 0 <= to_s(ended) - to_s(shown) <= 1, (shown, ended)
-    assert _exported(nb).count('class="gpunb-chart"') == 7
+    assert _exported(nb).count('class="gpunb-chart"') == 9

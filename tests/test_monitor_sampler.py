@@ -20,6 +20,7 @@ from gpunb.analysis.monitor.sampler import (
     Sampler,
     clamp_hz,
 )
+from gpunb.analysis.monitor.traffic import PCIE_COLUMNS
 from gpunb.readings.nvml import NvmlSession
 from gpunb.testing import load_trace, scenario
 from gpunb.testing.fake_nvml import FakeGpu, FakePynvml
@@ -145,10 +146,10 @@ def test_a_day_at_the_default_rate_fits_in_a_few_mb():
     sampler, _, _ = make()
     assert HISTORY_TICKS == 24 * 3600 * 2
     assert sampler.capacity == HISTORY_TICKS
-    assert sampler.bytes_per_tick * HISTORY_TICKS < 8 * MIB  # one GPU: ~7 MB
+    assert sampler.bytes_per_tick * HISTORY_TICKS < 9 * MIB  # one GPU: ~8.5 MB with the PCIe columns
     two, _, _ = make("two-gpus")
     assert two.bytes_per_tick - sampler.bytes_per_tick == sum(
-        {"f": 4, "B": 1, "H": 2, "I": 4}[code] for _, code in GPU_COLUMNS
+        {"f": 4, "B": 1, "H": 2, "I": 4}[code] for _, code in GPU_COLUMNS + PCIE_COLUMNS
     )
 
 

@@ -155,7 +155,7 @@ def test_the_badge_has_its_place_before_it_appears():
     assert "no throttling" in before and "clocks held back: power cap" in during
     place = re.compile(r'<div style="display:flex;flex-wrap:wrap;align-items:baseline;gap:2px 8px;min-height:18px;')
     assert place.search(before) and place.search(during)  # the same reserved line in both
-    assert len(charts(during)) == 5 + 2  # five GPU charts, two host charts
+    assert len(charts(during)) == 5 + 2 + 2  # five GPU charts, two host charts, PCIe both ways (no NVLink)
     assert "stopped at" in monitor_html(window_of("h200"), state="stopped")
 
 
@@ -205,14 +205,37 @@ def svg_of_text(image: dict) -> str:
 
 
 def test_charts_are_large_enough_to_read_and_panels_wrap_in_a_narrow_window():
-    assert WIDTH >= 160 and HEIGHT >= 50  # the first version's 100x38 px could not be read
+    assert WIDTH >= 130 and HEIGHT >= 50  # the first version's 100x38 px could not be read
+    # five panels side by side in the 934 px JupyterLab leaves at 1366 px with its file browser open
+    assert 5 * PANEL_W + 4 * 6 <= 934 and 3 * PANEL_W + 2 * 6 <= 590
     page = monitor_html(window_of("eight-gpus"))
-    assert page.count('class="gpunb-gpu"') == 8 and len(charts(page)) == 8 * 5 + 2 and "GPU 7" in page
-    # fixed-width panels in rows that wrap: in a 590 px output area (1024 px window, file browser
-    # open) two panels fit side by side and the others go to the next line, none is cut off
+    # eight GPUs: a panel per metric with a line per GPU, a table of the values now, then each
+    # GPU's five charts in a <details>; CPU, RAM and PCIe both ways (a line per GPU) in the host's row
+    assert len(charts(page)) == 5 + 8 * 5 + 2 + 2 and "GPU 7" in page
+    overview, rest = page.split('<details class="gpunb-per-gpu"', 1)
+    assert 'class="gpunb-gpu"' not in overview and rest.count('class="gpunb-gpu"') == 8
+    assert overview.count('class="gpunb-gpu-row"') == 8 and "8 × NVIDIA H200" in overview
+    util = next(c for c in charts(overview) if c["alt"].startswith("GPU utilization"))
+    assert all(f"GPU {i} " in util["alt"] for i in range(8)) and len(list(svg_of(util).iter(SVG + "path"))) >= 8
+    # fixed-width panels in rows that wrap, none cut off
     widths = {int(w) for w in re.findall(r'class="gpunb-panel" style="box-sizing:border-box;width:(\d+)px', page)}
-    assert widths == {PANEL_W} and 2 * PANEL_W + 6 <= 590 and 5 * PANEL_W + 4 * 6 <= 1200
-    assert page.count("flex-wrap:wrap") >= 9 and "<table" not in page
+    assert widths == {PANEL_W} and page.count("flex-wrap:wrap") >= 9
+
+
+def test_the_live_frame_draws_each_gpu_only_when_asked():
+    from gpunb.views.monitor_layout import panel_html, window_rows
+
+    window = window_of("eight-gpus")
+    panel = SparkPanel(window_s=window.seconds, hz=window.hz, gpus=window.gpus, ram_total_mib=window.ram_total_mib,
+                       cpu_count=window.cpu_count)
+    panel.feed(0, window_rows(window))
+    kw = {"nvml": window.nvml, "gpu_count": window.gpu_count}
+    live = panel_html(panel, window.gpus, per_gpu="button", **kw)
+    assert len(charts(live)) == 5 + 2 + 2 and 'class="gpunb-gpu"' not in live and "Each GPU" in live
+    shown = panel_html(panel, window.gpus, per_gpu="open", **kw)
+    assert '<details class="gpunb-per-gpu" open' in shown and shown.count('class="gpunb-gpu"') == 8
+    one = monitor_html(window_of("h200"))  # one GPU: its own row, no overview
+    assert "gpunb-overview" not in one and one.count('class="gpunb-gpu"') == 1 and len(charts(one)) == 5 + 2 + 2
 
 
 def test_text_line_and_no_gpu_message():
@@ -229,10 +252,10 @@ def test_text_line_and_no_gpu_message():
 
 def test_two_gpus_one_lost():
     page = monitor_html(window_of("second-gpu-lost"))
-    assert page.count('class="gpunb-gpu"') == 2
+    assert page.count('class="gpunb-gpu"') == 2 and page.count('class="gpunb-gpu-row"') == 2
     assert "NVIDIA H200" in page and "GPU 1" in page and "lost (no readings)" in page
     drawn = charts(page)
-    assert len(drawn) == 5 + 2  # GPU 1 has no chart, only boxes saying there is no reading
+    assert len(drawn) == 5 + 5 + 2 + 2  # the overview (GPU 0's lines) and GPU 0's; GPU 1 has boxes saying no reading
     assert all(list(svg_of(i).iter(SVG + "path")) for i in drawn)
     assert words(page).count("no reading") >= 4
     assert "GPU 1 is lost" in page

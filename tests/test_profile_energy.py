@@ -274,7 +274,8 @@ def test_a_multi_gpu_verdict_names_nvlink_traffic_against_its_peak():
 
 def test_the_peak_cache_keeps_the_checks_pinned_copy_bandwidth(tmp_path):
     env = {"GPUNB_CACHE_DIR": str(tmp_path)}
-    peak_cache.remember("GPU-abc", "NVIDIA H200", {"bf16_tflops": 790.0, "pinned_gbps": 53.2}, environ=env)
+    peak_cache.remember("GPU-abc", "NVIDIA H200", {"bf16_tflops": 790.0}, environ=env,
+                        copy={"pinned_gbps": 53.2})
     peak_cache.forget_this_process()
     got = peak_cache.lookup("GPU-abc", env)
     assert got is not None and got.h2d_gbps == pytest.approx(53.2)

@@ -310,15 +310,18 @@ def matmul(torch: Any, dev: Any, clock: GpuClock, busy: bool, n: int = 8192) -> 
 
 
 def copy_bandwidth(torch: Any, dev: Any, clock: GpuClock, busy: bool, mib: int = 64) -> dict[str, Any]:
-    """Host-to-device copy GB/s from pinned and from pageable host memory (64 MiB copies run
-    at the link's full rate already). Pinned copies are timed on the GPU; pageable ones are
-    staged by the host thread, so the host clock times them."""
+    """Host-to-device copy GB/s from pinned and from pageable host memory, and device-to-host into
+    pinned memory (64 MiB copies run at the link's full rate already). Pinned copies are timed on
+    the GPU; pageable ones are staged by the host thread, so the host clock times them."""
     n_bytes = mib * 2**20
     out: dict[str, Any] = {"bytes": n_bytes}
     dst = torch.empty(n_bytes, dtype=torch.uint8, device=dev)
     pinned = torch.empty(n_bytes, dtype=torch.uint8, pin_memory=True).fill_(1)
     ms = clock.time(lambda: dst.copy_(pinned, non_blocking=True), iters=8, busy=busy)
     out["pinned_gbps"] = n_bytes / (ms * 1e-3) / 1e9
+    # the other direction, into pinned memory: the monitor's GPU->host limit line
+    ms = clock.time(lambda: pinned.copy_(dst, non_blocking=True), iters=8, busy=busy)
+    out["pinned_d2h_gbps"] = n_bytes / (ms * 1e-3) / 1e9
     pageable = torch.empty(n_bytes, dtype=torch.uint8).fill_(1)
     dst.copy_(pageable)
     torch.cuda.synchronize(dev)

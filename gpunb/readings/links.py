@@ -254,3 +254,20 @@ def read_nvlink_traffic(nvml: NvmlSession, index: int) -> tuple[int, int] | None
     if not is_available(tx) or not is_available(rx):
         return None
     return int(tx) * 1024, int(rx) * 1024
+
+
+def read_nvlink_link_bytes(nvml: NvmlSession, index: int, links: Sequence[int]) -> tuple[int, int] | Unavailable:
+    """NVLink payload bytes (sent, received) so far by GPU ``index``, summed over ``links`` (its
+    active links): NVML's per-link running KiB counters (field 138/139 with the link as scope, as
+    nvml.h says), all in one driver call. Unavailable where NVML does not count them (no NVLink,
+    older drivers) or a link's counter is missing: a sum over some links only would read low."""
+    if not links:
+        return Unavailable("no active NVLink link", NOT_SUPPORTED)
+    ids = [(FI_NVLINK_THROUGHPUT_DATA_TX, link) for link in links] + \
+          [(FI_NVLINK_THROUGHPUT_DATA_RX, link) for link in links]
+    values = field_values(nvml, index, ids)
+    missing = [v for v in values if isinstance(v, Unavailable)]
+    if missing:
+        return missing[0]
+    n = len(links)
+    return sum(int(v) for v in values[:n]) * 1024, sum(int(v) for v in values[n:]) * 1024

@@ -1,4 +1,5 @@
-"""Matmul throughput that ``%gpucheck`` measured on each GPU, kept for ``%%gpuprofile``'s MFU.
+"""Matmul throughput that ``%gpucheck`` measured on each GPU, kept for ``%%gpuprofile``'s MFU, and
+its pinned host<->GPU copy bandwidth, kept for the monitor's PCIe limit lines.
 
 The check's CUDA probe (a subprocess) times 8192² matmuls in bf16, TF32 and strict fp32. Its
 figures are what this GPU really reaches (the H200 here: bf16 790 TFLOP/s, 80 % of the
@@ -25,7 +26,7 @@ import os
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,9 @@ from gpunb.readings.untrusted_file import Untrusted, is_number, read_json
 FILE_NAME = "matmul_peaks.json"
 MAX_BYTES = 256 * 1024  # one entry per GPU is ~200 bytes
 PRECISIONS = ("bf16", "tf32", "fp32")  # what the probe measures (cuda_probe_script.matmul)
+# Copies of pinned host memory the probe times (cuda_probe_script.copy_bandwidth): the result's key
+# -> the direction kept here. The monitor draws them as its PCIe charts' limit lines.
+COPY_KEYS = {"pinned_gbps": "h2d", "pinned_d2h_gbps": "d2h"}
 
 _this_process: dict[str, MeasuredPeaks] = {}  # uuid -> peaks measured by this process's checks
 
@@ -46,7 +50,12 @@ class MeasuredPeaks:
     measured_at: str  # local time, "YYYY-MM-DD HH:MM"
     pid: int  # the process whose check measured it
     torch_version: str = ""
-    h2d_gbps: float | None = None  # the check's pinned host->device copy, GB/s (%%gpuprofile's PCIe figure)
+    copy_gbps: dict[str, float] = field(default_factory=dict)  # "h2d"/"d2h" -> GB/s of pinned copies
+
+    @property
+    def h2d_gbps(self) -> float | None:
+        """The pinned host->device copy %gpucheck measured (%%gpuprofile's PCIe figure)."""
+        return self.copy_gbps.get("h2d")
 
     @property
     def this_process(self) -> bool:
@@ -81,34 +90,37 @@ def _read_file(path: Path) -> dict[str, Any]:
 
 def _entry(uuid: str, raw: object) -> MeasuredPeaks | None:
     """One entry, or None when it does not have the shape :func:`remember` writes."""
-    if not isinstance(raw, dict) or not isinstance(raw.get("tflops"), dict):
+    if not isinstance(raw, dict) or not isinstance(raw.get("tflops", {}), dict) \
+            or not isinstance(raw.get("copy_gbps", {}), dict):
         return None
-    tflops = {p: float(v) for p, v in raw["tflops"].items() if p in PRECISIONS and is_number(v) and v > 0}
+    tflops = {p: float(v) for p, v in raw.get("tflops", {}).items() if p in PRECISIONS and is_number(v) and v > 0}
+    copy = {d: float(v) for d, v in raw.get("copy_gbps", {}).items()
+            if d in COPY_KEYS.values() and is_number(v) and 0 < v < 10_000}
     pid = raw.get("pid", -1)
     text = {k: raw.get(k, "") for k in ("name", "measured_at", "torch_version")}
-    if not tflops or not (isinstance(pid, int) and not isinstance(pid, bool)) \
+    if not (tflops or copy) or not (isinstance(pid, int) and not isinstance(pid, bool)) \
             or not all(isinstance(v, str) for v in text.values()):
         return None
-    h2d = raw.get("h2d_gbps")
-    h2d_gbps = float(h2d) if isinstance(h2d, (int, float)) and is_number(h2d) and h2d > 0 else None
-    return MeasuredPeaks(uuid, text["name"], tflops, text["measured_at"], pid, text["torch_version"], h2d_gbps)
+    return MeasuredPeaks(uuid, text["name"], tflops, text["measured_at"], pid, text["torch_version"], copy)
 
 
 def remember(uuid: str, name: str, result: Mapping[str, object], *, torch_version: str = "",
-             environ: Mapping[str, str] | None = None) -> MeasuredPeaks | None:
-    """Keep one GPU's probe result (``{"bf16_tflops": ..., "tf32_tflops": ..., ...}``) in this
-    process and in the cache file (written atomically; a failure to write is ignored)."""
+             environ: Mapping[str, str] | None = None,
+             copy: Mapping[str, object] | None = None) -> MeasuredPeaks | None:
+    """Keep one GPU's probe results (matmul ``{"bf16_tflops": ..., ...}``, and the copy step's
+    ``{"pinned_gbps": ..., "pinned_d2h_gbps": ...}``) in this process and in the cache file (written
+    atomically; a failure to write is ignored)."""
     tflops: dict[str, float] = {}
     for p in PRECISIONS:
         value = result.get(f"{p}_tflops")
         if isinstance(value, (int, float)) and value > 0:
             tflops[p] = float(value)
-    if not uuid or not tflops:
+    copy_gbps = {direction: float(v) for key, direction in COPY_KEYS.items()
+                 if isinstance(v := (copy or {}).get(key), (int, float)) and not isinstance(v, bool) and v > 0}
+    if not uuid or not (tflops or copy_gbps):
         return None
-    h2d = result.get("pinned_gbps")  # the check's copy probe, when it ran
-    h2d_gbps = float(h2d) if isinstance(h2d, (int, float)) and not isinstance(h2d, bool) and h2d > 0 else None
     peaks = MeasuredPeaks(uuid, name, tflops, time.strftime("%Y-%m-%d %H:%M"), os.getpid(), torch_version,
-                          h2d_gbps)
+                          copy_gbps)
     _this_process[_norm(uuid)] = peaks
     path = cache_file(environ)
     try:
@@ -118,9 +130,7 @@ def remember(uuid: str, name: str, result: Mapping[str, object], *, torch_versio
         except Untrusted:  # replaced below by this process's good entry
             data = {}
         data[uuid] = {"name": name, "tflops": tflops, "measured_at": peaks.measured_at, "pid": peaks.pid,
-                      "torch_version": torch_version}
-        if h2d_gbps is not None:
-            data[uuid]["h2d_gbps"] = h2d_gbps
+                      "torch_version": torch_version, "copy_gbps": copy_gbps}
         _write_atomically(path, json.dumps(data, indent=1, sort_keys=True))
     except OSError:
         pass

@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from gpunb.analysis.energy.tariff import session_tariff
 from gpunb.analysis.monitor.sampler import HZ_DEFAULT, WINDOW_MAX_S, WINDOW_MIN_S, Sampler, clamp_hz, gpu_column
 from gpunb.analysis.monitor.series import Window
 from gpunb.display import DisplayMixin, Render
@@ -139,6 +140,7 @@ class Monitor(DisplayMixin):
         self.frames = 0  # frames sent to the frontend (tests, benchmarks)
         self._layout = -1  # the sampler's GPU layout the panel was made for
         self._paused = False  # the picture is frozen (sampling goes on)
+        self.each_gpu = False  # several GPUs: each GPU's own panels shown under the overview (a button)
         self.controls: Any = None  # the Pause/Stop/window widgets (monitor_controls), once displayed
 
     # -- data -------------------------------------------------------------------
@@ -241,6 +243,14 @@ class Monitor(DisplayMixin):
             if self._handles and not self._stopped:
                 self._send(self._live_bundle())
 
+    def set_each_gpu(self, on: bool) -> None:
+        """With several GPUs, show each GPU's own panels under the overview (live frames would
+        shut a ``<details>`` at every redraw, so a button opens it)."""
+        with self._lock:
+            self.each_gpu = bool(on)
+            if self._handles and not self._stopped:
+                self._send(self._live_bundle())
+
     def html(self) -> str:
         return monitor_html(self.window(), state=self._state(), messages=self.messages, holders=self.holders(),
                             imbalance=self.imbalance())
@@ -264,6 +274,13 @@ class Monitor(DisplayMixin):
                     "power_limit_w": g.power_limit_w,
                     "lost": g.lost,
                     "latest": {k: latest(v) for k, v in g.columns.items()},
+                    "energy": None if g.energy is None else {
+                        "joules": g.energy.joules, "wh": g.energy.wh, "seconds": g.energy.until_s - g.energy.since_s,
+                        "source": g.energy.source},
+                    "link_limits_gbs": None if g.links is None else {
+                        "pcie_rx": g.links.pcie_rx.gbs, "pcie_tx": g.links.pcie_tx.gbs,
+                        "nvlink": g.links.nvlink.gbs if g.links.nvlink is not None else None,
+                        "measured": g.links.pcie_rx.measured},
                 }
                 for g in w.gpus
             ],
@@ -342,6 +359,11 @@ class Monitor(DisplayMixin):
             clock_text=clock_time(sampler.started_unix, panel.t_last),
             holders=holders,
             imbalance=findings,
+            tariff=session_tariff(),
+            started_unix=sampler.started_unix,
+            # several GPUs: each GPU's panels are drawn only while the button shows them (cheaper);
+            # without the button (no ipywidgets) in a <details>, as the stopped frame has them
+            per_gpu="open" if self.each_gpu else "button" if self.controls is not None else "details",
         )
         # the text form of the newest readings only (a second's window is a few rows)
         text = monitor_text(self.window(min(self.window_s, 2.0)), holders)
@@ -426,7 +448,8 @@ def monitor(
 ) -> Monitor:
     """Live GPU charts (memory split into this kernel / other processes, utilization,
     power against its limit, temperature against the slowdown threshold, SM clock,
-    throttle reasons) and host CPU/RAM, sampled ``hz`` times a second (0.5 to 10; default
+    throttle reasons), the energy since it started, host CPU/RAM and the GPUs' PCIe and
+    NVLink traffic against each link's peak, sampled ``hz`` times a second (0.5 to 10; default
     2, or the rate already running) by the kernel's one sampler thread, showing the last
     ``window_s`` seconds. ``device`` limits it to some GPUs. Several monitors share the
     sampler, which runs at the fastest rate any of them asked for.

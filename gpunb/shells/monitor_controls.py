@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from gpunb.analysis.monitor.sampler import WINDOW_MAX_S, WINDOW_MIN_S
 from gpunb.shells.save_hook import CONTROLS_MARK
 from gpunb.views.chart import span_words
+from gpunb.views.monitor_layout import OVERVIEW_FROM
 
 if TYPE_CHECKING:
     from gpunb.shells.monitor import Monitor
@@ -60,11 +61,17 @@ class MonitorControls:
         self.window = w.Dropdown(options=options, value=float(monitor.window_s), description="window",
                                  tooltip="How much history the charts show",
                                  layout=w.Layout(width="170px"), style={"description_width": "50px"})
-        self.box = w.HBox([self.pause, self.stop, self.window], layout=w.Layout(margin="0 0 4px 0"))
+        self.each_gpu = w.ToggleButton(value=False, description="Each GPU", icon="th-large",
+                                       tooltip="Show each GPU's own charts under the overview",
+                                       layout=w.Layout(width="110px"))
+        several = len(monitor.sampler.gpu_series(monitor.devices)) >= OVERVIEW_FROM
+        buttons = [self.pause, self.stop, self.window] + ([self.each_gpu] if several else [])
+        self.box = w.HBox(buttons, layout=w.Layout(margin="0 0 4px 0"))
         self.box.add_class("gpunb-monitor-controls")
         self.pause.observe(self._on_pause, names="value")
         self.stop.on_click(self._on_stop)
         self.window.observe(self._on_window, names="value")
+        self.each_gpu.observe(self._on_each_gpu, names="value")
         self._handle: Any = None
         self.act_while_cells_run = False  # clicks go to a kernel subshell (widget_channel)
 
@@ -79,6 +86,9 @@ class MonitorControls:
 
     def _on_window(self, change: dict[str, Any]) -> None:
         self.monitor.set_window(float(change["new"]))
+
+    def _on_each_gpu(self, change: dict[str, Any]) -> None:
+        self.monitor.set_each_gpu(bool(change["new"]))
 
     # -- the output --------------------------------------------------------------------
     def bundle(self) -> dict[str, Any]:
@@ -95,7 +105,7 @@ class MonitorControls:
 
         kernel = getattr(current_shell(), "kernel", None)
         self.act_while_cells_run = route_clicks(
-            [self.box, self.pause, self.stop, self.window, *self.box.children], kernel)
+            [self.box, self.pause, self.stop, self.window, self.each_gpu, *self.box.children], kernel)
 
     def remove(self) -> None:
         """The monitor stopped: the controls give way to nothing (the frame below stays)."""
@@ -105,7 +115,7 @@ class MonitorControls:
                 handle.update({"text/plain": ""}, raw=True, metadata={})
             except Exception:  # no kernel any more (shutdown): nothing to update
                 pass
-        close_widgets(self.box, self.pause, self.stop, self.window)
+        close_widgets(self.box, self.pause, self.stop, self.window, self.each_gpu)
 
 
 def close_widgets(*widgets: Any) -> None:

@@ -52,14 +52,17 @@ class MonitorMagics(Magics):
         and other processes', on a scale that follows what is used, with the capacity beside
         it), utilization, power against its limit, temperature against the slowdown
         threshold, SM clock, and a badge naming any active clock-event (throttle) reason;
-        then the host's CPU and RAM. The time axis starts at the first sample until the
-        window is full. Above the charts, Pause/Resume, Stop and the time window (ipywidgets;
-        they act between cells, or while a cell awaits). One sampler thread per kernel reads
-        NVML; a second ``%gpumonitor`` shares it. The charts are plain HTML redrawn in place,
-        so a saved, shared or exported notebook shows the last frame (images that untrusted
-        notebooks keep), and the controls are left out of saved files; ``%gpumonitor --stop``
-        stops every monitor and captions each output with the time it stopped. In terminal
-        IPython it prints one line per GPU. Python API: ``gpunb.monitor()``.
+        a line with the energy the GPUs spent since the monitor started (priced when you set
+        a price with ``%gpuenergy`` or GPUNB_ENERGY_PRICE); then the host's CPU and RAM, and
+        PCIe (both ways) and NVLink traffic in GB/s against the link's peak. The time axis
+        starts at the first sample until the window is full. Above the charts, Pause/Resume,
+        Stop and the time window (ipywidgets; they act between cells, or while a cell
+        awaits). One sampler thread per kernel reads NVML; a second ``%gpumonitor`` shares
+        it. The charts are plain HTML redrawn in place, so a saved, shared or exported
+        notebook shows the last frame (images that untrusted notebooks keep), and the
+        controls are left out of saved files; ``%gpumonitor --stop`` stops every monitor and
+        captions each output with the time it stopped. In terminal IPython it prints one
+        line per GPU. Python API: ``gpunb.monitor()``.
 
         Examples::
 

@@ -15,14 +15,28 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpunb.analysis.energy.tariff import Tariff
 from gpunb.analysis.monitor.series import GpuSeries, Window
 from gpunb.readings.gpu import CLOCK_EVENT_REASONS, SLOWDOWN_BITS
 from gpunb.views import chart
 from gpunb.views.chart import DIM, SMALL
 from gpunb.views.holders_view import holders_html, holders_text
 from gpunb.views.imbalance_view import imbalance_badge, imbalance_html
+from gpunb.views.links_view import (
+    energy_html,
+    energy_words,
+    gpu_energy_badge,
+    gpu_key,
+    link_panels,
+    links_text,
+    power_now,
+)
+from gpunb.views.monitor_overview import overview_html
 from gpunb.views.sparkline import COLORS, SparkPanel
 
+# From this many GPUs the monitor shows one panel per metric with a line per GPU: two GPUs'
+# blocks of five panels wrap to four rows at 1024 px with JupyterLab's file browser open.
+OVERVIEW_FROM = 2
 # Reasons worth a badge: a slowdown, or a cap the user might not know about. "idle" is not.
 _BADGE_BITS = SLOWDOWN_BITS | 0x4 | 0x2 | 0x10
 _WRAP = "display:flex;flex-wrap:wrap;gap:6px;align-items:flex-start"
@@ -61,19 +75,22 @@ def _badge(panel: SparkPanel, index: int) -> str:
     return clock_event_badge(panel.latest.get(f"gpu{index}_clock_events"), share)
 
 
-def gpu_heading(panel: SparkPanel, g: GpuSeries, imbalance: Sequence[Any]) -> str:
-    """The GPU's line above its panels: index, name, and a place that always holds the badges
-    (so the block does not grow when one appears): the throttle badge, and the unbalanced-GPU
-    badge when the monitor's finding names this GPU."""
+def gpu_heading(panel: SparkPanel, g: GpuSeries, imbalance: Sequence[Any], several: bool = False) -> str:
+    """The GPU's line above its panels: index, name, its energy since the start (with several
+    GPUs), and a place that always holds the badges (so the block does not grow when one
+    appears): the throttle badge, and the unbalanced-GPU badge when the monitor's finding names
+    this GPU."""
     state = (' <span style="color:#e0413a;font-weight:bold">lost (no readings)</span>' if g.lost else "")
     badges = [b for b in (_badge(panel, g.index), imbalance_badge(imbalance, g.index)) if b]
     badge = " ".join(badges) or f'<span style="{SMALL};{DIM}">no throttling</span>'
     return (f'<div style="display:flex;flex-wrap:wrap;align-items:baseline;gap:2px 8px;min-height:18px;'
             f'margin:2px 0"><b style="font-size:13px">GPU {g.index}</b>'
-            f'<span style="{DIM}" title="{_e(g.name)}">{_e(g.name)}</span>{state}<span>{badge}</span></div>')
+            f'<span style="{DIM}" title="{_e(g.name)}">{_e(g.name)}</span>{gpu_energy_badge(g, several)}{state}'
+            f'<span>{badge}</span></div>')
 
 
-def gpu_html(panel: SparkPanel, g: GpuSeries, *, imbalance: Sequence[Any] = (), held: str = "") -> str:
+def gpu_html(panel: SparkPanel, g: GpuSeries, *, imbalance: Sequence[Any] = (), held: str = "",
+             several: bool = False) -> str:
     """One GPU's block: its heading, then memory, utilization, power, temperature and SM clock
     panels (wrapping in a narrow window), then who holds its memory."""
     col = f"gpu{g.index}_"
@@ -92,12 +109,13 @@ def gpu_html(panel: SparkPanel, g: GpuSeries, *, imbalance: Sequence[Any] = (), 
         panel.line(col + "sm_clock_mhz", label=f"GPU {g.index} SM clock", unit="MHz", color=COLORS["clock"],
                    title="SM clock (MHz)"),
     ]
-    return (f'<div class="gpunb-gpu" style="margin-bottom:6px">{gpu_heading(panel, g, imbalance)}'
+    return (f'<div class="gpunb-gpu" style="margin-bottom:6px">{gpu_heading(panel, g, imbalance, several)}'
             f'<div style="{_WRAP}">{"".join(panels)}</div>{held}</div>')
 
 
-def host_html(panel: SparkPanel) -> str:
-    """The host's block: CPU and RAM (RAM scaled to what is used, like GPU memory)."""
+def host_html(panel: SparkPanel, gpus: Sequence[GpuSeries] = ()) -> str:
+    """The host's block: CPU and RAM (RAM scaled to what is used, like GPU memory), then the
+    GPUs' links to it and to each other (PCIe both ways, NVLink; views/links_view.py)."""
     total = panel.ram_total_mib
     cores = f"{panel.cpu_count} cores" if panel.cpu_count else "CPU"
     ram = f", {total / 1024:.1f} GiB RAM" if total else ""
@@ -106,8 +124,13 @@ def host_html(panel: SparkPanel) -> str:
         panel.line("ram_used_mib", label="host RAM used", unit="GiB", color=COLORS["ram"], digits=1,
                    scale=1 / 1024, title=f"RAM used (GiB){f' of {total / 1024:.1f}' if total else ''}"),
     ]
-    return (f'<div class="gpunb-host"><div style="margin:2px 0"><b style="font-size:13px">Host</b> '
-            f'<span style="{DIM}">{_e(cores + ram)}</span></div><div style="{_WRAP}">{"".join(panels)}</div></div>')
+    links = link_panels(panel, gpus)
+    panels += links
+    name = "Host and links" if links else "Host"
+    key = f" {gpu_key(gpus)}" if links else ""  # the GPUs' colours in the link charts
+    return (f'<div class="gpunb-host"><div style="margin:2px 0"><b style="font-size:13px">{name}</b> '
+            f'<span style="{DIM}">{_e(cores + ram)}</span>{key}</div>'
+            f'<div style="{_WRAP}">{"".join(panels)}</div></div>')
 
 
 def panel_html(
@@ -121,9 +144,16 @@ def panel_html(
     clock_text: str = "",
     holders: Mapping[int, Sequence[str]] | None = None,
     imbalance: Sequence[Any] = (),
+    tariff: Tariff | None = None,
+    started_unix: float | None = None,
+    per_gpu: str = "details",
 ) -> str:
-    """The whole monitor: a block per GPU (``gpus`` gives names and lost flags now) with who
-    holds its memory (``holders``: lines per GPU index) under it, the host, notes, a caption.
+    """The whole monitor: from two GPUs an overview (views/monitor_overview.py: a panel per
+    metric with a line per GPU, a table, then each GPU's block: ``per_gpu`` "details" in a
+    closed ``<details>``, "open" in an open one, "button" not drawn, a line names the button
+    that shows them), else a block per GPU (``gpus`` gives names and lost flags now) with who
+    holds its memory (``holders``: lines per GPU index) under it, the energy since the start
+    (priced with ``tariff`` when the user named one), the host and the links, notes, a caption.
     ``imbalance`` (the unbalanced-GPU findings) is one line above the charts and a badge in
     each named GPU's heading."""
     holders = holders or {}
@@ -132,8 +162,18 @@ def panel_html(
     parts = [imbalance_html(imbalance)] if imbalance else []
     if not gpus and not gpu_count:
         parts.append(no_gpu_html(nvml))
-    parts.extend(gpu_html(panel, g, imbalance=imbalance, held=holders_html(holders.get(g.index, ()))) for g in shown)
-    parts.append(host_html(panel))
+    overview = len(shown) >= OVERVIEW_FROM
+    blocks = [] if overview and per_gpu == "button" else [
+        gpu_html(panel, g, imbalance=imbalance, held=holders_html(holders.get(g.index, ())), several=len(shown) > 1)
+        for g in shown]
+    if overview:
+        badges = {g.index: _badge(panel, g.index) for g in shown}
+        parts.append(overview_html(panel, shown, badges=badges, per_gpu="".join(blocks), imbalance=imbalance,
+                                   how=per_gpu))
+    else:
+        parts.extend(blocks)
+    parts.append(energy_html(energy_words(shown, tariff, started_unix, power_now(shown, panel.latest))))
+    parts.append(host_html(panel, shown))
     if notes:
         items = "".join(f"<li>{_e(n)}</li>" for n in notes)
         parts.append(f'<ul class="gpunb-notes" style="margin:2px 0;padding-left:18px;font-size:11px">{items}</ul>')
@@ -238,6 +278,8 @@ def monitor_html(window: Window, *, state: str = "live", messages: Sequence[str]
         clock_text=clock_time(window.started_unix, t_last),
         holders=holders,
         imbalance=imbalance,
+        tariff=window.tariff,
+        started_unix=window.started_unix,
     )
 
 
@@ -263,12 +305,16 @@ def monitor_text(window: Window, holders: Mapping[int, Sequence[str]] | None = N
             f"GPU{g.index} {g.name}: util {_with(util, '%')} · mem {mem} · "
             f"power {_with(power, limit + ' W')} · {_with(temp, '°C')} · SM {_with(clock, 'MHz')}"
         )
+        line += links_text(g)
         if held:
             line += f" · clocks held back: {', '.join(held)}"
         if g.lost:
             line += " · LOST"
         lines.append(line)
         lines.extend(holders_text(holders.get(g.index, ())))
+    energy = energy_words(window.gpus, window.tariff, window.started_unix, power_now(window.gpus))
+    if energy:
+        lines.append(energy)
     if not window.gpus and not window.gpu_count:
         cause = window.nvml.cause if not window.nvml.ok else "NVML sees no GPU."
         lines.append(f"No GPU to show ({cause}); monitoring the host only.")

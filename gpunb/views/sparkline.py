@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import html
 import math
+import statistics
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -23,9 +24,10 @@ from gpunb.views import chart
 from gpunb.views.chart import DIM, SMALL
 
 # Plot pixels of one chart: large enough to read a value off its scale (the first version's
-# 100x38 px were not), small enough that five panels sit side by side in a 1366 px window;
-# narrower windows wrap the panels (monitor_layout), never cut them off.
-WIDTH = 180
+# 100x38 px were not), small enough that five panels (5 x 180 px + gaps = 924 px) sit side by
+# side in the 934 px JupyterLab leaves at 1366 px with its file browser open; narrower windows
+# wrap the panels (monitor_layout), never cut them off.
+WIDTH = 136
 HEIGHT = 56
 # Points per chart (a point per 1.8 px): rows beyond that are merged into buckets. Not one per
 # pixel: every point is formatted on the sampler thread, which holds the GIL while it draws.
@@ -39,6 +41,8 @@ PANEL_W = WIDTH + _SCALE_W + 14  # one panel: chart, its scale, padding
 _PANEL_STYLE = (f"box-sizing:border-box;width:{PANEL_W}px;padding:4px 6px 3px 6px;border-radius:4px;"
                 "border:1px solid rgba(140,149,159,0.35)")
 MEMORY_FLOOR_MIB = 1024.0  # a memory scale never shows less than 1 GiB
+# A series read in turns (PCIe, traffic.py) shows its last reading this long, then "n/a".
+SEEN_FOR_S = 10.0
 COLORS = {
     "own": chart.BLUE,
     "other": chart.ORANGE,
@@ -177,6 +181,7 @@ class SparkPanel:
         self.memory: dict[int, tuple[_Track, _Track]] = {}
         self.events: dict[int, deque] = {}
         self.latest: dict[str, Any] = {}
+        self.seen: dict[str, tuple[float, float]] = {}  # key -> (t, value) of its last reading
         self.slowdown_c: dict[int, float | None] = {}
         self.clock_text = ""  # the last sample's clock time, at the right end of each time axis
         for g in gpus:
@@ -194,6 +199,13 @@ class SparkPanel:
             self.memory[g.index] = (_Track(self, col + "mem_used_mib", None, scale),
                                     _Track(self, col + "mem_own_mib", None, scale))
             self.events[g.index] = deque()  # [t, mask]
+            if g.links is not None:  # the link charts (views/links_view.py), each against its limit
+                limits = [("pcie_rx_gbs", g.links.pcie_rx.gbs), ("pcie_tx_gbs", g.links.pcie_tx.gbs)]
+                if g.links.nvlink is not None:
+                    limits.append(("nvlink_rx_gbs", g.links.nvlink.gbs))
+                for name, limit in limits:
+                    top = chart.nice_ceiling(limit * 1.08) if limit else None  # room above the limit line
+                    self.tracks[col + name] = _Track(self, col + name, top)
         self.tracks["cpu_pct"] = _Track(self, "cpu_pct", 100)
         self.tracks["ram_used_mib"] = _Track(
             self, "ram_used_mib", None, lambda peak: memory_scale(peak, ram_total_mib, floor=512.0))
@@ -220,6 +232,7 @@ class SparkPanel:
                 self.latest[k] = v
                 if v is not None:
                     self._pending[k].append(v)
+                    self.seen[k] = (t, v)
             self._pending_t = t
             self.next_index = n + 1
             self.t_last = t
@@ -345,6 +358,59 @@ class SparkPanel:
         limit_y = self._y(threshold, track.top) if threshold and threshold <= track.top else None
         return self._cell(value_text, peak_text, self._image(body, alt, limit_y), track.top * scale,
                           title=title or label, legend=legend)
+
+    def recent(self, key: str) -> float | None:
+        """The last reading of ``key`` if it is recent (series read in turns have gaps between)."""
+        got = self.seen.get(key)
+        return got[1] if got is not None and self.t_last is not None and self.t_last - got[0] <= SEEN_FOR_S else None
+
+    def multi_line(self, series: Sequence[tuple[str, str, str]], *, label: str, unit: str, title: str,
+                   threshold: float | None = None, threshold_words: str = "", legend: str = "",
+                   digits: int = 1, under: str = "", scale: float = 1.0, total: str = "sum") -> str:
+        """Several series on one chart and scale (``series``: key, colour, name, e.g. one per GPU);
+        the large value is their ``total`` now ("sum", or "mean"/"max"/"min", which it names), the
+        alt text names each. ``scale`` converts readings to ``unit`` (MiB to GiB)."""
+        memory = {pair[0].key: pair[0] for pair in self.memory.values()}  # used memory, for the overview
+        tracks = [(self.tracks.get(k) or memory[k], color, name) for k, color, name in series
+                  if k in self.tracks or k in memory]
+        for track, _, _ in tracks:
+            track.fit_scale(self._pending.get(track.key, []))
+        top = max([t.top for t, _, _ in tracks] + [threshold * 1.08 if threshold else 0.0])
+        paths, parts, highs = [], [], []
+        for track, color, name in tracks:
+            track.set_top(top)
+            pending = self._pending.get(track.key, [])
+            now = self.recent(track.key)
+            parts.append(f"{name} {'n/a' if now is None else f'{now * scale:,.{digits}f} {unit}'}")
+            hi = track.stats(pending)[1]
+            if hi is not None:
+                highs.append(hi)
+            d = _path_d((it[3] for it in track.items), track.pending_text(self._pending_t, pending, self._new_run()))
+            if d and " " not in d:
+                d = f"{d} L{d[1:]}"
+            if d:
+                paths.append(f'<path d="{d}" fill="none" stroke="{color}" stroke-width="1.5" stroke-linejoin="round" '
+                             f'stroke-linecap="round" vector-effect="non-scaling-stroke"/>')
+        values = [v * scale for t, _, _ in tracks if (v := self.recent(t.key)) is not None]
+        combine: dict[str, Callable[[list[float]], float]] = {"sum": sum, "mean": statistics.fmean, "max": max,
+                                                              "min": min}
+        now = combine[total](values) if values else None
+        word = "" if total == "sum" else f"{total} "
+        value_text = "n/a" if now is None else f"{word}{now:,.{digits}f} {unit}"
+        peak_text = f"max {max(highs) * scale:,.{digits}f}" if highs else ""
+        stats = "; ".join(parts) if parts else "no reading"
+        if threshold:
+            stats += f"; {threshold_words} {threshold * scale:,.{digits}f} {unit}"
+        alt = (f"{label}: {stats} (last {chart.span_words(round(self.span_s()))}, scale 0 to "
+               f"{chart.axis_number(top * scale)} {unit})")
+        if not highs:
+            words = "no reading in this window" if self.t_last is not None else "waiting for the first samples"
+            return self._cell(value_text, peak_text, chart.waiting_box(self.width, self.height, words), None,
+                              title=title, legend=legend, under=under)
+        body = f'<g transform="{self._placement()}">{"".join(paths)}</g>'
+        limit_y = self._y(threshold, top) if threshold and threshold <= top else None
+        return self._cell(value_text, peak_text, self._image(body, alt, limit_y), top * scale, title=title,
+                          legend=legend, under=under)
 
     def _memory_bars(self, used: _Track, own: _Track, p_used: list, p_own: list) -> tuple[str, bool]:
         total = used.top

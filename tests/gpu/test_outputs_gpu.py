@@ -107,7 +107,9 @@ def test_monitor_frame_from_real_readings_is_complete_and_scaled_to_use():
     page = monitor_html(sampler.window(10), state="stopped")
     charts = images(page, "gpunb-chart")
     _save("monitor_frame", {"charts": len(charts), "alts": [c["alt"] for c in charts], "bytes": len(page)})
-    assert len(charts) == 5 * len(sampler.gpus) + 2
+    # five per GPU; CPU, RAM, PCIe both ways; NVLink where a GPU's links count their traffic
+    nvlink = any(g.links is not None and g.links.nvlink is not None for g in sampler.window(10).gpus)
+    assert len(charts) == 5 * len(sampler.gpus) + 2 + 2 + nvlink
     for chart_image in charts:
         svg_of(chart_image)  # every image is a well-formed SVG
     memory = charts[0]["alt"]

@@ -114,18 +114,18 @@ def _allreduce_backend(inputs: CheckInputs, nvml: NvmlSession) -> str | None:
         return "gloo"
     return "nccl" if inputs.torch.cuda else None
 def _keep_matmul_peaks(inputs: CheckInputs, env: Mapping[str, str]) -> None:
-    """The probe's matmul TFLOP/s per GPU, kept for %%gpuprofile's MFU (readings/peak_cache.py)."""
+    """The probe's matmul TFLOP/s per GPU, kept for %%gpuprofile's MFU, and its pinned copy GB/s, kept
+    for the monitor's PCIe limit lines (readings/peak_cache.py)."""
     probe = inputs.probe
     facts = probe.facts if probe is not None else None
     if probe is None or facts is None:
         return
     for dev in facts.get("devices", []):
-        result = probe.result("matmul", dev.get("index"))
-        copy = probe.result("copy", dev.get("index"))  # the pinned host->device GB/s, for the profile's PCIe line
-        if result and dev.get("uuid"):
-            result = {**result, "pinned_gbps": copy.get("pinned_gbps")} if copy else result
+        result = probe.result("matmul", dev.get("index")) or {}
+        copy = probe.result("copy", dev.get("index"))  # the monitor's PCIe limit lines
+        if (result or copy) and dev.get("uuid"):
             remember_matmul_peaks(dev["uuid"], str(dev.get("name", "")), result,
-                                  torch_version=str(facts.get("torch_version", "")), environ=env)
+                                  torch_version=str(facts.get("torch_version", "")), environ=env, copy=copy)
 
 
 def check(

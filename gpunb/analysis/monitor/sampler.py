@@ -25,9 +25,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpunb.analysis.energy.tariff import session_tariff
 from gpunb.analysis.monitor.imbalance import WINDOW_S as IMBALANCE_WINDOW_S
 from gpunb.analysis.monitor.imbalance import Imbalance, find_imbalance
 from gpunb.analysis.monitor.series import GpuSeries, RingColumns, Window
+from gpunb.analysis.monitor.traffic import NVLINK_COLUMNS, PCIE_COLUMNS, TrafficReader, counted_links
 from gpunb.readings.devices import kernel_pids, read_ownership
 from gpunb.readings.gpu import GpuInfo, read_info, read_sample, unread_sample
 from gpunb.readings.host import read_host_sample
@@ -154,6 +156,7 @@ class Sampler:
         own_pids: Iterable[int] | None = None,
         process_refresh_s: float = PROCESS_REFRESH_S,
         read_host: Callable[..., Any] = read_host_sample,
+        read_links: bool = True,
     ) -> None:
         self.nvml = nvml if nvml is not None else default_session()
         self.hz, _ = clamp_hz(hz)
@@ -195,6 +198,10 @@ class Sampler:
         self.cpu_count = os.cpu_count()
         self._refact_at: float | None = None  # when to ask again for facts that were missing
         self._refact_delay = REFACT_S[0]
+        # energy and link traffic (traffic.py); False leaves them out (the overhead benchmark's "off")
+        self.read_links = read_links
+        self.traffic = TrafficReader(self.nvml, clock, grace_s=TICK_GRACE_S)
+        self._found_links: dict[int, Any] = {}  # NVLink facts per GPU, from the worker's _find_gpus
         self._discover()
 
     # -- finding the GPUs -------------------------------------------------------------
@@ -206,7 +213,10 @@ class Sampler:
         count = self.nvml.query("nvmlDeviceGetCount")
         if not is_available(count):
             return status, count
-        return status, tuple(read_info(self.nvml, i) for i in range(count))
+        infos = tuple(read_info(self.nvml, i) for i in range(count))
+        # NVLink is a static fact (a few calls per GPU): read once here, never per tick
+        self._found_links = counted_links(self.nvml, infos)
+        return status, infos
 
     def _discover(self) -> None:
         """Find the GPUs. A failure that may pass (NVML not started yet, a timeout) is
@@ -227,9 +237,15 @@ class Sampler:
             return
         self.status, self._discover_at, self._discover_delay = status, None, REDISCOVER_S[0]
         if found:
+            links = dict(self._found_links)
             with self._data_lock:
                 self._store.add_columns(
                     (gpu_column(info.index, name), code) for info in found for name, code in GPU_COLUMNS)
+                self._store.add_columns(
+                    (gpu_column(info.index, name), code) for info in found for name, code in PCIE_COLUMNS)
+                self._store.add_columns(
+                    (gpu_column(i, name), code) for i, g in links.items() if g.active for name, code in NVLINK_COLUMNS)
+                self.traffic.set_links(links)
                 self.gpus = found
                 self.layout += 1
             if self.ticks:  # found late: say so beside the gap before it
@@ -318,6 +334,7 @@ class Sampler:
             self.started_unix = self._wall_clock()
         row: dict[str, Any] = {"t_s": now - self._origin}
         used: dict[int, float | None] = {}
+        self.traffic.plan([g.index for g in self.gpus if not g.lost], self.hz)
         for info in self.gpus:
             try:
                 used[info.index] = self._read_gpu(info.index, row)
@@ -362,6 +379,9 @@ class Sampler:
         row[col("sm_clock_mhz")] = _num(s.sm_clock_mhz)
         row[col("clock_events")] = _num(s.clock_event_reasons)
         self._book_faults(index, s)
+        if self.read_links and not s.lost:
+            for text in self.traffic.read(index, row, _num(s.power_w), self._origin or 0.0):
+                self.note(text)
         return used
 
     def _own_share(self, index: int, used: float | None) -> float | None:
@@ -542,6 +562,7 @@ class Sampler:
 
     def _gpu_series(self, rows: dict[str, list[Any]], devices: Iterable[int] | None) -> tuple[GpuSeries, ...]:
         wanted = None if devices is None else set(devices)
+        limits = self.traffic.limits(self.gpus)
         gpus = []
         for info in self.gpus:
             if wanted is not None and info.index not in wanted:
@@ -555,6 +576,7 @@ class Sampler:
             gpus.append(GpuSeries(
                 info.index, str(name), _mib(info.memory_total_bytes), _num(info.power_limit_w), lost, cols,
                 _num(info.max_sm_clock_mhz), _num(info.temp_slowdown_c),
+                limits.get(info.index) if self.read_links else None, self.traffic.energy(info.index),
             ))
         return tuple(gpus)
 
@@ -594,6 +616,7 @@ class Sampler:
             running=self.running,
             gpu_count=len(self.gpus),
             started_unix=self.started_unix,
+            tariff=session_tariff(),
         )
 
 

@@ -10,6 +10,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from gpunb.analysis.energy.tariff import Tariff
+from gpunb.analysis.monitor.traffic import EnergySoFar, LinkLimits
 from gpunb.readings.nvml import NvmlStatus
 
 _GAP_INT = {"B": 0xFF, "H": 0xFFFF, "I": 0xFFFFFFFF}
@@ -109,7 +111,8 @@ class RingColumns:
 @dataclass(frozen=True)
 class GpuSeries:
     """One GPU's readings over a window; ``columns`` holds GPU_COLUMNS names plus
-    ``mem_other_mib`` (used by every other process: used minus this kernel's share)."""
+    ``mem_other_mib`` (used by every other process: used minus this kernel's share), and the
+    link columns (``pcie_rx_gbs``..., traffic.py) where they are read."""
 
     index: int
     name: str
@@ -119,6 +122,8 @@ class GpuSeries:
     columns: dict[str, list[Any]]
     max_sm_clock_mhz: float | None = None
     temp_slowdown_c: float | None = None  # NVML's slowdown threshold: clocks drop above it
+    links: LinkLimits | None = None  # the link charts' limits; None: links not read
+    energy: EnergySoFar | None = None  # since the monitor's first reading; None: nothing read yet
 
 
 @dataclass(frozen=True)
@@ -137,3 +142,4 @@ class Window:
     running: bool
     gpu_count: int = 0  # all GPUs NVML sees (``gpus`` may show a subset)
     started_unix: float | None = None
+    tariff: Tariff | None = None  # the user's price and carbon (empty: energy in Wh only)
