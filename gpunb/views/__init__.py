@@ -5,6 +5,7 @@ what they show."""
 
 from gpunb.views import (  # noqa: F401  (they register)
     check_view,
+    energy_view,
     fit_view,
     memory_view,
     oom_view,
