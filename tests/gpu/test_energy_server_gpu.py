@@ -1,0 +1,101 @@
+"""On a real GPU: ``%gpuenergy``'s energy since ``%load_ext gpunb`` against NVML's counter read
+directly (pynvml, not through gpunb) around the same 5 s bf16 matmul burst, within 2 %.
+
+Writes ``energy_server.json`` to ``$GPUNB_RESULTS``.
+Run on the GPU machine:  python -m pytest -m gpu tests/gpu/test_energy_server_gpu.py -v
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("IPython")
+pynvml = pytest.importorskip("pynvml")
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+from IPython.utils.capture import capture_output  # noqa: E402
+
+from tests.gpu.results import save_json  # noqa: E402
+
+BURST_S = 5.0
+SETTLE_S = 0.5  # after the burst: the counter's ~90 ms steps are then worth ~10 J (idle), not ~60 J
+
+
+def _nvml_handle_of_cuda0():
+    pynvml.nvmlInit()
+    want = str(torch.cuda.get_device_properties(0).uuid).lower().removeprefix("gpu-")
+    for i in range(pynvml.nvmlDeviceGetCount()):
+        h = pynvml.nvmlDeviceGetHandleByIndex(i)
+        uuid = pynvml.nvmlDeviceGetUUID(h)
+        uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+        if uuid.lower().removeprefix("gpu-") == want:
+            return i, h
+    raise AssertionError(f"no NVML GPU has cuda:0's UUID {want}")
+
+
+def _burst(seconds: float) -> int:
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    n, t0 = 0, time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        for _ in range(20):
+            a @ b
+        n += 20
+        torch.cuda.synchronize()
+    return n
+
+
+@pytest.fixture
+def shell():
+    from IPython.core.interactiveshell import InteractiveShell
+
+    ip = InteractiveShell.instance()
+    with capture_output():
+        ip.run_line_magic("unload_ext", "gpunb")
+    yield ip
+    with capture_output():
+        ip.run_line_magic("unload_ext", "gpunb")
+    ip.user_ns.pop("spent", None)
+
+
+def test_gpuenergy_since_load_matches_the_counter_read_directly(shell):
+    from gpunb.shells.extension import kernel_state
+
+    index, handle = _nvml_handle_of_cuda0()
+    _burst(0.5)  # CUDA context and cuBLAS up before the window: their start is not what is measured
+    time.sleep(SETTLE_S)
+    direct0 = pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
+    t0 = time.monotonic()
+    with capture_output():
+        shell.run_cell("%load_ext gpunb")  # its end queues gpunb's first reading on the NVML worker
+    first = kernel_state(shell).energy_since_load.first()
+    assert index in first.counters_mj, first
+    burst_start = pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
+    matmuls = _burst(BURST_S)
+    burst_end = pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
+    time.sleep(SETTLE_S)
+    with capture_output() as out:
+        shell.run_cell("%gpuenergy -o spent")
+    direct1 = pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
+    seconds = time.monotonic() - t0
+    spent = shell.user_ns["spent"]
+    mine = next(g for g in spent.gpus if g.index == index)
+    direct_j = (direct1 - direct0) / 1000.0
+    burst_j = (burst_end - burst_start) / 1000.0
+    error = (mine.joules - direct_j) / direct_j
+    shown = out.stdout + "".join(o.data.get("text/plain", "") for o in out.outputs)
+    save_json("energy_server.json", {
+        "gpu": torch.cuda.get_device_name(0), "nvml_index": index, "burst_s": BURST_S, "matmuls": matmuls,
+        "gpuenergy_j": mine.joules, "gpuenergy_s": mine.seconds, "gpuenergy_average_w": mine.average_w,
+        "direct_counter_j": direct_j, "direct_window_s": seconds, "burst_only_j": burst_j,
+        "relative_error": error, "shown": shown,
+    })
+    assert burst_j > 1000, f"the burst spent only {burst_j:.0f} J: not a busy GPU"
+    assert abs(error) < 0.02, f"%gpuenergy {mine.joules:.0f} J vs the counter read directly {direct_j:.0f} J"
+    assert shown.startswith("This kernel's") and "since %load_ext gpunb" in shown
