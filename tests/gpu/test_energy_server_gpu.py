@@ -1,7 +1,9 @@
 """On a real GPU: ``%gpuenergy``'s energy since ``%load_ext gpunb`` against NVML's counter read
-directly (pynvml, not through gpunb) around the same 5 s bf16 matmul burst, within 2 %.
+directly (pynvml, not through gpunb) around the same 5 s bf16 matmul burst, within 2 %; and the
+server's per-kernel energy (busy, then idle) against the GPU's counter over the same intervals
+(in-process: no Jupyter server needed).
 
-Writes ``energy_server.json`` to ``$GPUNB_RESULTS``.
+Writes ``energy_server.json`` and ``energy_server_kernels.json`` to ``$GPUNB_RESULTS``.
 Run on the GPU machine:  python -m pytest -m gpu tests/gpu/test_energy_server_gpu.py -v
 """
 
@@ -99,3 +101,66 @@ def test_gpuenergy_since_load_matches_the_counter_read_directly(shell):
     assert burst_j > 1000, f"the burst spent only {burst_j:.0f} J: not a busy GPU"
     assert abs(error) < 0.02, f"%gpuenergy {mine.joules:.0f} J vs the counter read directly {direct_j:.0f} J"
     assert shown.startswith("This kernel's") and "since %load_ext gpunb" in shown
+
+
+def test_the_server_gives_a_kernel_its_gpus_energy_while_it_holds_it():
+    """The server's report and ledger in this process, this process standing in for a kernel
+    (no Jupyter server needed): a busy interval, then an idle one, against the counter."""
+    import os
+
+    from gpunb.analysis.holders.gpus import build_report
+    from gpunb.analysis.holders.kernel_energy import KernelEnergyLedger, idle_energy_line
+    from gpunb.readings.nvml import NvmlSession
+    from gpunb.readings.server_kernels import KernelInfo, SessionInfo
+
+    index, _ = _nvml_handle_of_cuda0()
+    _burst(0.2)  # this process holds the GPU (a CUDA context) before the first report
+    nvml = NvmlSession()
+    notebook = (SessionInfo("energy.ipynb", "energy.ipynb", "notebook"),)
+
+    def kernel(state: str) -> KernelInfo:
+        return KernelInfo("k-self", "python3", os.getpid(), state, time.time() - 1, 1, notebook)
+
+    ledger = KernelEnergyLedger()
+    r0 = ledger.account(build_report(nvml, (kernel("busy"),)))
+    _burst(3.0)
+    r1 = ledger.account(build_report(nvml, (kernel("busy"),)))
+    time.sleep(3.0)
+    r2 = ledger.account(build_report(nvml, (kernel("idle"),)))
+    time.sleep(3.0)
+    r3 = ledger.account(build_report(nvml, (kernel("idle"),)))
+
+    def device(r):
+        return next(d for d in r.devices if d.index == index)
+
+    def mine(r):
+        return next(h for h in device(r).holders if h.kernel_id == "k-self" and h.energy_j is not None)
+
+    def holders(r):  # who held the GPU: others on a shared machine share each interval equally
+        return {(h.kernel_id or h.pid) for h in device(r).holders}
+
+    gpu_j = [device(r).energy_mj / 1000.0 for r in (r0, r1, r2, r3)]
+    shares = [len(holders(a) & holders(b)) for a, b in ((r0, r1), (r1, r2), (r2, r3))]
+    expected = sum((gpu_j[i + 1] - gpu_j[i]) / shares[i] for i in range(3))
+    line = idle_energy_line(mine(r3), r3.t_unix)
+    result = {
+        "gpu_counter_j": gpu_j, "holders_per_interval": shares, "kernel_energy_j": mine(r3).energy_j,
+        "expected_j": expected, "idle_energy_j": mine(r3).idle_energy_j, "idle_line": line,
+        "busy_interval_j": gpu_j[1] - gpu_j[0],
+    }
+    try:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        from gpunb.views.metrics_view import metrics_text
+
+        families = {f.name: f for f in text_string_to_metric_families(metrics_text(r3)[0].decode())}
+        exported = next(s.value for s in families["gpunb_gpu_energy_joules"].samples if s.labels["gpu"] == str(index))
+        result["metric_gpu_energy_j"] = exported
+        assert exported == pytest.approx(gpu_j[3])
+    except ImportError:
+        result["metric_gpu_energy_j"] = "prometheus_client not installed here: metrics not checked"
+    save_json("energy_server_kernels.json", result)
+    assert gpu_j[1] - gpu_j[0] > 500, "the busy interval spent too little to tell"
+    assert mine(r3).energy_j == pytest.approx(expected, rel=1e-6)
+    assert mine(r3).idle_energy_j == pytest.approx((gpu_j[3] - gpu_j[2]) / shares[2], rel=1e-6)
+    assert line.startswith("energy.ipynb held GPU ") and " idle for " in line
