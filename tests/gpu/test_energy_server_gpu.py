@@ -71,6 +71,10 @@ def test_gpuenergy_since_load_matches_the_counter_read_directly(shell):
 
     index, handle = _nvml_handle_of_cuda0()
     _burst(0.5)  # CUDA context and cuBLAS up before the window: their start is not what is measured
+    with capture_output():  # gpunb's modules imported once, so the measured load is only the load
+        shell.run_cell("%load_ext gpunb")
+        shell.run_cell("%gpuenergy")
+        shell.run_line_magic("unload_ext", "gpunb")
     time.sleep(SETTLE_S)
     direct0 = pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
     t0 = time.monotonic()
@@ -118,17 +122,18 @@ def test_the_server_gives_a_kernel_its_gpus_energy_while_it_holds_it():
     nvml = NvmlSession()
     notebook = (SessionInfo("energy.ipynb", "energy.ipynb", "notebook"),)
 
-    def kernel(state: str) -> KernelInfo:
-        return KernelInfo("k-self", "python3", os.getpid(), state, time.time() - 1, 1, notebook)
+    def kernel(state: str, last_activity: float) -> KernelInfo:
+        return KernelInfo("k-self", "python3", os.getpid(), state, last_activity, 1, notebook)
 
     ledger = KernelEnergyLedger()
-    r0 = ledger.account(build_report(nvml, (kernel("busy"),)))
+    r0 = ledger.account(build_report(nvml, (kernel("busy", time.time()),)))
     _burst(3.0)
-    r1 = ledger.account(build_report(nvml, (kernel("busy"),)))
+    r1 = ledger.account(build_report(nvml, (kernel("busy", time.time()),)))
+    idle_since = time.time()  # the "cell" ended: the kernel idles from here, holding its CUDA memory
     time.sleep(3.0)
-    r2 = ledger.account(build_report(nvml, (kernel("idle"),)))
+    r2 = ledger.account(build_report(nvml, (kernel("idle", idle_since),)))
     time.sleep(3.0)
-    r3 = ledger.account(build_report(nvml, (kernel("idle"),)))
+    r3 = ledger.account(build_report(nvml, (kernel("idle", idle_since),)))
 
     def device(r):
         return next(d for d in r.devices if d.index == index)
@@ -163,4 +168,5 @@ def test_the_server_gives_a_kernel_its_gpus_energy_while_it_holds_it():
     assert gpu_j[1] - gpu_j[0] > 500, "the busy interval spent too little to tell"
     assert mine(r3).energy_j == pytest.approx(expected, rel=1e-6)
     assert mine(r3).idle_energy_j == pytest.approx((gpu_j[3] - gpu_j[2]) / shares[2], rel=1e-6)
-    assert line.startswith("energy.ipynb held GPU ") and " idle for " in line
+    # idle for ~6 s, of which the last ~3 s were measured idle at both ends
+    assert line.startswith(f"energy.ipynb held GPU {index} idle for ") and "of it measured" in line, line
