@@ -82,7 +82,9 @@ def test_the_load_reads_no_counter_and_the_load_cell_reads_it_in_the_background(
 
 
 def test_since_load_is_the_counter_difference(fake, clock, shell):
-    shell.run_cell("%load_ext gpunb")
+    shell.run_line_magic("load_ext", "gpunb")
+    kernel_state(shell).energy_since_load = SinceLoad(nvml_module.default_session, clock=clock)  # fake time
+    shell.run_cell("pass")  # what the load cell's end does: the first reading
     kernel_state(shell).energy_since_load.first()
     clock.t = 42.0  # the recording replays: the counter moved meanwhile
     with capture_output() as out:
@@ -93,7 +95,7 @@ def test_since_load_is_the_counter_difference(fake, clock, shell):
     assert spent.joules == pytest.approx(expected)
     assert spent.since == SINCE_LOAD and spent.gpus[0].uuid.startswith("GPU-")
     first_line = shown(out).splitlines()[0]
-    assert first_line.startswith("This kernel's GPU spent") and "since %load_ext gpunb" in first_line
+    assert first_line.startswith("This kernel's GPU spent") and " in the 42 s since %load_ext gpunb, " in first_line
     assert "€" not in shown(out) and "CO₂:" not in first_line  # no price set: no money
 
 

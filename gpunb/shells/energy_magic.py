@@ -89,13 +89,13 @@ def register(shell: Any, state: Any) -> None:
 
         return default_session()
 
-    since = SinceLoad(nvml)
-    state.kernel.energy_since_load = since
+    state.kernel.energy_since_load = SinceLoad(nvml)
 
     def first_reading(*_: Any) -> None:
         # after the %load_ext cell (or before the first cell when loaded at start-up): the
         # load itself stays free of NVML
-        if not since.begun:
+        since = state.kernel.energy_since_load
+        if since is not None and not since.begun:
             since.begin()
 
     state.add_magics(EnergyMagics(shell, state.kernel))

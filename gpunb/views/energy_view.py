@@ -54,7 +54,7 @@ def headline(r: SessionEnergy) -> str:
     who = "This kernel's GPU" if len(r.gpus) == 1 else f"This kernel's {len(r.gpus)} GPUs"
     avg = f", {r.average_w:,.0f} W on average" if r.average_w is not None else ""
     money = _price_words(r, r.wh)
-    return (f"{who} spent {energy_words(r.joules)} {r.since} ({_duration(r.seconds)}{avg})"
+    return (f"{who} spent {energy_words(r.joules)} in the {_duration(r.seconds)} {r.since}{avg}"
             + (f": {money}" if money else "") + ".")
 
 
@@ -72,8 +72,9 @@ def _last_cell(r: SessionEnergy) -> str:
     money = _price_words(r, c.wh)
     if money:
         parts.append(money)
-    estimate = " (estimated from power samples)" if c.estimated else ""
-    return f"Last profiled {r.last_cell_name or 'cell'}: {', '.join(parts)}{estimate}."
+    if c.estimated:
+        parts.append("estimated from power samples")
+    return f"Last profiled {r.last_cell_name or 'cell'}: {', '.join(parts)}."
 
 
 def _tariff_line(r: SessionEnergy) -> str:
