@@ -46,7 +46,7 @@ TRUE_IN: dict[str, dict[str, tuple[str, ...]]] = {
         "cpu-torch-beside-a-gpu": ("GPU columns: the GPU was watched, but this kernel trained on the CPU",
                                    "on-cpu", "this kernel trained on the CPU", "the comparison is by time only",
                                    "This kernel's GPU spent"),
-        "gpu": ("mJ per sample", "energy per sample", "This kernel's GPU spent"),
+        "gpu": ("mJ per sample", "energy per sample", "since %load_ext gpunb"),
     },
 }
 # ... and sentences that would contradict it there
