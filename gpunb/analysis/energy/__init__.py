@@ -1,4 +1,5 @@
 """What the GPUs spent: energy over a window from NVML's counter (``meter``: a cell, its steady
-steps), and what that costs in money and CO₂ when the user names the price (``tariff``).
+steps; ``since_load``: the kernel's GPUs since ``%load_ext``), and what that costs in money and CO₂
+when the user names the price (``tariff``).
 
 Uses `readings` only; the profile and the monitor use it."""
