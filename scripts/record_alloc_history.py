@@ -5,9 +5,10 @@ the cell file names a notebook gives.
     python3 scripts/record_alloc_history.py OUTDIR
 
 Writes OUTDIR/train_snapshot.pickle (history of cell 3: three Adam steps of an MLP; its biggest
-single allocation is line 3, ``wide = torch.randn(8192, 8192)``, 256 MiB), OUTDIR/oom_snapshot.pickle (history armed, then a
-cell whose line 2 asks for more than a 20 GiB cap leaves), and OUTDIR/recording.json (the cells'
-sources, their IPython file names, max_memory_allocated, torch and driver versions).
+single allocation is line 3, ``wide = torch.randn(8192, 8192)``, 256 MiB),
+OUTDIR/oom_snapshot.pickle (history armed, then a cell whose line 2 asks for more than a 20 GiB
+cap leaves), and OUTDIR/recording.json (the cells' sources, their IPython file names,
+max_memory_allocated, torch and driver versions).
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ PUBLIC_API = [
     "__version__",
     "check",
     "diagnose_oom",
+    "energy",
     "fit_batch_size",
     "load_ipython_extension",
     "memory",
@@ -33,11 +34,12 @@ PUBLIC_SIGNATURES = {
     "check": "(quick=False, device=None, *, deep=False, environ=None, nvml=None, progress=None, in_kernel=None, "
              "probe_timeout_s=180.0)",
     "profile": "(label='', *, warmup_steps=1, reset_peak=True, timeline=True, show=None, record=True, flops=True, "
-               "ops=False, trace_dir=None, ranks=True)",
+               "ops=False, trace_dir=None, ranks=True, energy=True, tokens_per_sample=None)",
     "memory": "(*, free=(), top=20, all_devices=False, namespace=None, shell=None, nvml=None)",
     "diagnose_oom": "(exc=None, *, release=False, namespace=None, nvml=None)",
     "fit_batch_size": "(step_fn, *, start=2, max_batch=None, margin=0.0, device=None, steps=50, tolerance=0.05, "
                       "max_trials=6, progress=True)",
+    "energy": "(*, price=None, carbon=None, forget=False, state=None)",
     "monitor": "(hz=None, window_s=120.0, device=None, *, frontend='auto')",  # None: the rate already running
 }
 
@@ -54,7 +56,7 @@ def test_public_signatures_are_pinned():
 
 def test_the_api_twins_live_in_the_shells_layer():
     """They find the shell and display; the analysis layer below them only measures."""
-    for name in ("check", "profile", "memory", "diagnose_oom", "fit_batch_size", "monitor"):
+    for name in ("check", "profile", "memory", "diagnose_oom", "fit_batch_size", "monitor", "energy"):
         assert getattr(gpunb, name).__module__.startswith("gpunb.shells."), name
 
 

@@ -41,9 +41,12 @@ TRUE_IN: dict[str, dict[str, tuple[str, ...]]] = {
                 "the error's frames held") for state in ON_CPU_TORCH
     } | {"gpu": ("after torch.cuda.empty_cache()", "recommended:", "torch.OutOfMemoryError")},
     "03-keep-the-gpu-busy.ipynb": {
-        "no-gpu": ("no GPU columns: the monitor found no GPU",),
+        "no-gpu": ("no GPU columns: the monitor found no GPU", "no GPU energy counter here",
+                   "the comparison is by time only", "%gpuenergy has nothing to measure"),
         "cpu-torch-beside-a-gpu": ("GPU columns: the GPU was watched, but this kernel trained on the CPU",
-                                   "on-cpu"),
+                                   "on-cpu", "this kernel trained on the CPU", "the comparison is by time only",
+                                   "This kernel's GPU spent"),
+        "gpu": ("mJ per sample", "energy per sample", "since %load_ext gpunb"),
     },
 }
 # ... and sentences that would contradict it there
@@ -51,7 +54,9 @@ FALSE_IN: dict[str, dict[str, tuple[str, ...]]] = {
     "01-setup-checklist.ipynb": {"cpu-torch-beside-a-gpu": ("no NVIDIA GPU on this machine",),
                                  "gpu": ("training on cpu", "never started CUDA")},
     "02-vram-discipline.ipynb": {state: ("needs a GPU",) for state in ON_CPU_TORCH},
-    "03-keep-the-gpu-busy.ipynb": {"cpu-torch-beside-a-gpu": ("no GPU columns",), "gpu": ("no GPU columns",)},
+    "03-keep-the-gpu-busy.ipynb": {state: ("mJ per sample",) for state in ON_CPU_TORCH}
+    | {"cpu-torch-beside-a-gpu": ("no GPU columns", "mJ per sample"),
+       "gpu": ("no GPU columns", "the comparison is by time only", "nothing to measure")},
 }
 # A slow input pipeline is never praised as compute-bound, on any machine (the review saw it on CPU torch).
 SLOW_LOADER = ("03-keep-the-gpu-busy.ipynb", '--label "batch 16, 0 workers"')

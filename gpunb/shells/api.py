@@ -1,5 +1,5 @@
 """The public Python API, the twins of the magics: ``gpunb.check()``, ``gpunb.profile()``,
-``gpunb.memory()``, ``gpunb.diagnose_oom()``, ``gpunb.fit_batch_size()``
+``gpunb.memory()``, ``gpunb.diagnose_oom()``, ``gpunb.fit_batch_size()``, ``gpunb.energy()``
 (``gpunb.monitor()`` lives with its live output in :mod:`gpunb.shells.monitor`).
 
 Each is thin: it finds the IPython shell when there is one, hands the analysis layer what
@@ -19,11 +19,13 @@ from gpunb.shells.session import ProgressLine, current_shell, display_or_print
 
 if TYPE_CHECKING:
     from gpunb.analysis.checks.records import CheckReport
+    from gpunb.analysis.energy.since_load import SessionEnergy
     from gpunb.analysis.fit.records import BatchFit
     from gpunb.analysis.memory.oom_records import OomDiagnosis
     from gpunb.analysis.memory.records import MemoryReport
     from gpunb.analysis.profile.records import CellProfile
     from gpunb.readings.nvml import NvmlSession
+    from gpunb.shells.kernel_state import KernelState
 
 
 def check(
@@ -218,3 +220,66 @@ def fit_batch_size(
     say = progress if callable(progress) else ProgressLine("gpunb %gpufit: ") if progress else None
     return fit(step_fn, start=start, max_batch=max_batch, margin=margin, device=device, steps=steps,
                tolerance=tolerance, max_trials=max_trials, progress=say)
+
+
+def set_tariff(*, price: str | None = None, carbon: str | None = None, forget: bool = False) -> str:
+    """Set (or with ``forget`` clear) this kernel's price and carbon intensity; a value not given
+    keeps the one in effect. Returns the tariff now in effect, in words. Raises ValueError
+    for a price or intensity it cannot read."""
+    import dataclasses
+
+    from gpunb.analysis.energy.tariff import parse_carbon, parse_price, set_session_tariff, tariff_in_effect
+
+    if forget:
+        set_session_tariff(None)
+    else:
+        tariff = tariff_in_effect()[0]
+        if price is not None:
+            per_kwh, currency = parse_price(price)
+            tariff = dataclasses.replace(tariff, price_per_kwh=per_kwh, currency=currency)
+        if carbon is not None:
+            tariff = dataclasses.replace(tariff, carbon_g_per_kwh=parse_carbon(carbon))
+        set_session_tariff(tariff)
+    tariff, source, notes = tariff_in_effect()
+    if tariff.empty:
+        words = "no price or carbon intensity set: energy is shown in Wh and J only"
+    else:
+        words = f"energy is priced at {tariff.words()} ({source})"
+    return "; ".join([words, *notes])
+
+
+def energy(*, price: str | None = None, carbon: str | None = None, forget: bool = False,
+           state: KernelState | None = None) -> SessionEnergy:
+    """What this kernel's GPUs spent since ``%load_ext gpunb`` (``%gpuenergy``): joules, Wh and
+    average W per GPU and summed, money and CO₂ when a tariff is set, and the last profiled
+    cell's energy. ``price`` ("0.25/kWh") and ``carbon`` ("350g/kWh") set this kernel's tariff
+    first, ``forget`` clears it (see :func:`set_tariff`). Without the extension loaded the
+    first call starts the count and later calls report since then.
+    """
+    from gpunb.analysis.energy.since_load import SINCE_FIRST_CALL, SinceLoad
+    from gpunb.analysis.energy.tariff import tariff_in_effect
+    from gpunb.readings.nvml import default_session
+    from gpunb.shells.extension import kernel_state
+
+    if forget or price is not None or carbon is not None:
+        set_tariff(price=price, carbon=carbon, forget=forget)
+    state = state if state is not None else kernel_state()
+    if state.energy_since_load is None:
+        state.energy_since_load = SinceLoad(default_session, since=SINCE_FIRST_CALL)
+    last, name = _last_cell_energy(state)
+    tariff, source, notes = tariff_in_effect()
+    return state.energy_since_load.report(tariff, source, notes, last, name)
+
+
+def _last_cell_energy(state: KernelState) -> tuple[Any, str]:
+    """The latest profiled cell's energy (``CellProfile.energy``) and its name, or (None, "")."""
+    for entry in reversed(state.profile_history.entries()):
+        if not hasattr(entry, "steps") or not hasattr(entry, "label"):  # a one-line cell, not a profile
+            continue
+        cell = getattr(entry, "energy", None)
+        if cell is None:
+            return None, ""
+        number = getattr(entry, "cell", None)
+        name = f"cell “{entry.label}”" if entry.label else f"cell {number}" if number is not None else "cell"
+        return cell, name
+    return None, ""

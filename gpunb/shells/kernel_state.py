@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 from gpunb.analysis.profile.history import ProfileHistory
 
 if TYPE_CHECKING:  # only for the annotations: importing these costs %load_ext time
+    from gpunb.analysis.energy.since_load import SinceLoad
     from gpunb.analysis.memory.oom_records import OomDiagnosis
     from gpunb.analysis.monitor.sampler import Sampler
     from gpunb.analysis.profile.meter import CellMeter
@@ -50,6 +51,8 @@ class KernelState:
     last_oom: OomDiagnosis | None = None
     names_before_cell: dict[str, int] | None = None
     extra_oom_types: tuple[type, ...] = ()
+    # %gpuenergy / gpunb.energy(): the energy counters read after %load_ext (None until asked).
+    energy_since_load: SinceLoad | None = None
 
     def take_over(self, other: KernelState) -> None:
         """Move the sampler with its live monitors (unless this state has a sampler of its

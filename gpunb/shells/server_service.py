@@ -10,6 +10,9 @@ Each answer's body (JSON, metrics text) is made once per report, in a second one
 executor, never on the event loop: for 3,000 GPU processes that is ~80 ms of JSON and ~50 ms
 of metrics text that would otherwise stall every other request of the server
 (``benchmarks/server_scale.py`` measures Jupyter's own ``/api/status`` meanwhile).
+
+The energy counters are read with the rest of the report, on the same NVML thread; each
+kernel's share of its GPUs' energy is added there too (``analysis/holders/kernel_energy.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpunb.analysis.holders.gpus import HoldersReport, build_report
+from gpunb.analysis.holders.kernel_energy import KernelEnergyLedger
 from gpunb.readings.gpu import GpuInfo, read_info
 from gpunb.readings.nvml import NvmlSession, default_session
 from gpunb.readings.server_kernels import read_server_kernels
@@ -108,6 +112,7 @@ class GpuReportService:
         self._infos: tuple[GpuInfo, ...] | None = None
         self._cached: tuple[float, HoldersReport] | None = None
         self._inflight: asyncio.Future | None = None
+        self._energy = KernelEnergyLedger()  # used on the NVML thread only
 
     @property
     def nvml(self) -> NvmlSession:
@@ -117,7 +122,8 @@ class GpuReportService:
         nvml = self.nvml
         if self._infos is None and nvml.start().ok:  # static facts: once per server
             self._infos = tuple(read_info(nvml, i) for i in range(nvml.device_count()))
-        return self._build(nvml, kernels, infos=self._infos)
+        # each kernel's share of its GPUs' energy since the last report (still on the NVML thread)
+        return self._energy.account(self._build(nvml, kernels, infos=self._infos))
 
     async def report(self, *, fresh: bool = False) -> HoldersReport:
         """The current report (at most ``max_age_s`` old unless ``fresh``). Raises

@@ -5,9 +5,11 @@ what they show."""
 
 from gpunb.views import (  # noqa: F401  (they register)
     check_view,
+    energy_view,
     fit_view,
     memory_view,
     oom_view,
     profile_view,
     ranks_view,
+    session_energy_view,
 )

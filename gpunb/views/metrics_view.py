@@ -32,6 +32,12 @@ def clean_label(value: object) -> str:
     return "".join(ch if ch.isprintable() or ch == " " else "\ufffd" for ch in text)
 
 
+def _counter(name: str, doc: str, labels: tuple[str, ...]) -> Any:
+    from prometheus_client.core import CounterMetricFamily
+
+    return CounterMetricFamily(name, doc, labels=list(labels))  # exposed as <name>_total
+
+
 def _gauge(name: str, doc: str, labels: tuple[str, ...]) -> Any:
     from prometheus_client.core import GaugeMetricFamily
 
@@ -76,9 +82,26 @@ class ReportCollector:
         kernel_mem = _gauge("gpunb_kernel_gpu_memory_bytes",
                             "GPU memory held by a kernel of this Jupyter server and its child processes.",
                             GPU_LABELS + KERNEL_LABELS)
+        energy = _counter("gpunb_gpu_energy_joules",
+                          "Energy the GPU used since the NVIDIA driver loaded (NVML's energy counter).", GPU_LABELS)
+        kernel_energy = _counter("gpunb_kernel_gpu_energy_joules",
+                                 "A kernel's share of the GPU's energy while it held the GPU, since this server "
+                                 "first saw it: split equally among the holders NVML listed at both ends of each "
+                                 "interval between two reports.", GPU_LABELS + KERNEL_LABELS)
+        idle_energy = _gauge("gpunb_kernel_gpu_idle_energy_joules",
+                             "A kernel's share of the GPU's energy in its current idle stretch (0 again once it "
+                             "runs code).", GPU_LABELS + KERNEL_LABELS)
+        kernels_by_id = {use.kernel.kernel_id: use.kernel for use in r.kernels}
         for d in r.devices:
             labels = [str(d.index), clean_label(d.uuid), clean_label(d.name)]
             lost.add_metric(labels, 1.0 if d.lost else 0.0)
+            if d.energy_mj is not None:
+                energy.add_metric(labels, d.energy_mj / 1000.0)
+            for h in d.holders:
+                k = kernels_by_id.get(h.kernel_id)
+                if h.energy_j is not None and k is not None:
+                    kernel_energy.add_metric([*labels, *_kernel_labels(k)], h.energy_j)
+                    idle_energy.add_metric([*labels, *_kernel_labels(k)], h.idle_energy_j or 0.0)
             for key, (_, _, scale) in per_gpu.items():
                 value = getattr(d, key)
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -102,7 +125,7 @@ class ReportCollector:
                     k = use.kernel
                     kernel_mem.add_metric([*labels, *_kernel_labels(k)], by_kernel[k.kernel_id])
         yield from families.values()
-        yield from (active, lost, other, kernel_mem)
+        yield from (active, lost, other, kernel_mem, energy, kernel_energy, idle_energy)
 
         busy = _gauge("gpunb_kernel_busy", "1 while the kernel runs code (execution state busy), else 0.",
                       KERNEL_LABELS)

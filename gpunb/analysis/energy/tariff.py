@@ -108,3 +108,20 @@ def session_tariff(environ: Mapping[str, str] | None = None) -> Tariff:
     import os
 
     return tariff_from_env(os.environ if environ is None else environ)[0]
+
+
+SET_IN_KERNEL = "set with %gpuenergy in this kernel"
+
+
+def tariff_in_effect(environ: Mapping[str, str] | None = None) -> tuple[Tariff, str, tuple[str, ...]]:
+    """(the tariff :func:`session_tariff` prices with, where it came from in words, notes on
+    environment variables that could not be read). The source is "" when no tariff is set."""
+    if _SESSION is not None:
+        return _SESSION, SET_IN_KERNEL, ()
+    import os
+
+    env = os.environ if environ is None else environ
+    tariff, notes = tariff_from_env(env)
+    used = [name for name, value in ((PRICE_ENV, tariff.price_per_kwh), (CARBON_ENV, tariff.carbon_g_per_kwh))
+            if value is not None]
+    return tariff, ("from the environment: " + ", ".join(used)) if used else "", tuple(notes)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from gpunb.readings.energy import read_energy
 from gpunb.readings.gpu import GpuInfo, clock_event_names, read_info, read_processes, read_sample
 from gpunb.readings.nvml import NvmlSession, Unavailable, is_available
 from gpunb.readings.process_facts import AncestorCache, ProcessFacts, descendants, read_process_facts
@@ -62,6 +63,11 @@ class GpuHolder:
     username: str = ""
     script: str = ""
     note: str = ""  # why it could not be mapped, or what else is known
+    # On the kernel's first row per GPU (kernel_energy.py): its share of the GPU's energy while
+    # it held the GPU, and of the current idle stretch (joules, seconds measured)
+    energy_j: float | None = None
+    idle_energy_j: float | None = None
+    idle_measured_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         # every field is a str, a number or None: no deep copy (asdict) needed, thousands per report
@@ -98,6 +104,7 @@ class DeviceState:
     holders: tuple[GpuHolder, ...] = ()
     holders_unavailable: str = ""  # why NVML gave no process list
     unavailable: dict[str, str] = field(default_factory=dict)  # reading -> reason
+    energy_mj: int | None = None  # NVML's energy counter: millijoules since the driver loaded
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "holders"}
@@ -215,7 +222,8 @@ def _num(value: Any) -> Any:
     return value if is_available(value) else None
 
 
-def _device(info: GpuInfo, sample: Any, holders: tuple[GpuHolder, ...], procs_reason: str) -> DeviceState:
+def _device(info: GpuInfo, sample: Any, holders: tuple[GpuHolder, ...], procs_reason: str,
+            energy_mj: Any = None) -> DeviceState:
     readings = {
         "memory_total_bytes": sample.memory_total_bytes, "memory_used_bytes": sample.memory_used_bytes,
         "memory_free_bytes": sample.memory_free_bytes, "util_gpu_pct": sample.util_gpu_pct,
@@ -232,6 +240,7 @@ def _device(info: GpuInfo, sample: Any, holders: tuple[GpuHolder, ...], procs_re
         holders=holders,
         holders_unavailable=procs_reason,
         unavailable={k: v.reason for k, v in readings.items() if isinstance(v, Unavailable)},
+        energy_mj=energy_mj if isinstance(energy_mj, int) and not isinstance(energy_mj, bool) else None,
         **{k: _num(v) for k, v in readings.items()},
     )
 
@@ -271,13 +280,14 @@ def build_report(
             infos = tuple(read_info(nvml, i) for i in range(nvml.device_count()))
         for info in infos:
             sample = read_sample(nvml, info.index)
+            energy = read_energy(nvml, info.index).energy_mj
             procs = read_processes(nvml, info.index, names=False)
             if not isinstance(procs, Unavailable):
                 holders = tuple(classify(p.pid, info.index, p.used_bytes if isinstance(p.used_bytes, int) else None,
                                          kernels, facts) for p in procs)
-                devices.append(_device(info, sample, holders, ""))
+                devices.append(_device(info, sample, holders, "", energy))
             else:
-                devices.append(_device(info, sample, (), procs.reason))
+                devices.append(_device(info, sample, (), procs.reason, energy))
     all_holders = [h for d in devices for h in d.holders]
     uses = []
     for k in kernels:

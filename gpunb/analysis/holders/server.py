@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from gpunb.analysis.holders.gpus import GpuHolder, describe
+from gpunb.analysis.holders.kernel_energy import idle_energy_line
 from gpunb.readings.server_sessions import ServerReading, default_sessions
 from gpunb.units import gib
 
@@ -51,8 +52,13 @@ def holder_lines(reading: ServerReading, gpu_index: int) -> list[str]:
     """The server's view of GPU ``gpu_index`` (NVML's index: the same for every process of
     the machine), one line per holder."""
     now = _now(reading)
-    return _lines([(h.used_bytes, describe(h, now, reading.kernel_id))
-                   for h in server_holders(reading) if h.gpu_index == gpu_index])
+    items = []
+    for h in server_holders(reading):
+        if h.gpu_index != gpu_index:
+            continue
+        idle = idle_energy_line(h, now) if h.kernel_id != reading.kernel_id else ""
+        items.append((h.used_bytes, f"{idle}; it" if idle else describe(h, now, reading.kernel_id)))
+    return _lines(items)
 
 
 def pid_lines(processes: Iterable[Any], own_pids: Iterable[int]) -> list[str]:
