@@ -12,7 +12,7 @@ go back to it, so ``%reload_ext gpunb`` keeps the history.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpunb.analysis.profile.history import ProfileHistory
 
@@ -50,6 +50,9 @@ class KernelState:
     last_oom: OomDiagnosis | None = None
     names_before_cell: dict[str, int] | None = None
     extra_oom_types: tuple[type, ...] = ()
+    # %gpumem --trace on: torch's allocation history, armed for the OOM doctor's stacks (a
+    # readings.alloc_history.HistoryRecording; None while off).
+    alloc_history: Any = None
 
     def take_over(self, other: KernelState) -> None:
         """Move the sampler with its live monitors (unless this state has a sampler of its
