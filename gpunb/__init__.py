@@ -21,6 +21,7 @@ _LAZY = {
     "memory": "gpunb.shells.api:memory",
     "diagnose_oom": "gpunb.shells.api:diagnose_oom",
     "fit_batch_size": "gpunb.shells.api:fit_batch_size",
+    "trace_memory": "gpunb.shells.trace_api:trace_memory",
 }
 
 __all__ = ["__version__", "load_ipython_extension", "unload_ipython_extension", *_LAZY]

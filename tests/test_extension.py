@@ -16,6 +16,7 @@ PUBLIC_API = [
     "memory",
     "monitor",
     "profile",
+    "trace_memory",
     "unload_ipython_extension",
 ]
 
@@ -39,6 +40,7 @@ PUBLIC_SIGNATURES = {
     "fit_batch_size": "(step_fn, *, start=2, max_batch=None, margin=0.0, device=None, steps=50, tolerance=0.05, "
                       "max_trials=6, progress=True)",
     "monitor": "(hz=None, window_s=120.0, device=None, *, frontend='auto')",  # None: the rate already running
+    "trace_memory": "(label='', *, save=None, max_entries=None, show=None, namespace=None)",
 }
 
 
@@ -54,7 +56,7 @@ def test_public_signatures_are_pinned():
 
 def test_the_api_twins_live_in_the_shells_layer():
     """They find the shell and display; the analysis layer below them only measures."""
-    for name in ("check", "profile", "memory", "diagnose_oom", "fit_batch_size", "monitor"):
+    for name in ("check", "profile", "memory", "diagnose_oom", "fit_batch_size", "monitor", "trace_memory"):
         assert getattr(gpunb, name).__module__.startswith("gpunb.shells."), name
 
 

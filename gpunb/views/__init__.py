@@ -10,4 +10,5 @@ from gpunb.views import (  # noqa: F401  (they register)
     oom_view,
     profile_view,
     ranks_view,
+    trace_view,
 )

@@ -28,11 +28,12 @@ from itertools import pairwise
 from typing import Any
 
 from gpunb.analysis.memory.alloc_records import TRACE_ROLES, AllocSite, TimelinePoint
-from gpunb.analysis.memory.alloc_sites import BEFORE_CELL, site_of
+from gpunb.analysis.memory.alloc_sites import BEFORE_CELL, NO_PYTHON, site_of
 
 CENSUS_TO_TRACE = {"parameter": "parameters", "gradient": "gradients", "optimizer state": "optimizer state",
                    "other": "other"}
 FORWARD, BACKWARD, OPTIMIZER, ZERO_GRAD = "forward", "backward", "optimizer", "zero_grad"
+UNRECORDED = "no stack: made before the history was armed, or by a backward pass"
 BACKWARD_MARK = " (its backward pass)"
 MAX_POINTS = 400  # the chart is ~600 px wide: more points than that draw nothing new
 _ROLE_INDEX = {r: i for i, r in enumerate(TRACE_ROLES)}
@@ -145,8 +146,10 @@ def replay(snapshot: Mapping[str, Any], *, device: int, baseline_bytes: int, sta
             blocks[addr] = block
             counted.append((i, block, 1))
             continue
-        block = blocks.pop(addr, None)
-        if block is None:  # made before the cell
+        found = blocks.pop(addr, None)
+        if found is not None:
+            block = found
+        else:  # made before the cell
             block = _Block(addr, size, -1, role=CENSUS_TO_TRACE.get(start_roles.get(addr, "other"), "other"))
             before.append(block)
         block.freed_at, block.freed_in = i, phases[i]
@@ -263,7 +266,7 @@ def _downsample(times: list[float], levels: list[tuple[int, ...]], totals: list[
     """At most MAX_POINTS points: in each bucket the highest one (so the peak is always drawn)."""
     n = len(levels)
     if n <= MAX_POINTS:
-        keep = range(n)
+        keep: list[int] = list(range(n))
     else:
         edges = [round(j * n / MAX_POINTS) for j in range(MAX_POINTS + 1)]
         keep = sorted({max(range(a, b), key=totals.__getitem__) for a, b in pairwise(edges)
@@ -276,4 +279,5 @@ def sites_of_blocks(blocks: Sequence[Mapping[str, Any]], cell_numbers: Mapping[s
     """Live blocks (of a snapshot's segments) grouped by the line that allocated them, largest first."""
     alive = [_Block(int(b.get("address", 0)), int(b.get("size", 0)), 0, frames=b.get("frames")) for b in blocks]
     groups = _group_sites(alive, cell_numbers)
+    groups = [AllocSite(UNRECORDED, g.nbytes, g.blocks) if g.label == NO_PYTHON else g for g in groups]
     return tuple(sorted(groups, key=lambda s: -s.nbytes)[:top])

@@ -138,7 +138,8 @@ def oom_sites(snapshot: Mapping[str, Any], *, device: int, cell_numbers: Mapping
     from gpunb.analysis.memory.alloc_timeline import cell_events, live_blocks, sites_of_blocks
 
     ooms = [e for e in cell_events(snapshot, device) if e.get("action") == "oom"]
-    failed_at, stack, requested = "", (), None
+    failed_at, requested = "", None
+    stack: tuple[str, ...] = ()
     if ooms:
         failed_at, stack = site_of(ooms[-1].get("frames"), cell_numbers)
         size = ooms[-1].get("size")
