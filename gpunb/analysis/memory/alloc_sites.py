@@ -25,6 +25,7 @@ from typing import Any
 NO_PYTHON = "the backward pass or another C++ thread (no Python stack)"
 BEFORE_CELL = "allocated before this cell"
 
+_MAGIC_CALL = "get_ipython().run_cell_magic("
 _OLD_CELL = re.compile(r"^<ipython-input-(\d+)-[0-9a-f]+>$")  # IPython < 8.0
 
 
@@ -79,6 +80,8 @@ def user_frame(frame: Mapping[str, Any], cell_numbers: Mapping[str, int]) -> Use
     number = cell_number(path, cell_numbers)
     where = f"In [{number}] line {line}" if number is not None else f"{os.path.basename(path)} line {line}"
     code = linecache.getline(path, line).strip() if line > 0 else ""
+    if code.startswith(_MAGIC_CALL):  # the cell a cell magic's body runs from: IPython's, not the user's line
+        return None
     return UserFrame(where, code[:120], str(frame.get("name", "")), path)
 
 
