@@ -75,6 +75,7 @@ class HistoryRecording:
     torch: Any
     max_entries: int = CELL_MAX_ENTRIES
     ours: bool = False  # we switched it on, so we switch it off
+    recording: bool = False  # on now, by us
     start_us: int | None = None  # events before this were not ours (when the user's recording was on)
 
     def start(self) -> None:
@@ -85,15 +86,15 @@ class HistoryRecording:
             return
         self.torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python",
                                                       max_entries=self.max_entries, clear_history=True)
-        self.ours = True
+        self.ours = self.recording = True
 
     def snapshot(self) -> dict[str, Any]:
         snap = self.torch.cuda.memory._snapshot()
         return snap if isinstance(snap, dict) else {}
 
     def stop(self) -> None:
-        if self.ours:
-            self.ours = False
+        if self.recording:
+            self.recording = False
             self.torch.cuda.memory._record_memory_history(enabled=None)
 
 

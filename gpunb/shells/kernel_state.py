@@ -12,7 +12,7 @@ go back to it, so ``%reload_ext gpunb`` keeps the history.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from gpunb.analysis.profile.history import ProfileHistory
 
@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # only for the annotations: importing these costs %load_ext t
     from gpunb.analysis.memory.oom_records import OomDiagnosis
     from gpunb.analysis.monitor.sampler import Sampler
     from gpunb.analysis.profile.meter import CellMeter
+    from gpunb.readings.alloc_history import HistoryRecording
 
 
 class LiveMonitor(Protocol):
@@ -50,9 +51,9 @@ class KernelState:
     last_oom: OomDiagnosis | None = None
     names_before_cell: dict[str, int] | None = None
     extra_oom_types: tuple[type, ...] = ()
-    # %gpumem --trace on: torch's allocation history, armed for the OOM doctor's stacks (a
-    # readings.alloc_history.HistoryRecording; None while off).
-    alloc_history: Any = None
+    # %gpumem --trace on: torch's allocation history, armed for the OOM doctor's stacks
+    # (None while off; %unload_ext switches it off).
+    alloc_history: HistoryRecording | None = None
 
     def take_over(self, other: KernelState) -> None:
         """Move the sampler with its live monitors (unless this state has a sampler of its

@@ -116,6 +116,12 @@ class MemMagics(Magics):
         display(report)
         return None
 
+    def disarm(self) -> None:
+        """Switch the armed history off (``--trace off``, ``%unload_ext``)."""
+        current, self.kernel.alloc_history = self.kernel.alloc_history, None
+        if current is not None:
+            current.stop()
+
     # -- allocation history -------------------------------------------------------------------
     def _trace(self, args: Any, cell: str | None) -> Any:
         others = given(self.gpumem, args, "free", "release", "keep_traceback", "all_devices", "top")
@@ -142,9 +148,7 @@ class MemMagics(Magics):
 
         current = self.kernel.alloc_history
         if not on:
-            if current is not None:
-                self.kernel.alloc_history = None
-                current.stop()
+            self.disarm()
             print("gpunb: allocation history off; the OOM doctor explains OOMs without stacks.")
             return
         torch: Any = imported_torch()
@@ -197,4 +201,6 @@ class MemMagics(Magics):
 
 
 def register(shell: Any, state: Any) -> None:
-    state.add_magics(MemMagics(shell, state.kernel))
+    magics = MemMagics(shell, state.kernel)
+    state.add_magics(magics)
+    state.on_unload(magics.disarm)  # torch's history stays on only while the extension is loaded

@@ -14,10 +14,12 @@ from gpunb.analysis.memory.alloc_records import TRACE_ROLES, MemoryTrace
 from gpunb.display import register_views
 from gpunb.views import chart
 from gpunb.views.markup import DIM
-from gpunb.views.memory_tables import size, table
+from gpunb.views.memory_tables import size
 
 ROLE_COLORS = dict(zip(TRACE_ROLES, (chart.BLUE, chart.ORANGE, chart.GREEN, chart.PINK, chart.AMBER, chart.GREY),
                        strict=True))
+# Bottom to top: what was there before the cell and lasts, then what a step builds up and frees.
+STACK_ORDER = ("other", "parameters", "optimizer state", "gradients", "activations", "temporaries")
 CHART_W, CHART_H = 520, 90
 AT_A_GLANCE = 3  # lines shown before the details
 
@@ -93,12 +95,16 @@ def timeline_svg(t: MemoryTrace, width: int = CHART_W, height: int = CHART_H) ->
         return base - (base - pad_top) * v / top
 
     body = [chart.frame_lines(width, height, top=pad_top, bottom=base, x_marks=[width * f for f in (0.25, 0.5, 0.75)])]
+    # a level holds until the next event: steps, not slopes
+    edges = [(x(p.t), x(pts[i + 1].t) if i + 1 < len(pts) else float(width - 1)) for i, p in enumerate(pts)]
     below = [0] * len(pts)
-    for k, role in enumerate(TRACE_ROLES):
+    for role in STACK_ORDER:
+        k = TRACE_ROLES.index(role)
         above = [b + p.by_role[k] for b, p in zip(below, pts, strict=True)]
         if any(p.by_role[k] for p in pts):
-            upper = " ".join(f"{x(p.t):.1f},{y(a):.1f}" for p, a in zip(pts, above, strict=True))
-            lower = " ".join(f"{x(p.t):.1f},{y(b):.1f}" for p, b in reversed(list(zip(pts, below, strict=True))))
+            upper = " ".join(f"{a:.1f},{y(v):.1f} {b:.1f},{y(v):.1f}" for (a, b), v in zip(edges, above, strict=True))
+            lower = " ".join(f"{b:.1f},{y(v):.1f} {a:.1f},{y(v):.1f}"
+                             for (a, b), v in reversed(list(zip(edges, below, strict=True))))
             body.append(f'<polygon points="{upper} {lower}" fill="{ROLE_COLORS[role]}" fill-opacity="0.85"/>')
         below = above
     px = x(t.peak_t)
@@ -112,7 +118,8 @@ def _timeline_html(t: MemoryTrace) -> str:
     if drawn is None:
         return ""
     svg, top = drawn
-    items = [(ROLE_COLORS[r], r, False) for i, r in enumerate(TRACE_ROLES) if any(p.by_role[i] for p in t.points)]
+    items = [(ROLE_COLORS[r], r, False) for r in reversed(STACK_ORDER)
+             if any(p.by_role[TRACE_ROLES.index(r)] for p in t.points)]
     items.append((chart.RED, "peak", True))
     end = t.points[-1].t
     words = (f"memory by role over the cell, scale 0 to {size(top)}: start {size(t.points[0].total)}, "
@@ -125,6 +132,25 @@ def _timeline_html(t: MemoryTrace) -> str:
 
 
 _P = "margin:3px 0"
+_TD = "padding:1px 8px;text-align:left;vertical-align:top;border-bottom:1px solid rgba(140,149,159,0.35)"
+
+
+def _sites_table(sites: Any, *, stacks: bool) -> str:
+    """Size and role never wrap; the line of code takes the rest of the width."""
+    called = stacks and any(len(s.stack) > 1 for s in sites)
+    head = ["size", "line", "role"] + (["blocks"] if stacks else []) + (["called from"] if called else [])
+    rows = []
+    for s in sites:
+        cells = [(size(s.nbytes), True), (s.label, False), (s.role, True)]
+        if stacks:
+            cells.append((str(s.blocks) if s.blocks else "", True))
+        if called:
+            cells.append((" → ".join(s.stack[:-1]), False))
+        rows.append("<tr>" + "".join(f"<td style='{_TD}{';white-space:nowrap' if keep else ''}'>{escape(c)}</td>"
+                                     for c, keep in cells) + "</tr>")
+    th = "".join(f"<th style='{_TD};white-space:nowrap'>{escape(h)}</th>" for h in head)
+    return (f"<table style='font-family:var(--jp-code-font-family,monospace);font-size:12px;"
+            f"border-collapse:collapse'><tr>{th}</tr>{''.join(rows)}</table>")
 
 
 def trace_html(t: MemoryTrace) -> str:
@@ -137,13 +163,10 @@ def trace_html(t: MemoryTrace) -> str:
              f"<div style='{_P}'>At the peak, by role: {escape(by_role_line(t.peak_by_role))}</div>",
              _timeline_html(t)]
     glance = t.sites_at_peak[:AT_A_GLANCE]
-    parts.append(f"<div style='{_P}'><b>Lines alive at the peak</b></div>"
-                 + table(["size", "line", "role"], [[size(s.nbytes), s.label, s.role] for s in glance]))
+    parts.append(f"<div style='{_P}'><b>Lines alive at the peak</b></div>" + _sites_table(glance, stacks=False))
     inner = []
     if len(t.sites_at_peak) > len(glance) or any(len(s.stack) > 1 for s in t.sites_at_peak):
-        inner.append(table(["size", "line", "blocks", "role", "called from"],
-                           [[size(s.nbytes), s.label, str(s.blocks), s.role, " → ".join(s.stack[:-1])]
-                            for s in t.sites_at_peak]))
+        inner.append(_sites_table(t.sites_at_peak, stacks=True))
     inner += [f"<div style='{_P}'>{escape(x)}</div>" for x in (_check_line(t), _saved_line(t)) if x]
     inner += [f"<div style='{_P}'>Note: {escape(n)}</div>" for n in t.notes]
     inner.append(f"<div style='{_P};{DIM}'>How roles are decided: docs/memory-trace.md. {t.events} allocations "

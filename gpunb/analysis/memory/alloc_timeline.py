@@ -242,7 +242,7 @@ def _series(counted: list[tuple[int, _Block, int]], times: list[float], start: l
     if untraced > 0:
         sites.append(AllocSite(BEFORE_CELL, untraced, 0, (), ""))
     sites.sort(key=lambda s: -s.nbytes)
-    points = _downsample(times, levels, totals, peak_i)
+    points = (TimelinePoint(times[0], tuple(start)), *_downsample(times, levels, totals, peak_i))  # from the baseline
     return Replay(points, totals[peak_i], times[peak_i], dict(zip(TRACE_ROLES, levels[peak_i], strict=True)),
                   tuple(sites[:top]), totals[-1], n_events, unit, tuple(notes))
 
