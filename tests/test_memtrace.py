@@ -88,6 +88,7 @@ def test_a_user_module_file_is_kept_and_library_frames_fold(cells):
     frames = [{"filename": "/opt/venv/lib/python3.12/site-packages/torch/nn/modules/linear.py", "line": 134,
                "name": "forward"},
               {"filename": "/home/ann/project/mymodel.py", "line": 12, "name": "forward"},
+              {"filename": "/tmp/site/IPython/core/magics/execution.py", "line": 1300, "name": "time"},
               {"filename": "<ipython-input-3-5119479f56ea>", "line": 4, "name": "<module>"},
               {"filename": "/tmp/site/IPython/core/interactiveshell.py", "line": 3823, "name": "run_code"}]
     mine = user_frames(frames, cells)

@@ -84,8 +84,12 @@ class HistoryRecording:
         if history_enabled(self.torch):
             self.start_us = time.time_ns() // 1000  # torch stamps events with the wall clock (time_us)
             return
-        self.torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python",
-                                                      max_entries=self.max_entries, clear_history=True)
+        record = self.torch.cuda.memory._record_memory_history
+        try:  # clear_history: events of an earlier recording are not this one's
+            record(enabled="all", context="all", stacks="python", max_entries=self.max_entries, clear_history=True)
+        except TypeError:  # torch before 2.4 has no clear_history: older events are told apart by their time
+            self.start_us = time.time_ns() // 1000
+            record(enabled="all", context="all", stacks="python", max_entries=self.max_entries)
         self.ours = self.recording = True
 
     def snapshot(self) -> dict[str, Any]:

@@ -57,6 +57,7 @@ opt = torch.optim.Adam(model.parameters())
 x = torch.randn(4096, 2048, device="cuda")
 torch.cuda.synchronize()""")
 out["setup_ok"] = ok.success
+torch = ip.user_ns["torch"]
 save = os.path.join(tempfile.mkdtemp(), "cell.pickle")
 cell = f"""%%%%gpumem --trace --save {save} -o t
 loss = model(x).square().mean()
@@ -79,14 +80,17 @@ with open(save, "rb") as f:
     snap = pickle.load(f)
 out["saved_events"] = len(snap["device_traces"][torch.cuda.current_device()])
 out["saved_size"] = os.path.getsize(save)
+r = ip.run_cell("""del big, side
 import gpunb
-del big, side
 with gpunb.trace_memory(show=False) as api:
     y = torch.empty(900 * 2**20, dtype=torch.uint8, device="cuda")
     z = y.float()
     del y, z
-out["api"] = api.to_dict()
-out["api_torch_peak"] = torch.cuda.max_memory_allocated()
+api_torch_peak = torch.cuda.max_memory_allocated()""")
+out["api_ok"] = r.success
+out["api_cell_number"] = r.execution_count
+out["api"] = ip.user_ns["api"].to_dict()
+out["api_torch_peak"] = ip.user_ns["api_torch_peak"]
 print("RESULT " + json.dumps(out, default=str))
 '''
 
@@ -156,7 +160,7 @@ def test_traced_cell_names_the_lines_and_its_peak_is_torchs(tmp_path):
     # the user's module file: its own line, the cell's call as its caller
     mine = [s for s in sites if s["label"].startswith("usermod.py line 4:")]
     assert mine and mine[0]["nbytes"] == 768 * MiB, sites
-    assert any(f"In [{n}] line 4: side = usermod.make_buffer(768)" in c for c in mine[0]["stack"]), mine[0]
+    assert mine[0]["stack"] == [f"In [{n}] line 4: side = usermod.make_buffer(768)", mine[0]["label"]], mine[0]
     # the timeline's peak is torch's peak over the cell (the trace reset the counter at the start)
     assert t["peak_bytes"] == t["torch_peak_bytes"] == out["max_memory_allocated_after"], (t["peak_bytes"], t["notes"])
     # roles: parameters were there before, Adam made its state, the forward pass its activations
@@ -164,10 +168,13 @@ def test_traced_cell_names_the_lines_and_its_peak_is_torchs(tmp_path):
     assert out["saved_size"] > 0 and out["saved_events"] >= t["events"]  # the file also has the segment events
     assert not out["history_on_after"], "the history must be off again after the traced cell"
     assert out["text"].startswith("gpunb memory trace")
+    assert out["api_ok"], out
     api = out["api"]
     assert api["peak_bytes"] == api["torch_peak_bytes"] == out["api_torch_peak"], api
-    assert "y = torch.empty(900" in api["sites_at_peak"][0]["label"] or \
-        "z = y.float()" in api["sites_at_peak"][0]["label"], api["sites_at_peak"][:2]
+    top = api["sites_at_peak"]
+    k = out["api_cell_number"]
+    assert top[0]["label"] == f"In [{k}] line 5: z = y.float()" and top[0]["nbytes"] == 4 * 900 * MiB, top[:2]
+    assert top[1]["label"].startswith(f"In [{k}] line 4: y = torch.empty(900") and top[1]["nbytes"] == 900 * MiB
 
 
 def test_armed_oom_doctor_names_the_lines_and_still_frees_everything(tmp_path):

@@ -25,6 +25,7 @@ from typing import Any
 NO_PYTHON = "the backward pass or another C++ thread (no Python stack)"
 BEFORE_CELL = "allocated before this cell"
 
+_SHELL_PACKAGES = frozenset({"IPython", "ipykernel", "jupyter_client", "traitlets", "tornado", "zmq", "debugpy"})
 _MAGIC_CALL = "get_ipython().run_cell_magic("
 _OLD_CELL = re.compile(r"^<ipython-input-(\d+)-[0-9a-f]+>$")  # IPython < 8.0
 
@@ -58,6 +59,8 @@ def is_library(path: str, cell_numbers: Mapping[str, int]) -> bool:
     if path.startswith("<") or not path:
         return True
     if os.sep + "site-packages" + os.sep in path or os.sep + "dist-packages" + os.sep in path:
+        return True
+    if _SHELL_PACKAGES.intersection(path.split(os.sep)):  # the shell, installed anywhere (pip --target)
         return True
     return path.startswith(_ROOTS)
 
