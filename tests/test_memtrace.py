@@ -248,3 +248,30 @@ def test_unload_switches_the_armed_history_off(ip, monkeypatch):
     ip.run_line_magic("unload_ext", "gpunb")
     assert not sim.cuda.enabled
     ip.run_line_magic("load_ext", "gpunb")
+
+
+def test_a_traced_cells_lines_are_numbered_as_the_user_sees_them(ip, monkeypatch):
+    """Real IPython frames (no GPU): a stand-in allocator records the Python stack of each call as
+    torch's history does (innermost first), so the cell's own numbering is what is checked."""
+    import inspect
+
+    import gpunb.readings.torch_state as torch_state
+    from tests.simulated_alloc_history import HistoryCuda, HistoryTorch
+
+    events: list[dict] = []
+    sim = HistoryTorch(HistoryCuda({"segments": [], "device_traces": [events]}, baseline=0, peak=3 * MiB))
+
+    def alloc(nbytes):  # what torch.empty would record: the caller's frames, innermost first
+        frames = [{"filename": f.filename, "line": f.lineno, "name": f.function} for f in inspect.stack()[1:]]
+        events.append({"action": "alloc", "addr": len(events) * 2**24, "size": nbytes, "frames": frames})
+
+    monkeypatch.setattr(torch_state, "imported_torch", lambda: sim)
+    ip.user_ns["alloc"] = alloc
+    ip.run_cell("def helper():\n    alloc(2 * 2**20)\n", store_history=True)
+    r = ip.run_cell("%%gpumem --trace -o t\nalloc(2**20)\n\nhelper()", store_history=True)
+    assert r.success
+    n = r.execution_count
+    sites = ip.user_ns["t"].sites_at_peak
+    assert [s.label for s in sites] == [f"In [{n - 1}] line 2: alloc(2 * 2**20)", f"In [{n}] line 2: alloc(2**20)"]
+    assert sites[0].stack == (f"In [{n}] line 4: helper()", f"In [{n - 1}] line 2: alloc(2 * 2**20)")
+    assert ip.user_ns["t"].peak_bytes == 3 * MiB
