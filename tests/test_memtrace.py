@@ -275,3 +275,15 @@ def test_a_traced_cells_lines_are_numbered_as_the_user_sees_them(ip, monkeypatch
     assert [s.label for s in sites] == [f"In [{n - 1}] line 2: alloc(2 * 2**20)", f"In [{n}] line 2: alloc(2**20)"]
     assert sites[0].stack == (f"In [{n}] line 4: helper()", f"In [{n - 1}] line 2: alloc(2 * 2**20)")
     assert ip.user_ns["t"].peak_bytes == 3 * MiB
+
+
+def test_an_oom_inside_a_traced_cell_is_the_headline(cells):
+    from tests.simulated_alloc_history import HistoryCuda, HistoryTorch
+
+    sim = HistoryTorch(HistoryCuda(oom_snapshot(), baseline=0, peak=12 * GiB))
+    session = TraceSession(torch=sim, namespace={}, cell_numbers=lambda: cells)
+    session.start()
+    trace = session.stop(RuntimeError("CUDA out of memory"))
+    assert trace.headline.startswith("out of memory at In [6] line 2: too_big = torch.empty(10 * 2**30")
+    assert "asking 10.00 GiB, with 12.00 GiB allocated at the peak" in trace.headline
+    assert trace.peak_bytes == 12 * GiB

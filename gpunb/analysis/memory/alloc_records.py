@@ -56,6 +56,8 @@ class MemoryTrace(DisplayMixin):
     saved_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
     error: str = ""  # the cell's exception type, when it failed
+    oom_at: str = ""  # the line whose request ran out of memory, when one did ("" otherwise)
+    oom_bytes: int | None = None  # what that request asked
 
     _dict_extras = ("headline",)
 
@@ -65,6 +67,10 @@ class MemoryTrace(DisplayMixin):
             return f"no memory trace: {self.unavailable}"
         from gpunb import units
 
+        if self.oom_at:
+            asked = f" asking {units.gib(self.oom_bytes, digits=2)}" if self.oom_bytes else ""
+            return (f"out of memory at {self.oom_at}{asked}, with {units.gib(self.peak_bytes, digits=2)} "
+                    "allocated at the peak")
         if not self.events:
             return "this cell allocated no CUDA memory"
         top = self.sites_at_peak[0] if self.sites_at_peak else None

@@ -123,6 +123,8 @@ class TraceSession:
         trace.points = result.points
         trace.time_unit = result.time_unit
         trace.notes += list(result.notes)
+        failed = oom_sites(snapshot, device=self.device, cell_numbers=self.cell_numbers())
+        trace.oom_at, trace.oom_bytes = failed.failed_at, failed.requested_bytes
         if trace.torch_peak_bytes is not None and result.events and trace.torch_peak_bytes != result.peak_bytes:
             trace.notes.append(f"torch's max_memory_allocated over the cell is {trace.torch_peak_bytes} bytes, the "
                                f"replayed peak {result.peak_bytes}: another thread or stream allocated outside "
