@@ -35,7 +35,7 @@ class MemMagics(Magics):
     @argument("--keep-traceback", nargs="?", const="on", choices=["on", "off"], default=None,
               help="After an OOM, keep the failed cell's frames for %%debug instead of freeing them "
                    "(on/off; default off, or env GPUNB_KEEP_TRACEBACK=1).")
-    @argument("--trace", nargs="?", const="cell", choices=["on", "off", "cell"], default=None,
+    @argument("--trace", nargs="?", const="cell", choices=["on", "off", "cell"], default=None, metavar="on|off",
               help="On a cell (%%%%gpumem --trace): record the allocations of the cell and show the lines that "
                    "made its peak, memory by role over the cell, what was alive at the peak. On a line: on/off "
                    "arms/disarms torch's allocation history, so the OOM doctor names the lines behind an OOM "
@@ -56,8 +56,12 @@ class MemMagics(Magics):
         opt.state[model.fc.weight].exp_avg), largest first; leftovers only the output history
         or an old error keeps alive.
 
-        Python: ``gpunb.memory(free=[...], top=20)``. The OOM doctor runs by itself after a CUDA
-        out-of-memory error and frees what the failed cell pinned.
+        On a cell, ``%%gpumem --trace`` records the cell's CUDA allocations (torch's allocation
+        history, on for that cell only) and shows the lines of your code behind its peak, memory
+        by role over the cell with the peak marked, and what was alive at the peak.
+
+        Python: ``gpunb.memory(free=[...], top=20)``; ``with gpunb.trace_memory():``. The OOM
+        doctor runs by itself after a CUDA out-of-memory error and frees what the failed cell pinned.
 
         Examples::
 
