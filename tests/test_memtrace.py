@@ -287,3 +287,18 @@ def test_an_oom_inside_a_traced_cell_is_the_headline(cells):
     assert trace.headline.startswith("out of memory at In [6] line 2: too_big = torch.empty(10 * 2**30")
     assert "asking 10.00 GiB, with 12.00 GiB allocated at the peak" in trace.headline
     assert trace.peak_bytes == 12 * GiB
+
+
+def test_a_hostile_namespace_does_not_stop_the_trace(ip, monkeypatch):
+    import gpunb.readings.torch_state as torch_state
+    from tests.hostile_objects import UNBOUND_PROXY
+
+    sim = recorded_torch()
+    monkeypatch.setattr(torch_state, "imported_torch", lambda: sim)
+    ip.run_cell(UNBOUND_PROXY + "\nu = UnboundProxy(ContextVar('u'))\n"
+                "class Raising(dict):\n    def items(self):\n        raise RuntimeError('no items')\nd = Raising(a=1)")
+    r = ip.run_cell("%%gpumem --trace -o t\nz = 5\nz")
+    assert r.success and r.result == 5
+    t = ip.user_ns["t"]
+    assert not t.unavailable and t.peak_bytes == RECORDING["max_memory_allocated_train"]
+    assert not sim.cuda.enabled
