@@ -302,3 +302,20 @@ def test_a_hostile_namespace_does_not_stop_the_trace(ip, monkeypatch):
     t = ip.user_ns["t"]
     assert not t.unavailable and t.peak_bytes == RECORDING["max_memory_allocated_train"]
     assert not sim.cuda.enabled
+
+
+def test_save_is_said_with_its_size_at_a_glance(cells, tmp_path):
+    sim = recorded_torch()
+    path = tmp_path / "snap.pickle"
+    session = TraceSession(torch=sim, namespace={}, cell_numbers=lambda: cells, save_path=str(path))
+    session.start()
+    trace = session.stop()
+    assert trace.saved_bytes == path.stat().st_size
+    text = str(trace)
+    assert f"snapshot saved to {path}" in text and text.index("snapshot saved") < text.index("Details:")
+    html = trace._repr_mimebundle_()["text/html"]
+    assert html.index("snapshot saved") < html.index("<details")
+    again = TraceSession(torch=recorded_torch(), namespace={}, cell_numbers=lambda: cells, save_path=str(path))
+    again.start()
+    kept = again.stop()
+    assert not kept.saved_path and any("already exists" in n for n in kept.notes)

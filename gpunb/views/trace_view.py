@@ -67,7 +67,9 @@ def trace_text(t: MemoryTrace) -> str:
     if t.points:
         lines.append(f"Over the cell ({t.events} allocations and frees): start {size(t.points[0].total)}, "
                      f"peak {size(t.peak_bytes)}, end {size(t.end_bytes)}")
-    details = [x for x in (_check_line(t), _saved_line(t)) if x] + [f"Note: {n}" for n in t.notes]
+    if t.saved_path:  # asked for: said at a glance
+        lines.append(_saved_line(t))
+    details = [x for x in (_check_line(t),) if x] + [f"Note: {n}" for n in t.notes]
     for s in t.sites_at_peak:
         if len(s.stack) > 1:
             details.append(f"{s.label} called from: " + " → ".join(s.stack[:-1]))
@@ -164,10 +166,12 @@ def trace_html(t: MemoryTrace) -> str:
              _timeline_html(t)]
     glance = t.sites_at_peak[:AT_A_GLANCE]
     parts.append(f"<div style='{_P}'><b>Lines alive at the peak</b></div>" + _sites_table(glance, stacks=False))
+    if t.saved_path:
+        parts.append(f"<div style='{_P};{DIM}'>{escape(_saved_line(t))}</div>")
     inner = []
     if len(t.sites_at_peak) > len(glance) or any(len(s.stack) > 1 for s in t.sites_at_peak):
         inner.append(_sites_table(t.sites_at_peak, stacks=True))
-    inner += [f"<div style='{_P}'>{escape(x)}</div>" for x in (_check_line(t), _saved_line(t)) if x]
+    inner += [f"<div style='{_P}'>{escape(x)}</div>" for x in (_check_line(t),) if x]
     inner += [f"<div style='{_P}'>Note: {escape(n)}</div>" for n in t.notes]
     inner.append(f"<div style='{_P};{DIM}'>How roles are decided: docs/memory-trace.md. {t.events} allocations "
                  "and frees recorded.</div>")
