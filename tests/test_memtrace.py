@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 
 import pytest
 from IPython.core.error import UsageError
@@ -139,10 +140,14 @@ def test_view_finding_first_chart_with_peak_details_one_click_away(cells):
     assert html.index("peak 1.08 GiB") < html.index("<img") < html.index("<details")
     assert 'src="data:image/svg+xml;base64,' in html and "<svg" not in html  # survives untrusted notebooks
     import base64
-    import re
 
     svg = base64.b64decode(re.search(r'base64,([^"]+)"', html).group(1)).decode()
     assert "stroke-dasharray" in svg and "#e0413a" in svg and svg.count("<polygon") >= 4  # the peak, the roles
+    # x is the order of events: on the clock the recorded steps fill the last 2 of 394 ms and the
+    # peak would sit on the right edge, under a pixel wide; its level is marked with a dot
+    dot = re.search(r'<circle cx="([\d.]+)" cy="([\d.]+)"', svg)
+    assert dot and 0.5 * 520 < float(dot.group(1)) < 0.95 * 520 and float(dot.group(2)) < 120 / 2
+    assert "allocations and frees, in order" in html and "peak 1.08 GiB</span>" in html
     assert "(its backward pass)" in html and "&lt;" not in first
 
 
@@ -232,9 +237,12 @@ def test_armed_doctor_adds_the_lines(ip, cells):
     assert d.alloc_sites is not None and "In [6] line 2: too_big" in d.alloc_sites.failed_at
     text = str(d)
     assert "Failed request (10.00 GiB): In [6] line 2: too_big = torch.empty" in text
-    assert "Largest live memory by line: In [5] line 5: keep" in text
+    assert "Largest live memory by line:\n    12.00 GiB  In [5] line 5: keep" in text  # size first, a line each
     assert text.index("Failed request") < text.index("What to do")
-    assert "Failed request" in d._repr_mimebundle_()["text/html"]
+    html = d._repr_mimebundle_()["text/html"]
+    assert "Failed request" in html
+    # the live lines are a table, size first: in one sentence the size trailed a long line of code
+    assert re.search(r"<td[^>]*>12\.00 GiB</td><td[^>]*>In \[5\] line 5: keep", html)
     assert d.to_dict()["alloc_sites"]["requested_bytes"] == 10 * GiB
 
 

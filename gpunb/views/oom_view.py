@@ -10,7 +10,7 @@ from gpunb.display import register_views
 from gpunb.views import chart
 from gpunb.views.markup import DIM
 from gpunb.views.memory_tables import TENSOR_HEAD, group_lines, size, table, tensor_rows
-from gpunb.views.trace_view import oom_sites_lines
+from gpunb.views.trace_view import oom_sites_html, oom_sites_lines
 
 # -- OOM diagnosis -----------------------------------------------------------------------------
 
@@ -128,7 +128,7 @@ def diagnosis_html(d: Any, top: int = 8) -> str:
              f"<div style='font-size:14px'><b>gpunb OOM doctor</b>: <b>{escape(d.headline)}</b> "
              f"<span style='{DIM}'>{escape(d.exception_type)}</span></div>"]
     parts += [f"<div style='{_P}'><b>Why:</b> {escape(c.summary)}</div>" for c in d.causes]
-    parts += [f"<div style='{_P}'>{escape(x)}</div>" for x in oom_sites_lines(d.alloc_sites)]
+    parts.append(oom_sites_html(d.alloc_sites))
     if d.fixes:
         items = "".join(
             f"<li style='{_P}'><b>{escape(f.title)}</b>"

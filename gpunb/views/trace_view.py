@@ -20,7 +20,7 @@ ROLE_COLORS = dict(zip(TRACE_ROLES, (chart.BLUE, chart.ORANGE, chart.GREEN, char
                        strict=True))
 # Bottom to top: what was there before the cell and lasts, then what a step builds up and frees.
 STACK_ORDER = ("other", "parameters", "optimizer state", "gradients", "activations", "temporaries")
-CHART_W, CHART_H = 520, 90
+CHART_W, CHART_H = 520, 120
 AT_A_GLANCE = 3  # lines shown before the details
 
 
@@ -79,26 +79,36 @@ def trace_text(t: MemoryTrace) -> str:
     return "\n".join(lines)
 
 
+def _peak_index(t: MemoryTrace) -> int:
+    """The first point at the peak (the largest total when the peak came from torch's counter)."""
+    pts = t.points
+    at = [i for i, p in enumerate(pts) if p.total == t.peak_bytes]
+    return at[0] if at else max(range(len(pts)), key=lambda i: pts[i].total)
+
+
 def timeline_svg(t: MemoryTrace, width: int = CHART_W, height: int = CHART_H) -> tuple[str, float] | None:
-    """The memory over the cell, one band per role stacked from 0, the peak as a dashed line."""
+    """The memory over the cell, one band per role stacked from 0, the peak as a dashed line with
+    a dot at its level. x is the order of the allocations and frees, not the clock: a cell's steps
+    often take the last few ms after a slow first call (the H200 recording: 3 steps in the last
+    2 of 394 ms), and on a clock the peak would be a sliver under a pixel wide."""
     pts = t.points
     if len(pts) < 2:
         return None
-    t_end = max(pts[-1].t, 1e-9)
+    last = len(pts) - 1
     high = max(max(p.total for p in pts), 1)
     unit = 2**30 if high >= 2**30 else 2**20
     top = chart.nice_ceiling(high / unit) * unit
-    pad_top, base = 2.0, height - 1.0
+    pad_top, base = 4.0, height - 1.0
 
-    def x(v: float) -> float:
-        return (width - 1) * v / t_end
+    def x(i: float) -> float:
+        return (width - 1) * i / last
 
     def y(v: float) -> float:
         return base - (base - pad_top) * v / top
 
     body = [chart.frame_lines(width, height, top=pad_top, bottom=base, x_marks=[width * f for f in (0.25, 0.5, 0.75)])]
     # a level holds until the next event: steps, not slopes
-    edges = [(x(p.t), x(pts[i + 1].t) if i + 1 < len(pts) else float(width - 1)) for i, p in enumerate(pts)]
+    edges = [(x(i), x(i + 1) if i < last else float(width - 1)) for i in range(len(pts))]
     below = [0] * len(pts)
     for role in STACK_ORDER:
         k = TRACE_ROLES.index(role)
@@ -109,9 +119,11 @@ def timeline_svg(t: MemoryTrace, width: int = CHART_W, height: int = CHART_H) ->
                              for (a, b), v in reversed(list(zip(edges, below, strict=True))))
             body.append(f'<polygon points="{upper} {lower}" fill="{ROLE_COLORS[role]}" fill-opacity="0.85"/>')
         below = above
-    px = x(t.peak_t)
+    i = _peak_index(t)
+    px, py = (edges[i][0] + edges[i][1]) / 2, y(pts[i].total)
     body.append(f'<path d="M{px:.1f},{pad_top}V{base}" stroke="{chart.RED}" stroke-width="1.2" '
                 f'stroke-dasharray="4 3"/>')
+    body.append(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="3" fill="{chart.RED}"/>')
     return chart.svg_document(width, height, "".join(body)), top
 
 
@@ -122,14 +134,15 @@ def _timeline_html(t: MemoryTrace) -> str:
     svg, top = drawn
     items = [(ROLE_COLORS[r], r, False) for r in reversed(STACK_ORDER)
              if any(p.by_role[TRACE_ROLES.index(r)] for p in t.points)]
-    items.append((chart.RED, "peak", True))
-    end = t.points[-1].t
-    words = (f"memory by role over the cell, scale 0 to {size(top)}: start {size(t.points[0].total)}, "
-             f"peak {size(t.peak_bytes)} at {_when(t.peak_t, t.time_unit)}, end {size(t.end_bytes)}")
+    items.append((chart.RED, f"peak {size(t.peak_bytes)}", True))
+    last = len(t.points) - 1
+    words = (f"memory by role over the cell's {last} allocations and frees in order, scale 0 to {size(top)}: "
+             f"start {size(t.points[0].total)}, peak {size(t.peak_bytes)} at {_when(t.peak_t, t.time_unit)}, "
+             f"end {size(t.end_bytes)}")
     image = chart.img(svg, width=CHART_W, height=CHART_H, alt=words)
     return (f'<div style="margin-top:6px"><div style="{chart.SMALL}">{chart.legend(items)}</div>'
             f'<div style="display:flex">{image}{chart.y_scale(size(top), "0", CHART_H, width=70)}</div>'
-            f'{chart.time_axis([_when(0, t.time_unit), _when(end / 2, t.time_unit), _when(end, t.time_unit)], CHART_W)}'
+            f'{chart.time_axis(["0", "allocations and frees, in order", str(last)], CHART_W)}'
             "</div>")
 
 
@@ -140,10 +153,12 @@ _TD = "padding:1px 8px;text-align:left;vertical-align:top;border-bottom:1px soli
 def _sites_table(sites: Any, *, stacks: bool) -> str:
     """Size and role never wrap; the line of code takes the rest of the width."""
     called = stacks and any(len(s.stack) > 1 for s in sites)
-    head = ["size", "line", "role"] + (["blocks"] if stacks else []) + (["called from"] if called else [])
+    roles = any(s.role for s in sites)
+    head = ["size", "line"] + (["role"] if roles else []) + (["blocks"] if stacks else []) + \
+        (["called from"] if called else [])
     rows = []
     for s in sites:
-        cells = [(size(s.nbytes), True), (s.label, False), (s.role, True)]
+        cells = [(size(s.nbytes), True), (s.label, False)] + ([(s.role, True)] if roles else [])
         if stacks:
             cells.append((str(s.blocks) if s.blocks else "", True))
         if called:
@@ -191,8 +206,24 @@ def oom_sites_lines(sites: Any) -> list[str]:
         asked = f" ({size(sites.requested_bytes)})" if sites.requested_bytes else ""
         lines.append(f"Failed request{asked}: {sites.failed_at}")
     if sites.live:
-        lines.append("Largest live memory by line: " + "; ".join(f"{s.label} {size(s.nbytes)}" for s in sites.live[:3]))
+        lines.append("Largest live memory by line:")
+        lines += [f"  {size(s.nbytes):>11}  {s.label}" for s in sites.live[:AT_A_GLANCE]]
     return lines
+
+
+def oom_sites_html(sites: Any) -> str:
+    """The failed request's line, then the largest live lines as a table, size first (in a
+    sentence the size came after a long line of code, where the eye does not find it)."""
+    if sites is None:
+        return ""
+    parts = []
+    if sites.failed_at:
+        asked = f"<b>{escape(size(sites.requested_bytes))}</b> " if sites.requested_bytes else ""
+        parts.append(f"<div style='{_P}'><b>Failed request:</b> {asked}at {escape(sites.failed_at)}</div>")
+    if sites.live:
+        parts.append(f"<div style='{_P}'><b>Largest live memory by line</b></div>"
+                     + _sites_table(sites.live[:AT_A_GLANCE], stacks=False))
+    return "".join(parts)
 
 
 register_views(MemoryTrace, {"text/plain": trace_text, "text/html": trace_html})
