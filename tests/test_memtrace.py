@@ -57,7 +57,7 @@ def test_the_lines_at_the_peak_are_the_users_own(cells):
     sites = _replay(cells).sites_at_peak
     labels = [s.label for s in sites]
     # autograd's thread has no Python stack: its blocks are charged to the line that called backward
-    assert labels[0] == "In [3] line 7: loss.backward() (its backward pass)"
+    assert labels[0] == "the backward pass of In [3] line 7: loss.backward()"
     wide = next(s for s in sites if "wide = torch.randn(8192, 8192" in s.label)
     assert wide.label.startswith("In [3] line 3: ") and wide.nbytes == 256 * MiB and wide.blocks == 1
     assert "In [3] line 8: opt.step()" in labels
@@ -143,12 +143,12 @@ def test_view_finding_first_chart_with_peak_details_one_click_away(cells):
 
     svg = base64.b64decode(re.search(r'base64,([^"]+)"', html).group(1)).decode()
     assert "stroke-dasharray" in svg and "#e0413a" in svg and svg.count("<polygon") >= 4  # the peak, the roles
-    # x is the order of events: on the clock the recorded steps fill the last 2 of 394 ms and the
-    # peak would sit on the right edge, under a pixel wide; its level is marked with a dot
+    # x is the order of events: on the clock steps 2 and 3 fill the last 4 of 394 ms and the
+    # peak would sit on the right edge, a few pixels wide; its level is marked with a dot
     dot = re.search(r'<circle cx="([\d.]+)" cy="([\d.]+)"', svg)
     assert dot and 0.5 * 520 < float(dot.group(1)) < 0.95 * 520 and float(dot.group(2)) < 120 / 2
     assert "allocations and frees, in order" in html and "peak 1.08 GiB</span>" in html
-    assert "(its backward pass)" in html and "&lt;" not in first
+    assert "the backward pass of In [3] line 7" in html and "&lt;" not in first
 
 
 def test_unavailable_says_why_in_one_line():

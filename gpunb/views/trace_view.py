@@ -89,8 +89,8 @@ def _peak_index(t: MemoryTrace) -> int:
 def timeline_svg(t: MemoryTrace, width: int = CHART_W, height: int = CHART_H) -> tuple[str, float] | None:
     """The memory over the cell, one band per role stacked from 0, the peak as a dashed line with
     a dot at its level. x is the order of the allocations and frees, not the clock: a cell's steps
-    often take the last few ms after a slow first call (the H200 recording: 3 steps in the last
-    2 of 394 ms), and on a clock the peak would be a sliver under a pixel wide."""
+    often take the last few ms after a slow first step (the H200 recording: steps 2 and 3 in the
+    last 4 of 394 ms), and on a clock the peak would be a sliver a few pixels wide."""
     pts = t.points
     if len(pts) < 2:
         return None
@@ -135,14 +135,13 @@ def _timeline_html(t: MemoryTrace) -> str:
     items = [(ROLE_COLORS[r], r, False) for r in reversed(STACK_ORDER)
              if any(p.by_role[TRACE_ROLES.index(r)] for p in t.points)]
     items.append((chart.RED, f"peak {size(t.peak_bytes)}", True))
-    last = len(t.points) - 1
-    words = (f"memory by role over the cell's {last} allocations and frees in order, scale 0 to {size(top)}: "
+    words = (f"memory by role over the cell's {t.events} allocations and frees in order, scale 0 to {size(top)}: "
              f"start {size(t.points[0].total)}, peak {size(t.peak_bytes)} at {_when(t.peak_t, t.time_unit)}, "
              f"end {size(t.end_bytes)}")
     image = chart.img(svg, width=CHART_W, height=CHART_H, alt=words)
     return (f'<div style="margin-top:6px"><div style="{chart.SMALL}">{chart.legend(items)}</div>'
             f'<div style="display:flex">{image}{chart.y_scale(size(top), "0", CHART_H, width=70)}</div>'
-            f'{chart.time_axis(["0", "allocations and frees, in order", str(last)], CHART_W)}'
+            f'{chart.time_axis(["0", "allocations and frees, in order", str(t.events)], CHART_W)}'
             "</div>")
 
 

@@ -34,7 +34,7 @@ CENSUS_TO_TRACE = {"parameter": "parameters", "gradient": "gradients", "optimize
                    "other": "other"}
 FORWARD, BACKWARD, OPTIMIZER, ZERO_GRAD = "forward", "backward", "optimizer", "zero_grad"
 UNRECORDED = "no stack: made before the history was armed, or by a backward pass"
-BACKWARD_MARK = " (its backward pass)"
+BACKWARD_MARK = "the backward pass of "  # before the line: no parenthesised aside
 MAX_POINTS = 400  # the chart is ~600 px wide: more points than that draw nothing new
 _ROLE_INDEX = {r: i for i, r in enumerate(TRACE_ROLES)}
 
@@ -252,7 +252,7 @@ def _group_sites(alive: list[_Block], cell_numbers: Mapping[str, int]) -> list[A
     for b in alive:
         label, stack = site_of(b.frames, cell_numbers)
         if b.in_backward and b.frames:
-            label += BACKWARD_MARK
+            label = BACKWARD_MARK + label
         g = groups.setdefault(label, [0, 0, stack, {}])
         g[0] += b.size
         g[1] += 1
