@@ -47,14 +47,19 @@ OOM_REPLAY = """# the out-of-memory message recorded on the H200, raised here so
 import gpunb.testing
 raise torch.OutOfMemoryError(gpunb.testing.load_trace()["oom_message"])"""
 
-TRACE_REPLAY = """# %%gpumem --trace needs a GPU: this is a 3-step MLP cell traced on an H200 (In [3] of
-# tests/data/alloc_history/), replayed through the same session, record and view
-from gpunb.analysis.memory.alloc_trace import TraceSession
+TRACE_SETUP = """# %%gpumem --trace needs a GPU: the next cell's magic reads the allocation history recorded on
+# an H200 (a 3-step MLP cell, In [3] of tests/data/alloc_history/) instead of this CPU torch's
+import gpunb.readings.torch_state as torch_state
 from tests.simulated_alloc_history import cache_cell_sources, recorded_torch
-recorded_cells = cache_cell_sources()
-session = TraceSession(torch=recorded_torch(), namespace={}, cell_numbers=lambda: recorded_cells, label="In [3]")
-session.start()
-session.stop()"""
+get_ipython().compile._filename_map.update(cache_cell_sources())
+cpu_torch_state = torch_state.imported_torch
+torch_state.imported_torch = recorded_torch"""
+
+TRACE_CELL = """%%gpumem --trace
+for step in range(3):
+    print(f"step {step}: loss {0.9 - 0.2 * step:.1f}")"""
+
+TRACE_RESTORE = "torch_state.imported_torch = cpu_torch_state"
 
 OOM_SITES_REPLAY = """# the OOM doctor with the allocation history armed (%gpumem --trace on): the OOM recorded on
 # the H200 (In [5] keeps 12 GiB, In [6] asks 10 GiB), diagnosed with the recorded history
@@ -81,7 +86,9 @@ CELLS: list[tuple[str, str, tuple[str, ...]]] = [
     ("memory", "%gpumem", ()),
     ("fit", FIT_REPLAY, ()),
     ("oom", OOM_REPLAY, ("raises-exception",)),
-    ("trace", TRACE_REPLAY, ()),
+    ("trace setup", TRACE_SETUP, ()),
+    ("trace", TRACE_CELL, ()),
+    ("trace restore", TRACE_RESTORE, ()),
     ("oom-sites", OOM_SITES_REPLAY, ()),
     ("stop", "%gpumonitor --stop", ()),
     ("probe", f"from IPython.display import HTML\n"
