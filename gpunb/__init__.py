@@ -22,6 +22,7 @@ _LAZY = {
     "diagnose_oom": "gpunb.shells.api:diagnose_oom",
     "fit_batch_size": "gpunb.shells.api:fit_batch_size",
     "energy": "gpunb.shells.api:energy",
+    "trace_memory": "gpunb.shells.trace_api:trace_memory",
 }
 
 __all__ = ["__version__", "load_ipython_extension", "unload_ipython_extension", *_LAZY]

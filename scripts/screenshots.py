@@ -37,6 +37,7 @@ VIEWS = {
     "memory": ".gpunb-memory",
     "fit": "img.gpunb-chart[src^='data:image/png']",
     "oom": ":text('gpunb OOM doctor')",
+    "trace": ".gpunb-trace",
 }
 
 

@@ -47,6 +47,32 @@ OOM_REPLAY = """# the out-of-memory message recorded on the H200, raised here so
 import gpunb.testing
 raise torch.OutOfMemoryError(gpunb.testing.load_trace()["oom_message"])"""
 
+TRACE_SETUP = """# %%gpumem --trace needs a GPU: the next cell's magic reads the allocation history recorded on
+# an H200 (a 3-step MLP cell, In [3] of tests/data/alloc_history/) instead of this CPU torch's
+import gpunb.readings.torch_state as torch_state
+from tests.simulated_alloc_history import cache_cell_sources, recorded_torch
+get_ipython().compile._filename_map.update(cache_cell_sources())
+cpu_torch_state = torch_state.imported_torch
+torch_state.imported_torch = recorded_torch"""
+
+TRACE_CELL = """%%gpumem --trace
+for step in range(3):
+    print(f"step {step}: loss {0.9 - 0.2 * step:.1f}")"""
+
+TRACE_RESTORE = "torch_state.imported_torch = cpu_torch_state"
+
+OOM_SITES_REPLAY = """# the OOM doctor with the allocation history armed (%gpumem --trace on): the OOM recorded on
+# the H200 (In [5] keeps 12 GiB, In [6] asks 10 GiB), diagnosed with the recorded history
+from gpunb.analysis.memory.oom import diagnose
+from gpunb.readings.alloc_history import HistoryRecording
+from gpunb.shells.oom_hook import _add_sites
+from tests.simulated_alloc_history import RECORDING, HistoryCuda, HistoryTorch, cache_cell_sources, oom_snapshot
+get_ipython().compile._filename_map.update(cache_cell_sources())
+armed = HistoryTorch(HistoryCuda(oom_snapshot(), baseline=12 * 2**30, peak=12 * 2**30))
+doctor = diagnose(RuntimeError(RECORDING["oom_error"]))
+_add_sites(get_ipython(), doctor, HistoryRecording(armed), armed)
+doctor"""
+
 # (name, source, tags): the name is how tests and the screenshot script find a cell's output.
 CELLS: list[tuple[str, str, tuple[str, ...]]] = [
     ("load", f"%load_ext gpunb\nRESULTS = {str(ROOT / 'benchmarks' / 'results')!r}", ()),
@@ -60,6 +86,10 @@ CELLS: list[tuple[str, str, tuple[str, ...]]] = [
     ("memory", "%gpumem", ()),
     ("fit", FIT_REPLAY, ()),
     ("oom", OOM_REPLAY, ("raises-exception",)),
+    ("trace setup", TRACE_SETUP, ()),
+    ("trace", TRACE_CELL, ()),
+    ("trace restore", TRACE_RESTORE, ()),
+    ("oom-sites", OOM_SITES_REPLAY, ()),
     ("stop", "%gpumonitor --stop", ()),
     ("probe", f"from IPython.display import HTML\n"
               f"HTML('<svg class=\"{PROBE_SVG}\" width=\"8\" height=\"8\">"

@@ -17,6 +17,7 @@ PUBLIC_API = [
     "memory",
     "monitor",
     "profile",
+    "trace_memory",
     "unload_ipython_extension",
 ]
 
@@ -41,6 +42,7 @@ PUBLIC_SIGNATURES = {
                       "max_trials=6, progress=True)",
     "energy": "(*, price=None, carbon=None, forget=False, state=None)",
     "monitor": "(hz=None, window_s=120.0, device=None, *, frontend='auto')",  # None: the rate already running
+    "trace_memory": "(label='', *, save=None, max_entries=None, show=None, namespace=None)",
 }
 
 
@@ -56,7 +58,8 @@ def test_public_signatures_are_pinned():
 
 def test_the_api_twins_live_in_the_shells_layer():
     """They find the shell and display; the analysis layer below them only measures."""
-    for name in ("check", "profile", "memory", "diagnose_oom", "fit_batch_size", "monitor", "energy"):
+    for name in ("check", "profile", "memory", "diagnose_oom", "fit_batch_size", "monitor", "energy",
+                 "trace_memory"):
         assert getattr(gpunb, name).__module__.startswith("gpunb.shells."), name
 
 

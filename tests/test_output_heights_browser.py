@@ -24,7 +24,8 @@ pytestmark = pytest.mark.browser
 
 # The views judged here, and which of a cell's outputs is the view (-1: the last; the OOM
 # cell's traceback comes first and is IPython's own).
-VIEWS = {"check": -1, "profile": 0, "history": -1, "memory": -1, "fit": -1, "oom": -1}
+VIEWS = {"check": -1, "profile": 0, "history": -1, "memory": -1, "fit": -1, "oom": -1,
+         "trace": 0, "oom-sites": -1}
 MEASURED = [*VIEWS, "monitor"]
 LIMIT_SCREENS = {"two-gpus": 1.0, "eight-gpus": 1.5}
 
@@ -76,7 +77,14 @@ def test_every_view_fits_its_screen_budget(setup):
             screen, heights = _heights(page)
             # the notebook is untrusted (nbclient does not sign it): the sanitizer kept <details>
             assert page.locator(".jp-OutputArea-output .gpunb-check details").count() >= 5
-            assert page.locator(".jp-OutputArea-output .gpunb-oom details").count() == 1
+            assert page.locator(".jp-OutputArea-output .gpunb-oom details").count() == 2  # without, with sites
+            assert page.locator(".jp-OutputArea-output .gpunb-trace details").count() == 1
+            assert page.locator(".jp-OutputArea-output .gpunb-trace img.gpunb-chart").count() == 1
+            # the trace's verdict is above what the traced cell printed
+            order = page.locator(".jp-Notebook .jp-Cell").nth(INDEX["trace"]).evaluate("""c => Array.from(
+                c.querySelectorAll('.jp-OutputArea-child')).map(k => k.querySelector('.gpunb-trace') ? 'trace'
+                : k.textContent.includes('step 2: loss') ? 'printed' : 'other')""")
+            assert order == ["trace", "printed"], order
         finally:
             page.close()
         table[scenario] = {"screen_px": screen, "heights_px": heights}

@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # only for the annotations: importing these costs %load_ext t
     from gpunb.analysis.memory.oom_records import OomDiagnosis
     from gpunb.analysis.monitor.sampler import Sampler
     from gpunb.analysis.profile.meter import CellMeter
+    from gpunb.readings.alloc_history import HistoryRecording
 
 
 class LiveMonitor(Protocol):
@@ -53,6 +54,9 @@ class KernelState:
     extra_oom_types: tuple[type, ...] = ()
     # %gpuenergy / gpunb.energy(): the energy counters read after %load_ext (None until asked).
     energy_since_load: SinceLoad | None = None
+    # %gpumem --trace on: torch's allocation history, armed for the OOM doctor's stacks
+    # (None while off; %unload_ext switches it off).
+    alloc_history: HistoryRecording | None = None
 
     def take_over(self, other: KernelState) -> None:
         """Move the sampler with its live monitors (unless this state has a sampler of its

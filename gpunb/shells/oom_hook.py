@@ -48,7 +48,7 @@ class OomHook:
             if find_oom(exc, extra_types) is None:
                 return
             diagnosis = handle_oom(self.shell, exc, before_ids=self.kernel.names_before_cell,
-                                   keep=keep_traceback(self.kernel))
+                                   keep=keep_traceback(self.kernel), history=self.kernel.alloc_history)
             self.kernel.last_oom = diagnosis
             from IPython.display import display
 
@@ -70,9 +70,11 @@ DOCTOR_NVML_BUDGET_S = 1.0
 
 
 def handle_oom(shell: Any, exc: BaseException, *, before_ids: dict[str, int] | None = None,
-               keep: bool = False) -> Any:
+               keep: bool = False, history: Any = None) -> Any:
     """Diagnose ``exc`` with the notebook's readings, then release what it pins (the
-    release happens even when reading the notebook failed)."""
+    release happens even when reading the notebook failed). ``history``: the armed allocation
+    history (``%gpumem --trace on``); its snapshot is read before the release, while the failed
+    cell's blocks are still alive."""
     from gpunb.analysis.fit.search import last_fit
     from gpunb.analysis.memory.oom import gather_readings
     from gpunb.readings.nvml import default_session
@@ -95,7 +97,24 @@ def handle_oom(shell: Any, exc: BaseException, *, before_ids: dict[str, int] | N
             diagnosis = diagnose(exc, last_fit=last_fit())
             diagnosis.notes.append(f"the notebook's memory could not be read ({_describe(err)}); this "
                                    "diagnosis uses the error message only")
+        if history is not None and cuda:
+            _add_sites(shell, diagnosis, history, torch)
         return _release(shell, exc, diagnosis, torch=torch, cuda=cuda, devices=devices, keep=keep)
+
+
+def _add_sites(shell: Any, diagnosis: Any, history: Any, torch: Any) -> None:
+    """The lines behind the failed request and the largest live blocks, from the armed history.
+    The snapshot is plain data (frame strings, sizes, addresses): it pins no tensor."""
+    try:
+        from gpunb.analysis.memory.alloc_sites import shell_cell_numbers
+        from gpunb.analysis.memory.alloc_trace import oom_sites
+        msg = diagnosis.message
+        device = msg.device if msg is not None and msg.device is not None else torch.cuda.current_device()
+        snapshot = history.snapshot()
+        diagnosis.alloc_sites = oom_sites(snapshot, device=device, cell_numbers=shell_cell_numbers(shell.compile))
+        del snapshot
+    except BaseException as err:  # noqa: BLE001 (the doctor and the release go on without the stacks)
+        diagnosis.notes.append(f"the allocation history could not be read ({_describe(err)})")
 
 
 def _release(shell: Any, exc: BaseException, diagnosis: Any, *, torch: Any, cuda: bool, devices: Any,

@@ -12,4 +12,5 @@ from gpunb.views import (  # noqa: F401  (they register)
     profile_view,
     ranks_view,
     session_energy_view,
+    trace_view,
 )

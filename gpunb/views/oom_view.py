@@ -10,6 +10,7 @@ from gpunb.display import register_views
 from gpunb.views import chart
 from gpunb.views.markup import DIM
 from gpunb.views.memory_tables import TENSOR_HEAD, group_lines, size, table, tensor_rows
+from gpunb.views.trace_view import oom_sites_html, oom_sites_lines
 
 # -- OOM diagnosis -----------------------------------------------------------------------------
 
@@ -77,6 +78,7 @@ def diagnosis_text(d: Any, top: int = 8) -> str:
     """The shortfall, why, what to do, the memory given back; then the details."""
     lines = [f"gpunb OOM doctor: {d.exception_type}: {d.headline}"]
     lines += [f"Why: {c.summary}" for c in d.causes]
+    lines += oom_sites_lines(d.alloc_sites)
     if d.fixes:
         lines.append("What to do:")
         for i, f in enumerate(d.fixes, 1):
@@ -126,6 +128,7 @@ def diagnosis_html(d: Any, top: int = 8) -> str:
              f"<div style='font-size:14px'><b>gpunb OOM doctor</b>: <b>{escape(d.headline)}</b> "
              f"<span style='{DIM}'>{escape(d.exception_type)}</span></div>"]
     parts += [f"<div style='{_P}'><b>Why:</b> {escape(c.summary)}</div>" for c in d.causes]
+    parts.append(oom_sites_html(d.alloc_sites))
     if d.fixes:
         items = "".join(
             f"<li style='{_P}'><b>{escape(f.title)}</b>"

@@ -54,6 +54,7 @@ class TensorEntry:
     device: str
     role: str  # one of ROLES
     source: str  # NAMESPACE | OUTPUT_HISTORY | EXCEPTION | caller's label
+    address: int = field(default=0, compare=False)  # the storage's data_ptr: matches allocator blocks
 
     @property
     def leftover(self) -> bool:
@@ -198,7 +199,7 @@ class _Walker:
             return
         self.seen_storages.add(key)
         self.entries.append(TensorEntry(name, nbytes, tuple(t.shape), str(t.dtype).replace("torch.", ""),
-                                        device, role, source))
+                                        device, role, source, key[1]))
 
     # -- generic walk --------------------------------------------------------------
     def visit(self, obj: Any, name: str, depth: int, source: str, role: str = "other") -> None:

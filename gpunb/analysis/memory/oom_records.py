@@ -7,6 +7,7 @@ from typing import Any
 
 from gpunb import units
 from gpunb.analysis.advice import Advice
+from gpunb.analysis.memory.alloc_records import OomSites
 from gpunb.analysis.memory.census import Census
 from gpunb.analysis.memory.oom_message import OomMessage
 from gpunb.analysis.memory.release import ReleaseReport
@@ -55,6 +56,7 @@ class OomDiagnosis(DisplayMixin):
     notes: list[str] = field(default_factory=list)
     requested_bytes: int | None = None  # the allocation that failed
     free_bytes: int | None = None  # what it could have had: free on the device, or left under the cap
+    alloc_sites: OomSites | None = None  # the lines behind the failed request and the live blocks (history armed)
 
     _dict_extras = ("headline", "shortfall_bytes")
 
