@@ -41,7 +41,8 @@ TRUTH = ROOT / "benchmarks" / "results" / "h200x2_batch_fit_zoo_run1.json"
 def zoo_fits():
     """%gpufit on every model in parallel, then the sustained run at its answer in a fresh process."""
     gpus = batch_fit_zoo.visible_gpus() or [str(i) for i in range(torch.cuda.device_count())]
-    pool = batch_fit_zoo.Pool(gpus, 8 * len(gpus), time.monotonic() + BUDGET_S, lambda text: print(text))
+    pool = batch_fit_zoo.Pool(gpus, 8 * len(gpus), time.monotonic() + BUDGET_S, lambda text: print(text),
+                              room_gib=batch_fit_zoo.gpu_room_gib(gpus))
 
     def one(name: str) -> dict:
         base = {"model": name, "smoke": False, "steps": STEPS}
@@ -90,6 +91,8 @@ def test_gpufit_is_at_most_the_sustained_maximum_and_at_least_90_percent_of_it(z
     truth, why_not = _recorded_truth()
     if why_not:
         pytest.skip(why_not)
+    if name not in truth:
+        pytest.skip(f"run 1 had no {name}: tests/gpu/test_batch_fit_bn_convnet_gpu.py measures its maximum")
     r = zoo_fits[name]
     assert r.get("answer"), r.get("stderr_tail") or r
     assert r["answer"] <= truth[name], f"{r['answer']} is above the sustained maximum {truth[name]}: {r['trials']}"
