@@ -416,6 +416,16 @@ def visible_gpus() -> list[str]:
     return []
 
 
+def _report_models(path: str | None) -> list[str]:
+    """The zoo models an earlier report has (``--truth-from`` without ``--models``: those)."""
+    import memory_zoo
+
+    try:
+        return [m["model"] for m in json.loads(Path(path).read_text())["models"] if m["model"] in memory_zoo.ZOO]
+    except (TypeError, OSError, ValueError, KeyError):
+        return []  # no report: load_truth says why
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--out", default="benchmarks/results", help="directory for batch_fit_zoo.json and .md")
@@ -434,7 +444,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     import memory_zoo
 
-    args.models = args.models.split(",") if args.models else list(memory_zoo.ZOO)
+    args.models = args.models.split(",") if args.models else _report_models(args.truth_from) or list(memory_zoo.ZOO)
     args.finders = [f for f in args.finders.split(",") if f]
     bad = [m for m in args.models if m not in memory_zoo.ZOO] + [f for f in args.finders if f not in FINDERS]
     if bad:

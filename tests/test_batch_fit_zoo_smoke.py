@@ -84,8 +84,9 @@ def test_library_modules_run_as_scripts_do_nothing_harmful(tmp_path):
 def test_a_truth_from_another_kind_of_run_or_no_report_is_refused(tmp_path):
     run1 = ROOT / "benchmarks" / "results" / "h200x2_batch_fit_zoo_run1.json"
     run1_models = [m["model"] for m in json.loads(run1.read_text())["models"]]
-    args = batch_fit_zoo.parse(["--truth-from", str(run1), "--finders", "gpufit", "--models", ",".join(run1_models)])
-    assert set(args.truth_models) == set(run1_models) and args.truth_label == "run of 2026-11-30 10:38"
+    args = batch_fit_zoo.parse(["--truth-from", str(run1), "--finders", "gpufit"])  # its models, not the zoo's
+    assert args.models == run1_models and set(args.truth_models) == set(run1_models)
+    assert args.truth_label == "run of 2026-11-30 10:38"
     # a model run 1 did not have (bn_convnet, added for issue 24) has no ground truth there
     r = subprocess.run([sys.executable, str(BENCH / "batch_fit_zoo.py"), "--truth-from", str(run1), "--models",
                         "bn_convnet"], capture_output=True, text=True, cwd=ROOT, timeout=120)
