@@ -170,6 +170,7 @@ def test_a_peak_that_gives_way_near_the_limit_is_followed_beyond_the_line(elasti
     beyond = [t for t in fit.trials if t.purpose == "beyond"]
     assert beyond and fit.line_allocated is not None, moves
     assert beyond[0].batch > fit.trials[beyond[0].index - 2].batch  # above the batch that trained
+    assert fit.verified > fit.predicted and any("gives way near the limit" in n for n in fit.notes), fit.notes
     assert 0.9 * true_max <= fit.recommended <= true_max, (true_max, moves)
     assert fit.trial_count <= 6
 

@@ -427,6 +427,11 @@ def search(run: Callable[[int, str, int], Trial], *, capacity: int, start: int, 
             result.notes.append(f"the search used all {max_trials} trials below the limit (the line said "
                                 f"≈{math.floor(full)} fills the memory): --max-trials {max_trials + 2} searches "
                                 "further")
+    past = [t for t in fitting if t.purpose == "beyond" and predicted is not None and t.batch > predicted]
+    if past:
+        result.notes.append(f"batch {past[-1].batch} trained although the memory line said {predicted} fills the "
+                            "memory: part of the peak gives way near the limit (cuDNN runs algorithms with smaller "
+                            "workspaces)")
     if cons is not None and cons.slope <= 0:
         result.notes.append("peak memory did not grow with the batch size: does step_fn use its batch-size argument?")
     if verified.at_edge:
