@@ -58,7 +58,7 @@ def measured():
         """Rounds of five sustained runs, each in a fresh process, until the largest that trained
         and the smallest that did not are 1 % apart."""
         tried: list[dict] = []
-        batches = [round(RECORDED_MAX * f) for f in (0.97, 0.99, 1.0, 1.01, 1.03)]
+        batches = [round(RECORDED_MAX * f) for f in (0.98, 0.995, 1.0, 1.005, 1.02)]
         lo = hi = None
         for _ in range(4):
             runs = batch_fit_zoo.in_threads([lambda b=b: pool.run({**base, "kind": "sustain", "batch": b})
