@@ -393,10 +393,11 @@ def environment(smoke: bool) -> dict:
 
 
 def gpu_room_gib(gpus: list[str]) -> dict[str | None, float]:
-    """Each visible GPU's memory in GiB, less 5 % (nvidia-smi), for :class:`Pool`'s ``room_gib``."""
+    """Each visible GPU's free memory in GiB now, less 5 % (nvidia-smi), for :class:`Pool`'s
+    ``room_gib`` (free, not total: another job on the GPU keeps what it holds)."""
     if not shutil.which("nvidia-smi"):
         return {}
-    q = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.total", "--format=csv,noheader,nounits"],
+    q = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.free", "--format=csv,noheader,nounits"],
                        capture_output=True, text=True)
     total = {}
     for line in q.stdout.splitlines():
