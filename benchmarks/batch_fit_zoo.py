@@ -72,6 +72,8 @@ def worker(task: dict) -> dict:
         out = finders.sustained(model, task["batch"], steps)
     elif kind == "rough":
         out = finders.rough_max(model, task["rough_steps"])
+    elif kind == "measure":  # one %gpufit trial, alone in a fresh process: every reading it takes
+        out = finders.measured(model, task["batch"], steps)
     elif kind == "finder":
         finder = task["finder"]
         if finder == "gpufit":
@@ -94,13 +96,21 @@ def worker(task: dict) -> dict:
 # -- running children ---------------------------------------------------------------------------
 
 class Pool:
-    """At most ``jobs`` child processes at once, each on the least busy GPU, none past the deadline."""
+    """At most ``jobs`` child processes at once, each on the least busy GPU, none past the deadline.
+    With ``room_gib`` (GiB per GPU), a child also waits until its model's cap (and its CUDA
+    context) fits beside the caps of the children already on that GPU: caps that add up to more
+    than the GPU holds would turn the others' memory into out-of-memory errors the caps never made."""
 
-    def __init__(self, gpus: list[str | None], jobs: int, deadline: float, log: Any) -> None:
+    CONTEXT_GIB = 1.0  # a CUDA context and torch's kernels, outside the allocator's cap
+
+    def __init__(self, gpus: list[str | None], jobs: int, deadline: float, log: Any,
+                 room_gib: dict[str | None, float] | None = None) -> None:
         self.gpus = gpus
         self.busy = {g: 0 for g in gpus}
+        self.used = {g: 0.0 for g in gpus}
+        self.room = room_gib or {}
         self.slots = threading.Semaphore(jobs)
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()
         self.deadline = deadline
         self.log = log
         self.launched = 0
@@ -108,19 +118,36 @@ class Pool:
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
+    def _need(self, task: dict) -> float:
+        if task.get("smoke"):
+            return 0.0
+        import memory_zoo
+
+        return memory_zoo.ZOO[task["model"]].cap_gib + self.CONTEXT_GIB
+
+    def _gpus_with_room(self, need: float) -> list[str | None]:
+        return [g for g in self.gpus if g not in self.room or self.used[g] + need <= self.room[g]
+                or self.busy[g] == 0]  # alone on a GPU a child always runs (its cap is its own)
+
     def run(self, task: dict) -> dict:
+        need = self._need(task)
         with self.slots:
-            if self.left() < 3:
-                return {"error": "budget spent before this job started", "skipped": True}
             with self.lock:
-                gpu = min(self.gpus, key=lambda g: self.busy[g])
+                while not (room := self._gpus_with_room(need)) and self.left() >= 3:
+                    self.lock.wait(timeout=max(0.1, min(5.0, self.left())))
+                if self.left() < 3 or not room:
+                    return {"error": "budget spent before this job started", "skipped": True}
+                gpu = min(room, key=lambda g: self.busy[g])
                 self.busy[gpu] += 1
+                self.used[gpu] += need
                 self.launched += 1
             try:
                 return self._run(task, gpu)
             finally:
                 with self.lock:
                     self.busy[gpu] -= 1
+                    self.used[gpu] -= need
+                    self.lock.notify_all()
 
     def _run(self, task: dict, gpu: str | None) -> dict:
         env = dict(os.environ)
@@ -365,6 +392,21 @@ def environment(smoke: bool) -> dict:
     return env
 
 
+def gpu_room_gib(gpus: list[str]) -> dict[str | None, float]:
+    """Each visible GPU's free memory in GiB now, less 5 % (nvidia-smi), for :class:`Pool`'s
+    ``room_gib`` (free, not total: another job on the GPU keeps what it holds)."""
+    if not shutil.which("nvidia-smi"):
+        return {}
+    q = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.free", "--format=csv,noheader,nounits"],
+                       capture_output=True, text=True)
+    total = {}
+    for line in q.stdout.splitlines():
+        index, _, mib = line.partition(",")
+        if mib.strip().isdigit():
+            total[index.strip()] = 0.95 * int(mib) / 1024
+    return {g: total[g] for g in gpus if g in total}
+
+
 def visible_gpus() -> list[str]:
     if shutil.which("nvidia-smi"):
         q = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
@@ -373,6 +415,16 @@ def visible_gpus() -> list[str]:
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")
             return [g.strip() for g in visible.split(",") if g.strip()] if visible else [str(i) for i in range(n)]
     return []
+
+
+def _report_models(path: str | None) -> list[str]:
+    """The zoo models an earlier report has (``--truth-from`` without ``--models``: those)."""
+    import memory_zoo
+
+    try:
+        return [m["model"] for m in json.loads(Path(path).read_text())["models"] if m["model"] in memory_zoo.ZOO]
+    except (TypeError, OSError, ValueError, KeyError):
+        return []  # no report: load_truth says why
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -393,7 +445,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     import memory_zoo
 
-    args.models = args.models.split(",") if args.models else list(memory_zoo.ZOO)
+    args.models = args.models.split(",") if args.models else _report_models(args.truth_from) or list(memory_zoo.ZOO)
     args.finders = [f for f in args.finders.split(",") if f]
     bad = [m for m in args.models if m not in memory_zoo.ZOO] + [f for f in args.finders if f not in FINDERS]
     if bad:
@@ -430,7 +482,8 @@ def main(argv: list[str] | None = None) -> int:
                   "--smoke runs the whole pipeline on the CPU.", file=sys.stderr)
             return 2
     jobs = args.jobs or (2 if args.smoke else 8 * len(gpus))
-    pool = Pool(gpus, jobs, time.monotonic() + args.budget_s, log)
+    pool = Pool(gpus, jobs, time.monotonic() + args.budget_s, log,
+                room_gib=None if args.smoke else gpu_room_gib([g for g in gpus if g is not None]))
     log(f"{len(args.models)} models, finders {', '.join(args.finders)}, {jobs} processes at once on "
         f"{'the CPU (smoke)' if args.smoke else 'GPUs ' + ','.join(gpus)}, budget {args.budget_s:.0f} s"
         + (f"; ground truth of the {args.truth_label} ({args.truth_from})" if args.truth_from else ""))

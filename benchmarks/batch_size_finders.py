@@ -73,6 +73,21 @@ def sustained(model: Any, batch: int, steps: int) -> dict:
         return {"batch": batch, "ok": False, "steps_done": done, "error": error, "seconds": time.perf_counter() - t0}
 
 
+def measured(model: Any, batch: int, steps: int) -> dict:
+    """One ``%gpufit`` trial of ``batch`` (``steps`` steps from a fresh start), alone in this fresh
+    process: every reading the search takes (peaks allocated, before the optimizer step and
+    reserved, the memory the last step started with, cache releases, cuDNN's caught OOMs)."""
+    from gpunb.analysis.fit.fresh_state import FreshStart
+    from gpunb.analysis.fit.trial import CudaMemory, run_trial
+
+    memory = model.memory if model.memory is not None else CudaMemory(model.torch, model.torch.cuda.current_device())
+    fresh = FreshStart(model.torch, lambda: None, memory.device)
+    t0 = time.perf_counter()
+    trial = run_trial(model.step, batch, memory=memory, steps=steps, index=1, purpose="measure", fresh=fresh)
+    _settle(model)
+    return {"batch": batch, "ok": trial.fits, "seconds": time.perf_counter() - t0, "trial": trial.to_dict()}
+
+
 def rough_max(model: Any, steps: int) -> dict:
     """Largest batch that runs ``steps`` steps in this process: double from 2, then bisect to 2 %."""
     t0 = time.perf_counter()

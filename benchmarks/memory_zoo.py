@@ -16,6 +16,7 @@ benchmark run side by side in separate processes.
 | ``bf16_lm`` | a causal language model under bf16 autocast (flash attention), logits of an 8192-token vocabulary |
 | ``checkpointed`` | transformer blocks under activation checkpointing (``torch.utils.checkpoint``, non-reentrant) |
 | ``accumulate`` | an MLP, gradients accumulated over 2 micro-batches and kept between steps (``set_to_none=False``) |
+| ``bn_convnet`` | 2 conv+BatchNorm layers, 64 channels at full 128x128, SGD momentum, no ``cudnn.benchmark``; 20 GiB |
 
 ``--smoke`` twins (``build(name, smoke=True)``) train a tiny real model on the CPU with a real
 AdamW, and charge a simulated CUDA caching allocator (``gpunb.testing.CachingMemory``, under the
@@ -71,9 +72,12 @@ class ZooModel:
         self.torch = torch
         self.device = device
         self.module = module.to(device)
-        self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=lr)
+        self.optimizer = self.make_optimizer(lr)
         self.calls = 0  # forward/backward passes so far (varlen cycles through lengths by it)
         self.memory = None  # the pretend memory of a --smoke twin
+
+    def make_optimizer(self, lr: float) -> Any:
+        return self.torch.optim.AdamW(self.module.parameters(), lr=lr)
 
     def forward_backward(self, batch_size: int) -> None:
         raise NotImplementedError
@@ -119,6 +123,29 @@ class ConvBn(ZooModel):
                        nn.ReLU()]
         super().__init__(torch, device, nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(),
                                                       nn.Linear(256, 10)), lr=1e-3)
+
+    def forward_backward(self, batch_size: int) -> None:
+        self.calls += 1
+        x = self.torch.randn(batch_size, 3, 128, 128, device=self.device)
+        y = self.torch.randint(0, 10, (batch_size,), device=self.device)
+        self.torch.nn.functional.cross_entropy(self.module(x), y).backward()
+
+
+class BnConvNet(ZooModel):
+    """The conv net of ``tests/gpu/test_fit_restore_gpu.py``: every activation at full resolution."""
+
+    name = "bn_convnet"
+
+    def __init__(self, torch: Any, device: Any) -> None:
+        nn = torch.nn
+        torch.backends.cudnn.benchmark = False  # torch's default: cuDNN's heuristics pick the algorithms
+        super().__init__(torch, device, nn.Sequential(
+            nn.Conv2d(3, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
+            nn.Conv2d(64, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10)), lr=0.05)
+
+    def make_optimizer(self, lr: float) -> Any:
+        return self.torch.optim.SGD(self.module.parameters(), lr=lr, momentum=0.9)
 
     def forward_backward(self, batch_size: int) -> None:
         self.calls += 1
@@ -269,6 +296,22 @@ def _conv_twin() -> tuple[tuple, tuple]:
 
 _V_PARAMS, _V_LAYERS = _conv_twin()
 
+
+def _bn_convnet_twin() -> tuple[tuple, tuple]:
+    params: list[int] = []
+    layers: list[tuple[int, tuple[int, ...]]] = []
+    act = 4 * 64 * 128 * 128  # every layer's output keeps the full 128x128 resolution
+    for cin in (3, 64):
+        first = len(params)
+        params += [4 * cin * 64 * 9, 4 * 64, 4 * 64, 4 * 64]  # conv weight and bias, BatchNorm weight and bias
+        layers += [(act, (first, first + 1)), (act, (first + 2, first + 3)), (act, ())]  # conv, BatchNorm, ReLU
+    params += list(_linear(64, 10))
+    layers.append((4 * 10, (len(params) - 2, len(params) - 1)))
+    return tuple(params), tuple(layers)
+
+
+_N_PARAMS, _N_LAYERS = _bn_convnet_twin()
+
 ZOO: dict[str, Spec] = {s.name: s for s in (
     Spec("mlp", "3-layer MLP 1024-4096-4096-1024, GELU, fp32, AdamW", 4, Mlp,
          GpuTwin(_linear(1024, 4096) + _linear(4096, 4096) + _linear(4096, 1024), inputs=(4 * KiB, 4 * KiB),
@@ -289,6 +332,8 @@ ZOO: dict[str, Spec] = {s.name: s for s in (
     Spec("accumulate", "MLP 1024-8192-1024, 2 micro-batches per step, gradients kept between steps", 3, Accumulate,
          GpuTwin(_linear(1024, 8192) + _linear(8192, 1024), inputs=(4 * KiB,),
                  layers=((32 * KiB, (0, 1)), (32 * KiB, ()), (4 * KiB, (2, 3))), keep_grads=True, micro_batches=2)),
+    Spec("bn_convnet", "2 conv+BatchNorm layers of 64 channels at 128x128, SGD momentum, no cudnn.benchmark", 20,
+         BnConvNet, GpuTwin(_N_PARAMS, inputs=(4 * 3 * 128 * 128,), layers=_N_LAYERS, workspace=512 * KiB)),
 )}
 
 

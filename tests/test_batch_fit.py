@@ -23,12 +23,15 @@ GiB = 2**30
 MiB = 2**20
 
 
-def simulated_gpu(fixed, per_sample, capacity, overhead, *, intercept=0, bend=None, greedy=0.0):
+def simulated_gpu(fixed, per_sample, capacity, overhead, *, intercept=0, bend=None, greedy=0.0, elastic=0.0):
     """A step whose activations grow on top of what it started with (``fixed``: weights and
     optimizer state, reported as the step's base as the runner does); a fresh process needs
     ``overhead`` more than the tensors for them. ``bend=(c0, s)``: a convex peak, max(c0 + s*b,
     per_sample*b), as when gradients set the peak at small batches. ``greedy``: the step keeps
-    that much more cached than it needs, up to the capacity, and gives it back when asked."""
+    that much more cached than it needs, up to the capacity, and gives it back when asked.
+    ``elastic``: a workspace of that share of ``per_sample`` per sample, in the peak when it fits
+    and dropped when it does not (cuDNN catches the out-of-memory error and runs a plan with a
+    smaller one): it never decides whether the batch trains."""
 
     def need(batch):
         act = intercept + per_sample * batch
@@ -41,11 +44,13 @@ def simulated_gpu(fixed, per_sample, capacity, overhead, *, intercept=0, bend=No
         if needed > capacity:
             return Trial(n, batch, False, purpose, error="CUDA out of memory", steps=50, steps_done=1,
                          capacity_bytes=capacity)
-        held = fixed + (needed - fixed) * (1 + greedy)
+        want = elastic * per_sample * batch
+        workspace = want if needed + want <= capacity else 0
+        held = fixed + (needed + workspace - fixed) * (1 + greedy)
         released = int(held > capacity)
-        return Trial(n, batch, True, purpose, int(allocated), int(min(held, capacity)), 512 * MiB,
+        return Trial(n, batch, True, purpose, int(allocated + workspace), int(min(held, capacity)), 512 * MiB,
                      base_allocated_bytes=int(fixed), steps=50, steps_done=50, cache_releases=released,
-                     capacity_bytes=capacity)
+                     caught_ooms=int(workspace < want), capacity_bytes=capacity)
 
     lo, hi = 0, 10**9
     while hi - lo > 1:
@@ -137,6 +142,63 @@ def test_a_first_candidate_that_does_not_train_is_backed_off_then_bisected():
     assert ("back off" in [m[1] for m in moves]) and not fit.trials[3].fits, moves
     assert fit.recommended <= true_max and fit.verified < min(t.batch for t in fit.trials if not t.fits)
     assert fit.recommended >= 0.85 * true_max, moves
+
+
+def test_issue_24_a_scout_whose_cache_overstates_the_overhead_costs_no_more_than_one_step():
+    # The H200's bn_convnet under 20 GiB (benchmarks/results/h200_s4_fit_margin_diagnosis.md):
+    # 24.18 MiB per sample, the scout reserved 1.81x what it allocated (cached blocks the
+    # allocator gives back near the limit), the limit at 0.86 of the allocated line's end. With
+    # the limit 1-2 % lower the first candidate (held up at 85 % of the line) misses, and the
+    # back-off went down to the overhead-scaled line (63 % of the limit): 85.6-87 %, the issue's 88 %.
+    for overhead in (0.18, 0.2, 0.24):
+        run, true_max = simulated_gpu(0.064 * GiB, 24.18 * MiB, 20 * GiB, overhead, greedy=0.55)
+        fit = search(run, capacity=20 * GiB, start=2, max_batch=None)
+        moves = [(t.batch, t.purpose, t.fits) for t in fit.trials]
+        assert not fit.trials[3].fits and fit.trials[3].purpose == "candidate", moves  # the case of the issue
+        assert fit.trials[4].batch >= 0.85 * fit.trials[3].batch, moves  # not down to the overhead line
+        assert 0.9 * true_max <= fit.recommended <= true_max, (true_max, moves)
+        assert fit.trial_count <= 6
+
+
+@pytest.mark.parametrize("elastic", [0.05, 0.08, 0.12])
+def test_a_peak_that_gives_way_near_the_limit_is_followed_beyond_the_line(elastic):
+    # cuDNN's workspace is in every peak below the line's end and gives way above it: the line
+    # ends before the limit, and a search that stops there recommends 86-91 %
+    run, true_max = simulated_gpu(0.05 * GiB, 24.2 * MiB, 20 * GiB, 0.005, elastic=elastic)
+    fit = search(run, capacity=20 * GiB, start=2, max_batch=None)
+    moves = [(t.batch, t.purpose, t.fits) for t in fit.trials]
+    beyond = [t for t in fit.trials if t.purpose == "beyond"]
+    assert beyond and fit.line_allocated is not None, moves
+    assert beyond[0].batch > fit.trials[beyond[0].index - 2].batch  # above the batch that trained
+    assert fit.verified > fit.predicted and any("gives way near the limit" in n for n in fit.notes), fit.notes
+    assert 0.9 * true_max <= fit.recommended <= true_max, (true_max, moves)
+    assert fit.trial_count <= 6
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_with_large_overheads_greedy_caches_and_elastic_workspaces_90_percent_is_the_rule(seed):
+    rng = random.Random(100 + seed)
+    ratios = []
+    for _ in range(120):
+        fixed = rng.uniform(0.5, 60) * GiB
+        capacity = int(rng.uniform(fixed + 5 * GiB, 140 * GiB))
+        intercept = rng.uniform(0, 0.1) * (capacity - fixed) if rng.random() < 0.3 else 0
+        run, true_max = simulated_gpu(fixed, rng.uniform(0.2, 400) * MiB, capacity, rng.uniform(0, 0.3),
+                                      intercept=intercept, greedy=rng.choice([0.0, 0.3, 0.8, 1.2]),
+                                      elastic=rng.choice([0.0, 0.0, rng.uniform(0, 0.1)]))
+        if true_max < 4:
+            continue
+        fit = search(run, capacity=capacity, start=2, max_batch=None)
+        assert fit.ok and fit.recommended <= true_max and fit.trial_count <= 6
+        ratios.append(fit.recommended / true_max)
+    assert sum(r >= 0.9 for r in ratios) >= 0.95 * len(ratios), sorted(ratios)[:10]
+    assert min(ratios) >= 0.8, sorted(ratios)[:10]
+
+
+def test_a_trial_over_the_capacity_it_may_use_does_not_count_as_fitting():
+    t = Trial(1, 8, True, "beyond", 5 * GiB, 5 * GiB, steps=50, steps_done=50, capacity_bytes=4 * GiB)
+    assert t.over_capacity and not t.fits and t.verdict == "over the 4.00 GiB it may use"
+    assert Trial(1, 8, True, "beyond", 4 * GiB, 5 * GiB, steps=50, steps_done=50, capacity_bytes=4 * GiB).fits
 
 
 def test_the_safety_is_taken_only_at_the_limit():

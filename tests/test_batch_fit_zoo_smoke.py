@@ -83,8 +83,14 @@ def test_library_modules_run_as_scripts_do_nothing_harmful(tmp_path):
 
 def test_a_truth_from_another_kind_of_run_or_no_report_is_refused(tmp_path):
     run1 = ROOT / "benchmarks" / "results" / "h200x2_batch_fit_zoo_run1.json"
-    args = batch_fit_zoo.parse(["--truth-from", str(run1), "--finders", "gpufit"])  # the final GPU run's
-    assert set(args.truth_models) == set(memory_zoo.ZOO) and args.truth_label == "run of 2026-11-30 10:38"
+    run1_models = [m["model"] for m in json.loads(run1.read_text())["models"]]
+    args = batch_fit_zoo.parse(["--truth-from", str(run1), "--finders", "gpufit"])  # its models, not the zoo's
+    assert args.models == run1_models and set(args.truth_models) == set(run1_models)
+    assert args.truth_label == "run of 2026-11-30 10:38"
+    # a model run 1 did not have (bn_convnet, added for issue 24) has no ground truth there
+    r = subprocess.run([sys.executable, str(BENCH / "batch_fit_zoo.py"), "--truth-from", str(run1), "--models",
+                        "bn_convnet"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 2 and "it has no ground truth for bn_convnet" in r.stderr
     for argv, words in ((["--smoke"], "it was a GPU run"), (["--steps", "20"], "had 50 steps, not --steps 20")):
         r = subprocess.run([sys.executable, str(BENCH / "batch_fit_zoo.py"), "--truth-from", str(run1), *argv],
                            capture_output=True, text=True, cwd=ROOT, timeout=120)
@@ -146,3 +152,31 @@ def test_the_smoke_pipeline_runs_end_to_end_then_again_on_its_ground_truth(tmp_p
     assert f"sustained max (fresh process, {run1})" in head and f"%gpufit (this run, {second['date']})" in head
     assert f"Lightning binsearch ({run1})" in head and f"accelerate ({run1})" in head
     assert row.startswith(f"| varlen | 6 GiB | {truth['max']}") and row.count("trials") == 3
+
+
+def test_the_pool_starts_a_child_only_when_its_cap_fits_beside_the_others(monkeypatch):
+    # an H200 holds six 20 GiB children (and their CUDA contexts), not eight
+    import threading
+    import time
+
+    running, most = [0], [0]
+    lock = threading.Lock()
+
+    def fake_run(self, task, gpu):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.05)
+        with lock:
+            running[0] -= 1
+        return {"ok": True, "gpu": gpu}
+
+    monkeypatch.setattr(batch_fit_zoo.Pool, "_run", fake_run)
+    pool = batch_fit_zoo.Pool(["0"], 8, time.monotonic() + 60, lambda text: None, room_gib={"0": 133.0})
+    task = {"model": "bn_convnet", "smoke": False, "steps": 1, "kind": "sustain", "batch": 1}
+    results = batch_fit_zoo.in_threads([lambda: pool.run(task)] * 8)
+    assert all(r["ok"] for r in results) and most[0] == 6  # 6 x (20 + 1) GiB <= 133 GiB < 7 x 21
+    small = {**task, "model": "mlp"}  # 4 GiB caps: all eight at once
+    most[0] = 0
+    batch_fit_zoo.in_threads([lambda: pool.run(small)] * 8)
+    assert most[0] == 8

@@ -11,121 +11,21 @@ scheduler stepped inside the step ahead (issue 22).
 
 from __future__ import annotations
 
-import copy
-import random
 import signal
 
 import pytest
 
 torch = pytest.importorskip("torch")
-np = pytest.importorskip("numpy")
+pytest.importorskip("numpy")
 
 from gpunb.analysis.fit import search as fit_search  # noqa: E402
 from gpunb.analysis.fit import user_state  # noqa: E402
 from gpunb.analysis.fit.fresh_state import FreshStart  # noqa: E402
 from gpunb.analysis.fit.search import fit_with_memory  # noqa: E402
 from gpunb.testing.fake_device_memory import BudgetMemory  # noqa: E402
+from tests.fit_state import MODELS, ConvNet, Mlp, differences, everything, interrupted_at  # noqa: E402
 
-GiB, MiB = 2**30, 2**20
-
-
-class ConvNet:
-    """A BatchNorm conv net with SGD (momentum) and a StepLR stepped inside the step; the user
-    left it in eval() mode, the step switches it to train()."""
-
-    def __init__(self, memory: BudgetMemory) -> None:
-        torch.manual_seed(1)
-        self.memory = memory
-        self.model = torch.nn.Sequential(
-            torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
-            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 4))
-        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1, momentum=0.9)
-        self.sched = torch.optim.lr_scheduler.StepLR(self.opt, step_size=1, gamma=0.9)
-        memory.keep(64 * MiB)
-
-    def step(self, batch: int) -> None:
-        self.memory.use(3 * MiB * batch)
-        self.model.train()
-        x = torch.randn(min(batch, 64), 3, 8, 8)
-        loss = self.model(x).square().mean() + random.random() * 0 + float(np.random.rand()) * 0
-        self.opt.zero_grad()
-        loss.backward()
-        self.opt.step()
-        self.sched.step()
-
-    def mid_training(self) -> ConvNet:
-        for _ in range(3):
-            self.step(4)
-        self.model.eval()
-        return self
-
-
-class Mlp:
-    """An MLP with AdamW, a OneCycleLR stepped inside the step and a GradScaler."""
-
-    def __init__(self, memory: BudgetMemory) -> None:
-        torch.manual_seed(2)
-        self.memory = memory
-        self.model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Dropout(0.1),
-                                         torch.nn.Linear(32, 4))
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3, weight_decay=0.01)
-        self.sched = torch.optim.lr_scheduler.OneCycleLR(self.opt, max_lr=0.01, total_steps=10_000)
-        self.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=2)
-        memory.keep(32 * MiB)
-
-    def step(self, batch: int) -> None:
-        self.memory.use(2 * MiB * batch)
-        x = torch.randn(min(batch, 64), 16)
-        loss = self.model(x).square().mean()
-        self.opt.zero_grad()
-        self.scaler.scale(loss).backward()
-        self.scaler.step(self.opt)
-        self.scaler.update()
-        self.sched.step()
-
-    def mid_training(self) -> Mlp:
-        for _ in range(5):
-            self.step(4)
-        return self
-
-
-MODELS = {"convnet": ConvNet, "mlp": Mlp}
-
-
-def everything(t: object) -> dict[str, object]:
-    """What the user could look at afterwards, copied."""
-    out: dict[str, object] = {
-        "model": {k: v.detach().clone() for k, v in t.model.state_dict().items()},
-        "grads": {n: None if p.grad is None else p.grad.clone() for n, p in t.model.named_parameters()},
-        "modes": [m.training for m in t.model.modules()],
-        "optimizer": copy.deepcopy(t.opt.state_dict()),
-        "scheduler": copy.deepcopy(t.sched.state_dict()),
-        "python rng": random.getstate(),
-        "numpy rng": np.random.get_state(),
-        "torch rng": torch.get_rng_state(),
-    }
-    if hasattr(t, "scaler"):
-        out["scaler"] = copy.deepcopy(t.scaler.state_dict())
-    return out
-
-
-def differences(a: object, b: object, path: str = "") -> list[str]:
-    if isinstance(a, torch.Tensor):
-        same = isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(
-            a.view(torch.uint8) if a.dtype.is_floating_point and a.dim() else a,
-            b.view(torch.uint8) if b.dtype.is_floating_point and b.dim() else b)
-        return [] if same else [path]
-    if isinstance(a, np.ndarray):
-        return [] if np.array_equal(a, b) else [path]
-    if isinstance(a, dict):
-        if not isinstance(b, dict) or a.keys() != b.keys():
-            return [path + " (keys)"]
-        return [d for k in a for d in differences(a[k], b[k], f"{path}.{k}")]
-    if isinstance(a, (list, tuple)):
-        if not isinstance(b, (list, tuple)) or len(a) != len(b):
-            return [path + " (length)"]
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{path}[{i}]")]
-    return [] if a == b else [f"{path}: {a!r} != {b!r}"]
+GiB = 2**30
 
 
 def fit(t: object, **kw):
@@ -172,15 +72,8 @@ def test_an_error_in_the_step_leaves_everything_as_it_was(kind):
 def test_a_ctrl_c_in_any_trial_leaves_everything_as_it_was(kind, at_call):
     t = MODELS[kind](BudgetMemory(2 * GiB)).mid_training()
     before = everything(t)
-    real, calls = t.step, [0]
-
-    def interrupted(batch):
-        calls[0] += 1
-        real(batch)  # the interrupt lands after the step changed things
-        if calls[0] == at_call:
-            raise KeyboardInterrupt
-
-    t.step = interrupted
+    real = t.step
+    t.step, _ = interrupted_at(real, at_call)  # the interrupt lands after the step changed things
     with pytest.raises(KeyboardInterrupt):
         fit(t)
     t.step = real

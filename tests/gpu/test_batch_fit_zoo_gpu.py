@@ -35,13 +35,17 @@ from tests.gpu.results import RESULTS  # noqa: E402
 STEPS = int(os.environ.get("GPUNB_FIT_STEPS", "50"))
 BUDGET_S = float(os.environ.get("GPUNB_FIT_BUDGET_S", "420"))
 TRUTH = ROOT / "benchmarks" / "results" / "h200x2_batch_fit_zoo_run1.json"
+# run 1's seven models; bn_convnet (20 GiB, issue 24) has its own test, test_batch_fit_bn_convnet_gpu.py,
+# which measures its maximum (here it would slow the others, eight processes on one GPU)
+MODELS = [m["model"] for m in json.loads(TRUTH.read_text())["models"] if m["model"] in memory_zoo.ZOO]
 
 
 @pytest.fixture(scope="module")
 def zoo_fits():
     """%gpufit on every model in parallel, then the sustained run at its answer in a fresh process."""
     gpus = batch_fit_zoo.visible_gpus() or [str(i) for i in range(torch.cuda.device_count())]
-    pool = batch_fit_zoo.Pool(gpus, 8 * len(gpus), time.monotonic() + BUDGET_S, lambda text: print(text))
+    pool = batch_fit_zoo.Pool(gpus, 8 * len(gpus), time.monotonic() + BUDGET_S, lambda text: print(text),
+                              room_gib=batch_fit_zoo.gpu_room_gib(gpus))
 
     def one(name: str) -> dict:
         base = {"model": name, "smoke": False, "steps": STEPS}
@@ -51,14 +55,14 @@ def zoo_fits():
         return found
 
     t0 = time.monotonic()
-    results = dict(zip(memory_zoo.ZOO, batch_fit_zoo.in_threads([lambda n=n: one(n) for n in memory_zoo.ZOO])))
+    results = dict(zip(MODELS, batch_fit_zoo.in_threads([lambda n=n: one(n) for n in MODELS])))
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "batch_fit_zoo_gpu.json").write_text(json.dumps(
         {"steps": STEPS, "seconds": time.monotonic() - t0, "gpus": gpus, "models": results}, indent=1, default=str))
     return results
 
 
-@pytest.mark.parametrize("name", list(memory_zoo.ZOO))
+@pytest.mark.parametrize("name", MODELS)
 def test_gpufit_recommendation_trains_a_sustained_run_in_the_same_and_a_fresh_process(zoo_fits, name):
     r = zoo_fits[name]
     assert "error" not in r, r.get("stderr_tail") or r
@@ -85,7 +89,7 @@ def _recorded_truth() -> tuple[dict, str]:
     return {m["model"]: m["truth"]["max"] for m in report["models"]}, ""
 
 
-@pytest.mark.parametrize("name", list(memory_zoo.ZOO))
+@pytest.mark.parametrize("name", MODELS)
 def test_gpufit_is_at_most_the_sustained_maximum_and_at_least_90_percent_of_it(zoo_fits, name):
     truth, why_not = _recorded_truth()
     if why_not:

@@ -15,7 +15,8 @@ class Trial:
     index: int
     batch: int
     ok: bool  # every step ran without an out-of-memory error
-    purpose: str  # "probe", "probe (bound)", "scout", "candidate", "refine", "back off", "bisect", "smaller start"
+    # "probe", "probe (bound)", "scout", "candidate", "refine", "beyond", "back off", "bisect", "smaller start"
+    purpose: str
     peak_allocated_bytes: int | None = None  # over the steps after the first (up to the failure if it failed)
     peak_reserved_bytes: int | None = None
     non_torch_bytes: int | None = None  # NVML process memory outside torch's reserve
@@ -35,8 +36,15 @@ class Trial:
 
     @property
     def fits(self) -> bool:
-        """Trained every step of the sustained run."""
-        return self.ok and self.steps_done >= self.steps
+        """Trained every step of the sustained run, within the memory the fit may use."""
+        return self.ok and self.steps_done >= self.steps and not self.over_capacity
+
+    @property
+    def over_capacity(self) -> bool:
+        """Trained, but its tensors took more than ``capacity_bytes`` (what the fit may use: less
+        ``--margin``, which the device does not enforce): it does not count as fitting."""
+        return (self.ok and self.capacity_bytes is not None and self.peak_allocated_bytes is not None
+                and self.peak_allocated_bytes > self.capacity_bytes)
 
     @property
     def at_edge(self) -> bool:
@@ -45,6 +53,8 @@ class Trial:
 
     @property
     def verdict(self) -> str:
+        if self.over_capacity:
+            return f"over the {(self.capacity_bytes or 0) / 2**30:.2f} GiB it may use"
         if not self.fits:
             return "out of memory" + (f" at step {self.steps_done + 1}" if self.steps > 1 else "")
         why = []
