@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
 
 # Options of the cell form that the line form's actions do not take, and those they do.
-_CELL_OPTIONS = ("steps", "no_reset", "timeline", "label", "no_ranks", "output", "ops", "no_flops")
+_CELL_OPTIONS = ("steps", "no_reset", "timeline", "label", "no_ranks", "output", "ops", "no_flops", "no_leak")
 _LINE_OPTIONS = {"on": ("no_reset",), "off": (), "history": ("clear", "output")}
 
 
@@ -129,6 +129,9 @@ class ProfileMagics(Magics):
     @argument("--no-flops", action="store_true",
               help="do not count the FLOPs of step 2 (by default they are counted, for TFLOP/s and MFU; "
                    "the counted step is left out of the step times)")
+    @argument("--no-leak", action="store_true",
+              help="do not look for memory that grows every step (by default a few censuses of the notebook's "
+                   "variables at step ends after the warm-up, within 0.5%% of the cell's time, name what holds it)")
     @argument("--clear", action="store_true", help="with `history`: forget the profiled cells")
     @output_option("the result object (CellProfile; with `history` the HistoryReport)")
     @line_cell_magic
@@ -138,7 +141,7 @@ class ProfileMagics(Magics):
         ::
 
           %%gpuprofile [--steps N] [--no-reset] [--timeline | --no-timeline] [--no-ranks] [--label TEXT]
-                       [--ops] [--no-flops] [-o NAME]
+                       [--ops] [--no-flops] [--no-leak] [-o NAME]
           <training code>
 
           %gpuprofile on [--no-reset]   one line after every cell
@@ -152,6 +155,8 @@ class ProfileMagics(Magics):
         %gpucheck measured; --ops adds torch.profiler's view of steps 4-6. Worker processes the
         cell starts (torchrun, torch.multiprocessing, accelerate.notebook_launcher) report per
         rank: step times, peak VRAM, data wait, DDP's all-reduce time; the slowest rank is named.
+        Memory that grows with every step after the warm-up is reported with the variable that
+        holds it and the fix (`preds.append(logits)`: append `logits.detach()`); --no-leak turns it off.
         Without a GPU it reports wall/CPU time, peak RSS, steps, FLOPs and TFLOP/s and says the
         GPU parts are absent. A bad option fails the cell before its code runs.
         API twin: ``with gpunb.profile() as p: ...``.
@@ -218,7 +223,8 @@ class ProfileMagics(Magics):
         session = ProfileSession(label=label, cell=number,
                                  warmup_steps=args.steps if args.steps is not None else 1,
                                  reset_peak=not args.no_reset, timeline=args.timeline is not False,
-                                 flops=not args.no_flops, ops=args.ops, ranks=not args.no_ranks)
+                                 flops=not args.no_flops, ops=args.ops, ranks=not args.no_ranks,
+                                 leak=not args.no_leak, namespace=shell.user_ns)
         try:
             session.start()
         except Exception as exc:  # never keep the user's cell from running

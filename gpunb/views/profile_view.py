@@ -21,6 +21,7 @@ from gpunb.readings.devices import OWN_BY_RESERVE
 from gpunb.units import byte_rate, flop_count, flop_rate, milliseconds, seconds
 from gpunb.views import chart
 from gpunb.views.chart import DIM, SMALL
+from gpunb.views.leak_view import leak_html, leak_text
 from gpunb.views.markup import code_html
 from gpunb.views.per_gpu import without_qualifiers
 from gpunb.views.ranks_view import ranks_html, ranks_text
@@ -297,6 +298,7 @@ def profile_text(p: CellProfile) -> str:
     lines = [headline(p)]
     if p.verdict.reason:
         lines.append(f"  {'why':<11} {p.verdict.reason}")
+    lines += leak_text(p.leak)  # memory that grows every step: right under the verdict
     lines.append(f"  {'cell':<11} {_identity(p)}")
     lines += [f"  {h:<11} {t}" for h, t in _rows(p)]  # in full: a terminal has no click for details
     if p.ranks is not None:  # worker processes of a multi-GPU cell (views/ranks_view.py)
@@ -352,7 +354,7 @@ def _advice_html(p: CellProfile) -> str:
 
 def profile_html(p: CellProfile) -> str:
     return (f"<div class='gpunb-profile' style='font-family:var(--jp-ui-font-family,sans-serif);font-size:13px'>"
-            f"{_verdict_html(p)}{_rows_html(p)}{ranks_html(p.ranks) if p.ranks is not None else ''}"
+            f"{_verdict_html(p)}{leak_html(p.leak)}{_rows_html(p)}{ranks_html(p.ranks) if p.ranks is not None else ''}"
             f"{_advice_html(p)}{timeline_html(p)}</div>")
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpunb.analysis.advice import Advice
+from gpunb.analysis.leaks.records import LeakReport
 from gpunb.analysis.ranks.records import RanksPart
 from gpunb.analysis.steps.records import OpsReport, Throughput
 from gpunb.display import DisplayMixin
@@ -119,6 +120,7 @@ class CellProfile(DisplayMixin):
     driver_cuda: str | None = None  # the newest CUDA the driver supports ("13.0"), from NVML
     ranks: RanksPart | None = None  # the worker processes of a multi-GPU cell (analysis/ranks/summary.py)
     other_thread_steps: int = 0  # optimizer steps other threads took during the cell (not counted as its own)
+    leak: LeakReport | None = None  # memory that grew every step, and its holder (None: leak=False, no torch)
 
 
 

@@ -20,7 +20,8 @@ What each one measures, without changing the user's code:
   torch's allocated/reserved bytes and NVML's device "used".
 - **output**: ``sys.stdout.write`` / ``sys.stderr.write`` are timed.
 - **a closer look at a few steps**: ``step_watch(index)``, when set, is called at the end of
-  each step until it returns False (``step_plan.py``: the FLOP count of step 2, ``--ops``).
+  each step until it returns False (``step_plan.py``: the FLOP count of step 2, ``--ops``);
+  ``leak_watch(index)`` at every step end (the leak finder: one comparison until a look is due).
 
 When the cell starts before torch is imported, the torch hooks are put in the moment the
 cell imports it (``gpunb.readings.import_watch``).
@@ -193,6 +194,8 @@ class Instruments:
         self.device_used_peak: int | None = None
         # called with the step's index at every step end while it returns True (step_plan.py)
         self.step_watch: Callable[[int], bool] | None = None
+        # called with the step's index at every step end: the leak finder (analysis/leaks/finder.py)
+        self.leak_watch: Callable[[int], bool] | None = None
         # called with the module when the cell itself imports torch (after the hooks are in)
         self.on_torch_import: Callable[[Any], None] | None = None
         self._undo: list[Callable[[], None]] = []
@@ -296,6 +299,9 @@ class Instruments:
         watch = self.step_watch
         if watch is not None and not watch(len(self.step_t) - 1):
             self.step_watch = None  # nothing left to look at: the per-step path is one test again
+        leaks = self.leak_watch
+        if leaks is not None:
+            leaks(len(self.step_t) - 1)
 
     def _first_step(self, optimizer: Any) -> bool:
         """True when ``optimizer`` is the one whose steps are counted (the first one seen)."""
