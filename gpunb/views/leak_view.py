@@ -36,7 +36,7 @@ def evidence(report: LeakReport) -> list[str]:
     steps = ", ".join(str(s) for s in report.steps)
     lines = [f"{report.looks} censuses of the notebook's variables after steps {steps}; they took "
              f"{seconds(report.cost_s)} = {100 * report.cost_share:.2f}% of the cell"
-             + (f", {report.looks_skipped} left out to stay within 0.5%" if report.looks_skipped else "")]
+             + (f", {report.looks_skipped} left out to stay within their time budget" if report.looks_skipped else "")]
     if report.allocated_per_step is not None:
         lines.append(f"torch's allocated bytes at step ends rose {gib(report.allocated_per_step)} per step "
                      "after the warm-up")

@@ -20,8 +20,8 @@ pytestmark = [
 import gpunb  # noqa: E402
 from tests.gpu.results import save_json  # noqa: E402
 
-CELL_S = 3.0  # each loop runs this long: long enough for several looks within 0.5 % of it
-STEP_SLEEP_S = 0.004  # a host-side pause per step, as a data loader would take
+CELL_S = 4.0  # each loop runs this long: long enough for several looks within 0.5 % of it
+STEP_SLEEP_S = 0.008  # a host-side pause per step, as a data loader would take
 RESULTS: dict[str, dict] = {}
 
 
@@ -67,12 +67,14 @@ def _train_step(model, opt, x, y):
 def test_steady_loop_stays_silent():
     model, opt = _model()
     x, y = _batch()
-    losses = []  # detached scalars: a few bytes a step, no history: silent on purpose
+    # detached scalars: 4 bytes a step (512 B in the caching allocator), no history: silent on purpose
+    losses, more = [], []
     with gpunb.profile(show=False, record=False) as p:
         deadline = time.perf_counter() + CELL_S
         while True:
             step = _train_step(model, opt, x, y)
             losses.append(step[1].detach())
+            more.append(step[1].detach() * 2)  # two a step: 1 KiB of allocated bytes a step
             if not _until(deadline):
                 break
     out = _record("steady", p)

@@ -104,8 +104,10 @@ class LeakFinder:
         steps = tuple(s.step + 1 for s in looks)
         allocated = _allocated_rate(timeline, step_t, warmup_steps) if gpu_allocated is not None else None
         in_use = max(gpu_allocated or 0, looks[-1].tensor_bytes if looks else 0)
-        findings = _findings(looks, self.namespace, self.torch, in_use)
-        if allocated is not None and not growth.matters(allocated, in_use) and not findings:
+        findings, small = _findings(looks, self.namespace, self.torch, in_use)
+        if allocated is not None and not findings and (small or not growth.matters(allocated, in_use)):
+            # what grew is explained by a holder too small to report (the allocator gives each
+            # tensor at least 512 bytes: a detached scalar a step shows as 512 B a step), or small itself
             allocated = None
         if allocated is not None and not findings:
             findings = [LeakFinding("", "unnamed", "no variable of the notebook holds it (a closure, another "
@@ -157,11 +159,13 @@ def _series(looks: Sequence[Snapshot], key: str, field: str, capped: bool = Fals
 
 
 def _findings(looks: Sequence[Snapshot], namespace: Callable[[], Mapping[str, Any]], torch: Any,
-              in_use: int) -> list[LeakFinding]:
+              in_use: int) -> tuple[list[LeakFinding], bool]:
+    """The holders that grew enough to report, and whether one grew too little to report."""
     if len(looks) < growth.MIN_LOOKS:
-        return []
+        return [], False
     last = looks[-1]
     found: list[LeakFinding] = []
+    small = False
     for key, held in last.holdings.items():
         xs, tensors = _series(looks, key, "tensors")
         _, history = _series(looks, key, "with_history")
@@ -172,6 +176,7 @@ def _findings(looks: Sequence[Snapshot], namespace: Callable[[], Mapping[str, An
             pattern = "history"
         elif growth.steady_rise(xs, tensors):
             if not growth.matters(rate, in_use):
+                small = True
                 continue  # detached scalars and other small change: silent on purpose
             pattern = "tensors"
         elif held.with_history and growth.steady_rise(gx, nodes):
@@ -190,7 +195,7 @@ def _findings(looks: Sequence[Snapshot], namespace: Callable[[], Mapping[str, An
                                  filled_by)
         out.append(LeakFinding(f.holder, f.pattern, sentence, fix, f.tensors, f.tensors_per_step, f.bytes_held,
                                f.bytes_per_step, f.graph_nodes, f.graph_nodes_per_step))
-    return sorted(out, key=lambda f: -f.bytes_per_step)
+    return sorted(out, key=lambda f: -f.bytes_per_step), small
 
 
 def _deepest(found: list[LeakFinding]) -> list[LeakFinding]:
