@@ -49,6 +49,10 @@ attached cannot slow the others. Then a table of per-call costs on this machine.
     python benchmarks/profile_overhead.py --out DIR --short         # ~3 min: shorter budgets, 4 rounds
     python benchmarks/profile_overhead.py --out DIR --device cpu    # CPU smoke run (tiny sizes)
 
+The leak finder (``leak=``, on by default in every ``gpunb.profile()`` above) is also measured
+on its own: half-length cells with it on and off side by side, and its censuses timed in place
+as a share of the cell (``leak_finder`` in the JSON, one line per loop in the table).
+
 ``--cpus`` pins the measuring processes (and the threads torch starts) to those cores.
 """
 
@@ -518,7 +522,8 @@ def measure(kind: str, device: str, cell_s: float, rounds: int, profiler_rounds:
     res["flops_counted"] = FLOPS
     # a whole cell: long enough for the one-line mode's NVML utilization read (cell_meter.UTIL_MIN_S)
     res["call_breakdown_ms"] = {m: call_breakdown(m, run, steps, device) for m in GPUNB_MODES[1:]}
-    res["leak_finder"] = leak_finder_cost(loop, device, steps, max(4, rounds))
+    # half-length cells (a --short run must stay within its 4 minutes on the H200)
+    res["leak_finder"] = leak_finder_cost(loop, device, max(10, steps // 2), max(4, rounds))
     res["cells"] = {"gpunb": cells, "torch.profiler": prof_rounds, "blocks": blocks, "toggled_pairs_us": pairs}
     return res
 

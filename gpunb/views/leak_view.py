@@ -44,7 +44,8 @@ def evidence(report: LeakReport) -> list[str]:
         if f.pattern == "unnamed":
             continue
         held = f"{f.tensors:,} tensors, {gib(f.bytes_held)}" + \
-            (f", +{f.tensors_per_step:.2g} tensors and +{gib(f.bytes_per_step)} per step"
+            (f", +{f.tensors_per_step:.2g} tensor{'s' if f.tensors_per_step != 1 else ''} and "
+             f"+{gib(f.bytes_per_step)} per step"
              if f.pattern != "graph" else f", a graph of {f.graph_nodes:,} nodes growing by "
              f"{f.graph_nodes_per_step:.0f} per step")
         lines.append(f"`{f.holder}`: {held}")

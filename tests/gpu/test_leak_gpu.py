@@ -98,7 +98,7 @@ def test_outputs_appended_with_their_graph():
     f = p.result.leak.findings[0]
     assert f.holder == "all_preds" and f.pattern == "history", out
     assert "logits.detach()" in f.fix, out
-    assert p.result.leak.allocated_per_step and p.result.leak.allocated_per_step >= 64 * 10 * 4, out
+    assert p.result.leak.allocated_per_step and p.result.leak.allocated_per_step >= 0.9 * 64 * 10 * 4, out  # the logits
     assert p.result.advice[0].title.startswith("Stop memory"), out
     assert p.result.leak.cost_share <= 0.01, out
 

@@ -6,7 +6,7 @@ comparison until a look is due. Looks (censuses of the notebook's variables,
 after the warm-up, then 1, 2, 3, 5, 8, 12, 18, 27... steps later (each gap 1.5 times the one
 before), and once more at the end of the cell. Each look is timed; a look that would take the
 looks' total above :data:`BUDGET_SHARE` of the cell's elapsed time (the last look's time is
-the estimate) waits for a later step. So the finder stays inside the profile's budget of 1 %
+the estimate, 1 ms before the first) waits for a later step. So the finder stays inside the profile's budget of 1 %
 on any loop, and a long cell gets more looks than a short one.
 
 The look at the cell's end counts only when nothing it held fell since the last step-end
@@ -28,6 +28,9 @@ from gpunb.analysis.leaks.snapshot import Snapshot, look
 from gpunb.units import gib
 
 BUDGET_SHARE = 0.005  # of the cell's elapsed time, for all looks together
+# The first look's cost before any was measured: a small notebook's census took 0.2-0.6 ms on the
+# 2-core CI machine under load. So the first look waits until the cell has run 0.2 s.
+FIRST_LOOK_GUESS_S = 0.001
 SPACING = 1.5  # each gap between looks this many times the one before
 
 
@@ -54,9 +57,10 @@ class LeakFinder:
         self.next_index = self.plan[0]
         self.looks: list[Snapshot] = []
         self.spent_s = 0.0
-        self.expected_s = 0.0  # the next look's cost, guessed from the last one
+        self.expected_s = FIRST_LOOK_GUESS_S  # the next look's cost, guessed from the last one
         self.skipped = 0
         self.errors: list[str] = []
+        self.t_end: float | None = None
 
     def on_step(self, index: int) -> bool:
         """At the end of step ``index`` (0-based). Always True: the finder watches to the end."""
@@ -87,6 +91,7 @@ class LeakFinder:
 
     def finish(self, steps: int, t_end: float) -> None:
         """The look at the cell's end (``steps``: the cell's step count), budget allowing."""
+        self.t_end = t_end
         if not self.looks or steps - 1 <= self.looks[-1].step:
             return
         if self.spent_s + self.expected_s <= self.budget_share * (t_end - self.t0):
@@ -100,7 +105,7 @@ class LeakFinder:
                gpu_allocated: int | None, warmup_steps: int) -> LeakReport:
         """Judge the looks (and, on a GPU, the allocated bytes at step ends after the warm-up)."""
         looks = self.looks
-        wall = (looks[-1].t + looks[-1].cost_s - self.t0) if looks else 0.0
+        wall = max(looks[-1].t + looks[-1].cost_s if looks else self.t0, self.t_end or self.t0) - self.t0
         steps = tuple(s.step + 1 for s in looks)
         allocated = _allocated_rate(timeline, step_t, warmup_steps) if gpu_allocated is not None else None
         in_use = max(gpu_allocated or 0, looks[-1].tensor_bytes if looks else 0)
