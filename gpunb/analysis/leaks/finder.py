@@ -175,7 +175,7 @@ def _findings(looks: Sequence[Snapshot], namespace: Callable[[], Mapping[str, An
         xs, tensors = _series(looks, key, "tensors")
         _, history = _series(looks, key, "with_history")
         gx, nodes = _series(looks, key, "graph_nodes", capped=True)
-        _, total = _series(looks, key, "total_bytes")
+        _, total = _series(looks, key, "nbytes")
         rate = max(growth.theil_sen(xs, total), 0.0)
         if growth.steady_rise(xs, history):
             pattern = "history"
@@ -190,7 +190,7 @@ def _findings(looks: Sequence[Snapshot], namespace: Callable[[], Mapping[str, An
             continue
         node_rate = growth.theil_sen(gx, nodes) if len(gx) >= 2 else 0.0
         found.append(LeakFinding(key, pattern, "", "", held.tensors, growth.theil_sen(xs, tensors),
-                                 held.total_bytes, rate, held.graph_nodes, node_rate))
+                                 held.nbytes, rate, held.graph_nodes, node_rate))
     found = _deepest(found)
     out = []
     ns = namespace()

@@ -16,7 +16,7 @@ class LeakFinding:
     fix: str  # what to write instead: "append `logits.detach()` (or `logits.item()` for a number)"
     tensors: int  # held at the last look
     tensors_per_step: float
-    bytes_held: int  # tensors' storages plus the saved tensors of their graphs, at the last look
+    bytes_held: int  # the held tensors' storages at the last look (their graphs' host memory not counted)
     bytes_per_step: float
     graph_nodes: int = 0
     graph_nodes_per_step: float = 0.0

@@ -9,9 +9,8 @@ keeps the deepest one that grows.
 A tensor with autograd history (a ``grad_fn``) keeps its step's graph alive. The graph of a
 tensor that is no container's element (a variable, an attribute) is walked
 (``next_functions``, shared between tensors, capped at :data:`GRAPH_NODE_CAP` nodes per look)
-to count its nodes and the bytes of the tensors it saved for backward that are not freed yet
-(``.backward()`` frees them; a forward pass outside ``torch.no_grad()`` keeps them).
-That is how ``total_loss += loss`` shows: one tensor whose graph gains nodes every step.
+to count its nodes. That is how ``total_loss += loss`` shows: one tensor whose graph gains
+nodes every step.
 """
 
 from __future__ import annotations
@@ -24,9 +23,7 @@ from typing import Any
 from gpunb.analysis.memory.census import NAMESPACE, TensorEntry, take_census
 
 GRAPH_NODE_CAP = 20_000  # autograd nodes walked per look (~1 µs each on the CPU of the H200 machine)
-FREED_PROBES = 8  # walks per look that may find a freed graph (an exception each) before saved bytes stop
 CENSUS_NODE_CAP = 100_000  # objects the census visits per look (its default is 200,000)
-_saved_names: dict[type, tuple[str, ...]] = {}  # per autograd node type: its _saved_* attributes
 
 
 @dataclass
@@ -37,13 +34,8 @@ class Holding:
     nbytes: int = 0  # the tensors' own storages
     with_history: int = 0  # tensors with a grad_fn
     graph_nodes: int = 0  # autograd nodes first reached from its tensors
-    graph_bytes: int = 0  # saved-for-backward tensors not yet freed, reached from its tensors
     sample: tuple[Any, ...] = ()  # (shape, dtype, grad_fn type) of the last tensor counted
     graph_inputs: frozenset[int] = frozenset()  # ids of the nodes its last tensor's grad_fn feeds from
-
-    @property
-    def total_bytes(self) -> int:
-        return self.nbytes + self.graph_bytes
 
 
 @dataclass
@@ -84,22 +76,20 @@ def containers(path: str) -> list[str]:
 class _GraphWalk:
     """The autograd graph behind the tensors of one look, each node counted once.
 
-    Reading a saved tensor that ``.backward()`` already freed raises, and torch's exception costs
-    ~28 µs (the H200 machine's CPU; a live one ~0.3 µs). Backward frees every node it went
-    through, so once one node of a walk is freed the rest of that walk is taken as freed too,
-    and after :data:`FREED_PROBES` freed walks a look reads no more saved tensors."""
+    Only nodes are counted, never the tensors they saved for backward: reading one runs the
+    saved-tensor unpack hooks (activation checkpointing would recompute the forward there,
+    ``save_on_cpu`` would copy it back to the GPU), and one freed by ``.backward()`` raises an
+    exception that costs ~28 µs. The bytes a leak holds come from the census and, on a GPU,
+    from torch's allocated bytes."""
 
     def __init__(self, cap: int) -> None:
         self.cap = cap
         self.seen: set[int] = set()
-        self.storages: set[tuple[str, int]] = set()
         self.capped = False
-        self.freed_walks = 0
 
-    def walk(self, fn: Any) -> tuple[int, int]:
-        """(nodes, saved bytes) first reached from ``fn``."""
-        nodes = nbytes = 0
-        freed = self.freed_walks >= FREED_PROBES
+    def walk(self, fn: Any) -> int:
+        """Nodes first reached from ``fn``."""
+        nodes = 0
         todo = [fn]
         while todo:
             node = todo.pop()
@@ -110,45 +100,11 @@ class _GraphWalk:
                 break
             self.seen.add(id(node))
             nodes += 1
-            if not freed:
-                saved = self._saved_bytes(node)
-                if saved is None:
-                    freed = True
-                    self.freed_walks += 1
-                else:
-                    nbytes += saved
             try:
                 todo.extend(n for n, _ in node.next_functions)
             except Exception:  # noqa: BLE001 (a custom Function's odd node: its inputs stay unseen)
                 pass
-        return nodes, nbytes
-
-    def _saved_bytes(self, node: Any) -> int | None:
-        """Bytes of the node's saved tensors not counted yet; None when backward freed them."""
-        kind = type(node)
-        names = _saved_names.get(kind)
-        if names is None:
-            names = _saved_names[kind] = tuple(n for n in dir(kind) if n.startswith("_saved_")
-                                               and not n.endswith(("_sym_sizes", "_sym_strides", "_sizes")))
-        total = 0
-        for name in names:
-            try:
-                value = getattr(node, name)
-            except RuntimeError:  # freed by .backward(): nothing held any more
-                return None
-            except Exception:  # noqa: BLE001 (an odd attribute: not a tensor)
-                continue
-            if not hasattr(value, "untyped_storage"):
-                continue
-            try:
-                storage = value.untyped_storage()
-                key = (str(value.device), storage.data_ptr())
-                if key not in self.storages:
-                    self.storages.add(key)
-                    total += int(storage.nbytes())
-            except Exception:  # noqa: BLE001 (sparse or otherwise unusual tensors)
-                continue
-        return total
+        return nodes
 
 
 def look(namespace: Mapping[str, Any], torch: Any, step: int, *, devices: set[str] | None = None,
@@ -166,7 +122,7 @@ def look(namespace: Mapping[str, Any], torch: Any, step: int, *, devices: set[st
         paths = containers(entry.name)
         # only a tensor that is no container's element gets its graph walked: a list's elements
         # are counted (with_history), which is what tells that leak, at a fraction of the cost
-        nodes, saved = graph.walk(fn) if fn is not None and len(paths) == 1 else (0, 0)
+        nodes = graph.walk(fn) if fn is not None and len(paths) == 1 else 0
         sample = (entry.shape, entry.dtype, type(fn).__name__ if fn is not None else "")
         if len(paths) == 1 and entry.name.isidentifier():
             variables[entry.name] = (sample, id(fn) if fn is not None else 0)
@@ -178,7 +134,6 @@ def look(namespace: Mapping[str, Any], torch: Any, step: int, *, devices: set[st
             h.nbytes += entry.nbytes
             h.with_history += fn is not None
             h.graph_nodes += nodes
-            h.graph_bytes += saved
             h.sample = sample
             if len(paths) == 1 and fn is not None:
                 h.graph_inputs = frozenset(id(n) for n, _ in fn.next_functions)
