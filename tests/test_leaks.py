@@ -71,7 +71,7 @@ def test_total_loss_plus_equals_loss_keeps_every_graph(ip, quick_budget):
     (f,) = p.leak.findings
     assert (f.holder, f.pattern) == ("total_loss", "graph")
     assert "keeps the autograd graph of every step" in f.sentence and f.graph_nodes_per_step >= 1
-    assert f.fix == "add `loss.item()` (a Python number) instead of `loss`"
+    assert f.fix == "add `loss.item()`, a Python number, instead of `loss`"
 
 
 def test_dict_cache_of_batches(ip, quick_budget):

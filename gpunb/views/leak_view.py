@@ -1,5 +1,6 @@
 """The leak finder's line in a cell's profile: the finding first ("memory grows 0.5 MiB per step:
-`running_preds` holds 60 tensors with autograd history — append `logits.detach()`"), its
+`running_preds` holds 60 tensors with autograd history — append `logits.detach()`, or
+`logits.item()` for a number"), its
 evidence one click away. Pure functions of :class:`~gpunb.analysis.leaks.records.LeakReport`."""
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def leak_headline(report: LeakReport | None) -> str:
     first = report.findings[0]
     line = f"{_rate(report)}: {_finding_words(first)}"
     more = len(report.findings) - 1
-    return line + (f"; {more} more holder{'s' if more > 1 else ''} below" if more else "")
+    return line + (f"; {more} more holder{'s' if more > 1 else ''} in the details" if more else "")
 
 
 def evidence(report: LeakReport) -> list[str]:
@@ -43,7 +44,7 @@ def evidence(report: LeakReport) -> list[str]:
     for f in report.findings:
         if f.pattern == "unnamed":
             continue
-        held = f"{f.tensors:,} tensors, {gib(f.bytes_held)}" + \
+        held = f"{f.tensors:,} tensor{'s' if f.tensors != 1 else ''}, {gib(f.bytes_held)}" + \
             (f", +{f.tensors_per_step:.2g} tensor{'s' if f.tensors_per_step != 1 else ''} and "
              f"+{gib(f.bytes_per_step)} per step"
              if f.pattern != "graph" else f", a graph of {f.graph_nodes:,} nodes growing by "

@@ -1,7 +1,7 @@
 """The finding and its fix, in words about the user's own code, per pattern:
 
 - ``all_preds.append(logits)``: "`all_preds` holds 60 tensors with autograd history" — append
-  ``logits.detach()`` (or ``logits.item()`` for a number);
+  ``logits.detach()``, or ``logits.item()`` for a number;
 - ``total_loss += loss``: "`total_loss` keeps the autograd graph of every step" — add ``loss.item()``;
 - ``cache[i] = x``: "`cache` holds 60 tensors" — bound it, or keep summaries;
 - a forward hook that stores its output (in a closure, a bound object, or a notebook list the
@@ -91,8 +91,8 @@ def describe(pattern: str, holder: str, tensors: int, nodes: int, nodes_per_step
         feeder = graph_feeder(holder, last)
         sentence = (f"{who} keeps the autograd graph of every step ({nodes:,} nodes, "
                     f"+{nodes_per_step:.0f} per step)")
-        fix = (f"add `{feeder}.item()` (a Python number) instead of `{feeder}`" if feeder
-               else "add `.item()` (a Python number) or `.detach()` of each step's value")
+        fix = (f"add `{feeder}.item()`, a Python number, instead of `{feeder}`" if feeder
+               else "add each step's `.item()`, a Python number, or its `.detach()`")
         return sentence, fix
     if pattern == "history":
         sentence = f"{who} holds {tensors:,} tensor{plural} with autograd history"
@@ -100,8 +100,8 @@ def describe(pattern: str, holder: str, tensors: int, nodes: int, nodes_per_step
             return sentence, "store `output.detach()` in the hook, and `handle.remove()` the hook when done"
         var = appended_variable(holder, last)
         if var:
-            return sentence, f"append `{var}.detach()` (or `{var}.item()` for a number)"
-        return sentence, "store `.detach()` of each tensor (or `.item()` for a number)"
+            return sentence, f"append `{var}.detach()`, or `{var}.item()` for a number"
+        return sentence, "store each tensor's `.detach()`, or its `.item()` for a number"
     sentence = f"{who} holds {tensors:,} tensor{plural}, one more set every step"
     if via_hook or filled_by:
         return sentence, "keep what the hook stores bounded, or `handle.remove()` the hook when done"

@@ -13,7 +13,7 @@ class LeakFinding:
     holder: str  # the container's reference path: "running_preds", "model.fc1.<forward hook save>.store"
     pattern: str  # "history" | "graph" | "tensors" | "unnamed"
     sentence: str  # the finding: "`running_preds` holds 60 tensors with autograd history"
-    fix: str  # what to write instead: "append `logits.detach()` (or `logits.item()` for a number)"
+    fix: str  # what to write instead: "append `logits.detach()`, or `logits.item()` for a number"
     tensors: int  # held at the last look
     tensors_per_step: float
     bytes_held: int  # the held tensors' storages at the last look (their graphs' host memory not counted)
