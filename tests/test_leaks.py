@@ -208,6 +208,13 @@ def test_reserved_growth_of_the_caching_allocator_is_not_a_leak():
     assert finder._allocated_rate(rising, step_t, 1) == pytest.approx(4096)
 
 
+def test_a_notebook_holding_a_big_collection_delays_the_first_look():
+    assert finder.first_guess({"x": 1}) == finder.FIRST_LOOK_GUESS_S
+    big = finder.first_guess({"dataset": [0] * 50_000, "other": {"a": 1}})
+    assert big == pytest.approx(finder.FIRST_LOOK_GUESS_S + 50_001 * finder.PER_ELEMENT_GUESS_S)
+    # at 0.5 %, the first look of such a notebook waits until the cell has run ~30 s
+
+
 def test_containers_of_a_path():
     assert containers("logs['preds'][3]") == ["logs", "logs['preds']", "logs['preds'][3]"]
     assert containers("cache['a[1]']") == ["cache", "cache['a[1]']"]

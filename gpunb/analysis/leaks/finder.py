@@ -6,7 +6,8 @@ comparison until a look is due. Looks (censuses of the notebook's variables,
 after the warm-up, then 1, 2, 3, 5, 8, 12, 18, 27... steps later (each gap 1.5 times the one
 before), and once more at the end of the cell. Each look is timed; a look that would take the
 looks' total above :data:`BUDGET_SHARE` of the cell's elapsed time (the last look's time is
-the estimate, 1 ms before the first) waits for a later step. So the finder stays inside the profile's budget of 1 %
+the estimate; before the first, a guess from the size of the notebook's collections) waits
+for a later step. So the finder stays inside the profile's budget of 1 %
 on any loop, and a long cell gets more looks than a short one.
 
 The look at the cell's end counts only when nothing it held fell since the last step-end
@@ -24,13 +25,16 @@ from gpunb.analysis.advice import Advice
 from gpunb.analysis.leaks import growth
 from gpunb.analysis.leaks.fixes import describe, hooks_filling
 from gpunb.analysis.leaks.records import LeakFinding, LeakReport
-from gpunb.analysis.leaks.snapshot import Snapshot, look
+from gpunb.analysis.leaks.snapshot import CENSUS_NODE_CAP, Snapshot, look
 from gpunb.units import gib
 
 BUDGET_SHARE = 0.005  # of the cell's elapsed time, for all looks together
 # The first look's cost before any was measured: a small notebook's census took 0.2-0.6 ms on the
-# 2-core CI machine under load. So the first look waits until the cell has run 0.2 s.
+# 2-core CI machine under load, plus ~3 µs for each element of the notebook's lists, dicts, tuples
+# and sets (a dataset kept as a list of tensors). So the first look waits until the cell has run
+# 0.2 s, longer in a notebook holding big collections.
 FIRST_LOOK_GUESS_S = 0.001
+PER_ELEMENT_GUESS_S = 3e-6
 SPACING = 1.5  # each gap between looks this many times the one before
 
 
@@ -41,6 +45,16 @@ def schedule(first: int, limit: int = 10**9) -> list[int]:
         out.append(out[-1] + gap)
         gap = max(gap + 1, round(gap * SPACING))
     return out
+
+
+def first_guess(namespace: Mapping[str, Any]) -> float:
+    """The first look's cost, guessed from the size of the notebook's top-level collections
+    (exact built-in types only: a user's ``__len__`` is never called)."""
+    elements = 0
+    for value in list(namespace.values()):
+        if type(value) in (list, dict, tuple, set):
+            elements += len(value)
+    return FIRST_LOOK_GUESS_S + PER_ELEMENT_GUESS_S * min(elements, CENSUS_NODE_CAP)
 
 
 class LeakFinder:
@@ -57,7 +71,10 @@ class LeakFinder:
         self.next_index = self.plan[0]
         self.looks: list[Snapshot] = []
         self.spent_s = 0.0
-        self.expected_s = FIRST_LOOK_GUESS_S  # the next look's cost, guessed from the last one
+        try:  # the next look's cost, guessed from the last one
+            self.expected_s = first_guess(namespace())
+        except Exception:  # noqa: BLE001 (a frame or mapping that cannot be read now: the first look will say so)
+            self.expected_s = FIRST_LOOK_GUESS_S
         self.skipped = 0
         self.errors: list[str] = []
         self.t_end: float | None = None
