@@ -49,6 +49,10 @@ attached cannot slow the others. Then a table of per-call costs on this machine.
     python benchmarks/profile_overhead.py --out DIR --short         # ~3 min: shorter budgets, 4 rounds
     python benchmarks/profile_overhead.py --out DIR --device cpu    # CPU smoke run (tiny sizes)
 
+The leak finder (``leak=``, on by default in every ``gpunb.profile()`` above) is also measured
+on its own: half-length cells with it on and off side by side, and its censuses timed in place
+as a share of the cell (``leak_finder`` in the JSON, one line per loop in the table).
+
 ``--cpus`` pins the measuring processes (and the threads torch starts) to those cores.
 """
 
@@ -415,6 +419,42 @@ def call_breakdown(mode: str, run, steps: int, device: str) -> dict[str, list[li
     return {"enter": top(enter), "exit": top(leave)}
 
 
+def leak_finder_cost(loop, device: str, steps: int, rounds: int) -> dict:
+    """The leak finder on and off side by side (``gpunb.profile(leak=...)``), whole cells in
+    alternating order, with a notebook-like namespace (the model, its optimizer, a list of
+    detached losses that grows: what the finder must look at and stay silent on). Its own
+    time is also timed in place (each census), as a share of the cell: the figure that
+    resolves well below the ~1 % the whole cells can."""
+    import gpunb
+
+    namespace = {"model": loop.model, "optimizer": loop.optimizer, "losses": []}
+    body: dict[str, list[float]] = {"leak": [], "no-leak": []}
+    shares, looks, findings = [], [], []
+    for r in range(rounds):
+        order = ("leak", "no-leak") if r % 2 == 0 else ("no-leak", "leak")
+        for mode in order:
+            gc.collect()
+            synchronize(device)
+            p = gpunb.profile(record=False, show=False, flops=FLOPS, leak=mode == "leak", namespace=namespace)
+            with p:
+                t0 = time.perf_counter()
+                for _ in range(steps // 10):
+                    loop.run(10)
+                    namespace["losses"].append(0.0)
+                synchronize(device)
+                body[mode].append(time.perf_counter() - t0)
+            if mode == "leak" and p.result.leak is not None:
+                shares.append(p.result.leak.cost_share)
+                looks.append(p.result.leak.looks)
+                findings += [f.sentence for f in p.result.leak.findings]
+    ratios = [a / b for a, b in zip(body["leak"], body["no-leak"])]
+    return {"rounds": rounds, "steps": steps, "direct_pct": (statistics.median(ratios) - 1) * 100,
+            "direct_pct_min": (min(ratios) - 1) * 100, "direct_pct_max": (max(ratios) - 1) * 100,
+            "finder_share_pct": statistics.median(shares) * 100 if shares else None,
+            "finder_share_pct_max": max(shares) * 100 if shares else None,
+            "looks_median": statistics.median(looks) if looks else 0, "false_findings": findings}
+
+
 def measure(kind: str, device: str, cell_s: float, rounds: int, profiler_rounds: int,
             block_s: float, block_budget_s: float, toggle_steps: int, toggle_budget_s: float) -> dict:
     loop = build_loop(kind, device)
@@ -482,6 +522,8 @@ def measure(kind: str, device: str, cell_s: float, rounds: int, profiler_rounds:
     res["flops_counted"] = FLOPS
     # a whole cell: long enough for the one-line mode's NVML utilization read (cell_meter.UTIL_MIN_S)
     res["call_breakdown_ms"] = {m: call_breakdown(m, run, steps, device) for m in GPUNB_MODES[1:]}
+    # half-length cells (a --short run must stay within its 4 minutes on the H200)
+    res["leak_finder"] = leak_finder_cost(loop, device, max(10, steps // 2), max(4, rounds))
     res["cells"] = {"gpunb": cells, "torch.profiler": prof_rounds, "blocks": blocks, "toggled_pairs_us": pairs}
     return res
 
@@ -513,6 +555,13 @@ def print_table(results: list[dict], meta: dict) -> None:
                   + ", ".join(f"{k} {v:.2f}" for k, v in res["in_situ_us_per_step"].items()))
         print(f"  {'mode':<15} {'F ms':>7} {'E ms':>24} {'E thread CPU':>13} {'overhead %':>26} {'direct %':>28}"
               f"   (overhead from: {res['modes']['gpuprofile']['estimate']})")
+        lf = res.get("leak_finder")
+        if lf:
+            share = f"{lf['finder_share_pct']:.2f} % (max {lf['finder_share_pct_max']:.2f} %)" \
+                if lf["finder_share_pct"] is not None else "n/a"
+            print(f"   leak finder: its censuses took {share} of the cell over {lf['looks_median']} looks; "
+                  f"whole cells leak on vs off {lf['direct_pct']:+.1f} % [{lf['direct_pct_min']:+.1f} .. "
+                  f"{lf['direct_pct_max']:+.1f}]; findings on a steady loop: {len(lf['false_findings'])}")
         for m, v in res["modes"].items():
             if m == "none":
                 continue

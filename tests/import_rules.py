@@ -40,12 +40,14 @@ CAPABILITY_USES: dict[str, frozenset[str]] = {
     "checks": frozenset(),
     "steps": frozenset(),  # the hooks inside one training process
     "ranks": frozenset({"steps"}),  # each worker runs the same step hooks
-    "profile": frozenset({"steps", "ranks", "energy"}),  # a cell's steps, its worker processes, its energy
+    # a cell's steps, its worker processes, its energy, the memory that grows every step
+    "profile": frozenset({"steps", "ranks", "energy", "leaks"}),
     "memory": frozenset({"holders"}),  # the OOM doctor names the other processes on the GPU
     "fit": frozenset({"memory"}),  # a trial recognises an OOM
     "holders": frozenset(),
     "monitor": frozenset({"energy"}),  # energy since the monitor started
     "energy": frozenset(),  # the GPUs' energy over a window, its price
+    "leaks": frozenset({"memory"}),  # memory that grows every step, its holder named by the census
 }
 # analysis/<module>.py beside the capabilities: small pieces every capability may use; they
 # import no capability.

@@ -35,7 +35,8 @@ PUBLIC_SIGNATURES = {
     "check": "(quick=False, device=None, *, deep=False, environ=None, nvml=None, progress=None, in_kernel=None, "
              "probe_timeout_s=180.0)",
     "profile": "(label='', *, warmup_steps=1, reset_peak=True, timeline=True, show=None, record=True, flops=True, "
-               "ops=False, trace_dir=None, ranks=True, energy=True, tokens_per_sample=None)",
+               "ops=False, trace_dir=None, ranks=True, energy=True, tokens_per_sample=None, leak=True, "
+               "namespace=None)",
     "memory": "(*, free=(), top=20, all_devices=False, namespace=None, shell=None, nvml=None)",
     "diagnose_oom": "(exc=None, *, release=False, namespace=None, nvml=None)",
     "fit_batch_size": "(step_fn, *, start=2, max_batch=None, margin=0.0, device=None, steps=50, tolerance=0.05, "

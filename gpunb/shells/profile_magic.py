@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 # Options of the cell form that the line form's actions do not take, and those they do.
 _CELL_OPTIONS = ("steps", "no_reset", "timeline", "label", "no_ranks", "output", "ops", "no_flops", "no_energy",
-                 "tokens_per_sample")
+                 "tokens_per_sample", "no_leak")
 _LINE_OPTIONS = {"on": ("no_reset",), "off": (), "history": ("clear", "output")}
 
 
@@ -137,6 +137,9 @@ class ProfileMagics(Magics):
     @argument("--tokens-per-sample", type=whole_number(1), default=None, metavar="N",
               help="tokens in one sample (the sequence length), for tokens/s and tokens/J (by default read from "
                    "the first batch when it holds token ids: a 2-D integer tensor, or a dict's input_ids)")
+    @argument("--no-leak", action="store_true",
+              help="do not look for memory that grows every step (by default a few censuses of the notebook's "
+                   "variables at step ends after the warm-up, within 0.5%% of the cell's time, name what holds it)")
     @argument("--clear", action="store_true", help="with `history`: forget the profiled cells")
     @output_option("the result object (CellProfile; with `history` the HistoryReport)")
     @line_cell_magic
@@ -146,7 +149,8 @@ class ProfileMagics(Magics):
         ::
 
           %%gpuprofile [--steps N] [--no-reset] [--timeline | --no-timeline] [--no-ranks] [--label TEXT]
-                       [--ops] [--no-flops] [--no-energy] [--tokens-per-sample N] [-o NAME]
+                       [--ops] [--no-flops] [--no-energy] [--tokens-per-sample N] [--no-leak]
+                       [-o NAME]
           <training code>
 
           %gpuprofile on [--no-reset]   one line after every cell
@@ -162,6 +166,8 @@ class ProfileMagics(Magics):
         step over steady windows of at least 1 s, with PCIe/NVLink traffic. Worker processes the
         cell starts (torchrun, torch.multiprocessing, accelerate.notebook_launcher) report per
         rank: step times, peak VRAM, data wait, DDP's all-reduce time; the slowest rank is named.
+        Memory that grows with every step after the warm-up is reported with the variable that
+        holds it and the fix (`preds.append(logits)`: append `logits.detach()`); --no-leak turns it off.
         Without a GPU it reports wall/CPU time, peak RSS, steps, FLOPs and TFLOP/s and says the
         GPU parts are absent. A bad option fails the cell before its code runs.
         API twin: ``with gpunb.profile() as p: ...``.
@@ -229,7 +235,8 @@ class ProfileMagics(Magics):
                                  warmup_steps=args.steps if args.steps is not None else 1,
                                  reset_peak=not args.no_reset, timeline=args.timeline is not False,
                                  flops=not args.no_flops, ops=args.ops, ranks=not args.no_ranks,
-                                 energy=not args.no_energy, tokens_per_sample=args.tokens_per_sample)
+                                 energy=not args.no_energy, tokens_per_sample=args.tokens_per_sample,
+                                 leak=not args.no_leak, namespace=shell.user_ns)
         try:
             session.start()
         except Exception as exc:  # never keep the user's cell from running

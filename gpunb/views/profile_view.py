@@ -22,6 +22,7 @@ from gpunb.units import byte_rate, flop_count, flop_rate, milliseconds, seconds
 from gpunb.views import chart
 from gpunb.views.chart import DIM, SMALL
 from gpunb.views.energy_view import energy_cell, energy_html, energy_text
+from gpunb.views.leak_view import leak_html, leak_text
 from gpunb.views.markup import code_html
 from gpunb.views.per_gpu import without_qualifiers
 from gpunb.views.ranks_view import ranks_html, ranks_text
@@ -300,6 +301,7 @@ def profile_text(p: CellProfile) -> str:
     lines = [headline(p)]
     if p.verdict.reason:
         lines.append(f"  {'why':<11} {p.verdict.reason}")
+    lines += leak_text(p.leak)  # memory that grows every step: right under the verdict
     lines.append(f"  {'cell':<11} {_identity(p)}")
     lines += energy_text(p)  # the finding about energy, near the top (views/energy_view.py)
     lines += [f"  {h:<11} {t}" for h, t in _rows(p)]  # in full: a terminal has no click for details
@@ -356,7 +358,8 @@ def _advice_html(p: CellProfile) -> str:
 
 def profile_html(p: CellProfile) -> str:
     return (f"<div class='gpunb-profile' style='font-family:var(--jp-ui-font-family,sans-serif);font-size:13px'>"
-            f"{_verdict_html(p)}{energy_html(p)}{_rows_html(p)}{ranks_html(p.ranks) if p.ranks is not None else ''}"
+            f"{_verdict_html(p)}{leak_html(p.leak)}{energy_html(p)}{_rows_html(p)}"
+            f"{ranks_html(p.ranks) if p.ranks is not None else ''}"
             f"{_advice_html(p)}{timeline_html(p)}</div>")
 
 

@@ -8,6 +8,10 @@ places that keep tensors alive without a name: the output history (``Out[3]``), 
 exception's frames, and any other tracebacks given. Each storage is counted once (views
 share storage), under the first name found for it.
 
+A module's hooks are looked into too (what a forward hook's closure, bound object or
+``functools.partial`` keeps: ``model.fc1.<forward hook save>.store[3]``), since storing
+activations from a hook is a common way to keep every step's tensors alive.
+
 Works for tensors on any device (CPU too, which is how it is tested in CI); pass
 ``devices={"cuda"}`` to keep only GPU tensors.
 
@@ -19,11 +23,12 @@ counted (``Census.names_skipped``); the walk goes on with the others.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import sys
 import types
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,8 +146,10 @@ def _skip_name(name: str) -> bool:
 
 
 class _Walker:
-    def __init__(self, torch: Any, devices: set[str] | None, max_depth: int, max_nodes: int) -> None:
+    def __init__(self, torch: Any, devices: set[str] | None, max_depth: int, max_nodes: int,
+                 observe: Callable[[Any, TensorEntry], None] | None = None) -> None:
         self.torch = torch
+        self.observe = observe
         self.Tensor = torch.Tensor
         self.Module = torch.nn.Module
         self.Parameter = torch.nn.Parameter
@@ -198,8 +205,11 @@ class _Walker:
         if key in self.seen_storages or (key[1] == 0 and nbytes == 0):
             return
         self.seen_storages.add(key)
-        self.entries.append(TensorEntry(name, nbytes, tuple(t.shape), str(t.dtype).replace("torch.", ""),
-                                        device, role, source, key[1]))
+        entry = TensorEntry(name, nbytes, tuple(t.shape), str(t.dtype).replace("torch.", ""), device, role, source,
+                            key[1])
+        self.entries.append(entry)
+        if self.observe is not None:
+            self.observe(t, entry)
 
     # -- generic walk --------------------------------------------------------------
     def visit(self, obj: Any, name: str, depth: int, source: str, role: str = "other") -> None:
@@ -292,6 +302,21 @@ class _Walker:
         for bname, b in buffers:
             self.seen_objects.add(id(b))
             self.add_tensor(b, f"{name}.{bname}", "parameter", source)
+        self.visit_hooks(module, name, source)
+
+    def visit_hooks(self, module: Any, name: str, source: str) -> None:
+        """What the hooks of ``module`` and its submodules keep: closure variables, a bound
+        method's object, a callable object's attributes, a ``functools.partial``'s arguments."""
+        for sub_name, sub in module.named_modules():
+            for kind, attr in _HOOK_KINDS:
+                hooks = getattr(sub, attr, None)
+                if not isinstance(hooks, dict) or not hooks:
+                    continue
+                for hook in list(hooks.values())[:100]:
+                    where = f"{name}.{sub_name}" if sub_name else name
+                    label = f"{where}.<{kind} {getattr(hook, '__name__', type(hook).__name__)}>"
+                    for var, value in _hook_holdings(hook):
+                        self.visit(value, f"{label}.{var}" if var else label, 1, source)
 
     def finish_optimizers(self) -> None:
         for name, opt, source in self.optimizers:
@@ -320,6 +345,31 @@ class _Walker:
                 for key, value in (state.get(p) or {}).items():
                     if isinstance(value, self.Tensor):
                         self.add_tensor(value, f"{name}.state[{pname}].{key}", "optimizer state", source)
+
+
+_HOOK_KINDS = (("forward hook", "_forward_hooks"), ("forward pre-hook", "_forward_pre_hooks"),
+               ("backward hook", "_backward_hooks"), ("backward pre-hook", "_backward_pre_hooks"))
+
+
+def _hook_holdings(hook: Any) -> list[tuple[str, Any]]:
+    """(name, object) for what a hook keeps alive; "" names the hook object itself."""
+    if isinstance(hook, functools.partial):
+        return [(f"args[{i}]", a) for i, a in enumerate(hook.args)] + list(hook.keywords.items()) \
+            + _hook_holdings(hook.func)
+    if isinstance(hook, types.MethodType):
+        return [(getattr(hook.__func__, "__name__", "method") + ".__self__", hook.__self__)]
+    if isinstance(hook, types.FunctionType):
+        cells = hook.__closure__ or ()
+        out = []
+        for var, cell in zip(hook.__code__.co_freevars, cells):
+            try:
+                out.append((var, cell.cell_contents))
+            except ValueError:  # a cell not filled yet
+                pass
+        return out
+    if isinstance(hook, (types.BuiltinFunctionType, type)):
+        return []
+    return [("", hook)]  # a callable object: its attributes
 
 
 def _frames(tb: Any) -> Iterable[tuple[str, dict[str, Any]]]:
@@ -358,17 +408,19 @@ def take_census(
     exceptions: Iterable[tuple[str, BaseException | None]] = (),
     max_depth: int = 4,
     max_nodes: int = 200_000,
+    observe: Callable[[Any, TensorEntry], None] | None = None,
 ) -> Census:
     """Name every tensor reachable from ``namespace``, then the unnamed holders.
 
     ``exceptions``: ``(label, exc)`` pairs whose frames are searched after the namespace
     (e.g. ``("failed cell", exc)``, ``("sys.last_value", ...)``); their tensors are
-    reported with ``source=label``.
+    reported with ``source=label``. ``observe(tensor, entry)``, when given, is called for each
+    tensor counted (the leak finder reads its autograd history there).
     """
     torch = torch if torch is not None else sys.modules.get("torch")
     if torch is None:
         return Census(())
-    w = _Walker(torch, devices, max_depth, max_nodes)
+    w = _Walker(torch, devices, max_depth, max_nodes, observe)
     ns = namespace or {}
     # Modules first, so optimizer state and gradients get the model's names.
     items = [(k, v) for k, v in list(ns.items()) if isinstance(k, str) and not _skip_name(k)]

@@ -15,6 +15,10 @@ default, ``flops=False`` turns it off) and, with ``ops=True``, steps 4-6 are tra
 torch.profiler into a Chrome/Perfetto trace in ``trace_dir`` (default: the working
 directory, which in Jupyter is the notebook's). The steps they slow are left out of the
 step times.
+
+The leak finder (``leak=True``, the default; ``analysis/leaks``) takes a few censuses of
+``namespace`` (the notebook's variables) at step ends after the warm-up, within 0.5 % of the
+cell's time, and reports memory that grows with every step with the variable that holds it.
 """
 
 from __future__ import annotations
@@ -25,12 +29,13 @@ import os
 import statistics
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
 
 from gpunb.analysis.advice import ranked
+from gpunb.analysis.leaks.finder import LeakFinder, leak_advice
 from gpunb.analysis.profile.cell_energy import CellMeters, check_energy_options, with_energy
 from gpunb.analysis.profile.rank_verdict import judge_ranks
 from gpunb.analysis.profile.records import CellProfile, GpuPart, StepStats, TimeShares
@@ -66,10 +71,11 @@ class ProfileSession:
                  reset_peak: bool = True, timeline: bool = True, nvml: NvmlSession | None = None,
                  flops: bool = True, ops: bool = False, trace_dir: str | os.PathLike[str] | None = None,
                  environ: Mapping[str, str] | None = None, ranks: bool = True, energy: bool = True,
-                 tokens_per_sample: int | None = None) -> None:
+                 tokens_per_sample: int | None = None, leak: bool = True,
+                 namespace: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None = None) -> None:
         if not isinstance(warmup_steps, int) or isinstance(warmup_steps, bool) or warmup_steps < 0:
             raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
-        for name, value in (("flops", flops), ("ops", ops)):
+        for name, value in (("flops", flops), ("ops", ops), ("leak", leak)):
             if not isinstance(value, bool):
                 raise TypeError(f"{name} must be True or False, got {value!r}")
         check_energy_options(energy, tokens_per_sample)
@@ -94,6 +100,9 @@ class ProfileSession:
         self.traffic: TrafficMeter | None = None
         self.instruments: Instruments | None = None
         self.result: CellProfile | None = None
+        self.leak = leak
+        self.namespace = namespace  # the variables the leak finder looks at (a mapping, or a function giving one)
+        self.leaks: LeakFinder | None = None
 
     def start(self) -> ProfileSession:
         """Install the cell's instruments, all or nothing: any exception on the way (a Ctrl-C
@@ -124,15 +133,16 @@ class ProfileSession:
         self.instruments = Instruments(torch, memory_every_s=TIMELINE_EVERY_S if self.timeline else None)
         if cuda:
             self.instruments.device_used = self._device_used_probe(torch)
-        if self.flops or self.ops:
-            if torch is not None:
-                self._plan_steps(torch)
-            else:  # the cell imports torch itself: plan the closer look then
-                self.instruments.on_torch_import = self._plan_steps
+        if (self.flops or self.ops) and torch is not None:
+            self._plan_steps(torch)
         self.usage0 = read_process_usage()
         self.t0 = self.usage0.t_s
         if self.energy:
             self._start_meters()
+        if torch is not None:
+            self._watch_leaks(torch)
+        else:  # the cell imports torch itself: plan the closer look and watch for leaks then
+            self.instruments.on_torch_import = self._torch_imported
         self.instruments.install(cuda)
         if self.ranks:
             self.traffic = TrafficMeter(self.nvml or default_session())
@@ -149,6 +159,20 @@ class ProfileSession:
         self.meters = CellMeters(self.nvml or default_session(),
                                  used.index if isinstance(used, DeviceUsedReader) else None, self.torch)
         self.instruments.step_meter = self.meters.at_step
+
+    def _torch_imported(self, torch: Any) -> None:
+        if self.flops or self.ops:
+            self._plan_steps(torch)
+        self._watch_leaks(torch)
+
+    def _watch_leaks(self, torch: Any) -> None:
+        if not self.leak or self.namespace is None:
+            return
+        namespace = self.namespace
+        self.leaks = LeakFinder(torch, namespace if callable(namespace) else lambda: namespace,
+                                warmup_steps=self.warmup_steps, t0=self.t0)
+        assert self.instruments is not None
+        self.instruments.leak_watch = self.leaks.on_step
 
     def _plan_steps(self, torch: Any) -> None:
         self.plan = StepPlan(torch, flops=self.flops, trace_path=self._trace_path() if self.ops else None)
@@ -231,6 +255,8 @@ class ProfileSession:
                 synced = None
                 error = error or exc
         ins.sample_memory(force=True)
+        if self.leaks is not None:
+            self.leaks.finish(len(ins.step_t), time.perf_counter())
         usage = read_process_usage(peak_was_reset=self.rss_reset)
         ops = plan.finish() if plan is not None else None  # after the GPU finished: the trace is complete
         if ops is None and self.ops and torch is None:
@@ -277,8 +303,12 @@ class ProfileSession:
             ops=ops,
             driver_cuda=driver_cuda,
             other_thread_steps=ins.other_thread_steps,
+            leak=self.leaks.report(ins.memory, ins.step_t, gpu.end_allocated_bytes if gpu is not None else None,
+                                   self.warmup_steps) if self.leaks is not None else None,
         )
+        self.leaks = None  # it reads the notebook's variables: let go of them with the cell
         verdict, advice = judge(profile)
+        advice = ranked(list(advice) + leak_advice(profile.leak))
         part = build_ranks(records, warmup_steps=self.warmup_steps, nvml=nvml,
                            traffic=self.traffic.moved() if self.traffic is not None else None,
                            notes=rank_notes) if records else None

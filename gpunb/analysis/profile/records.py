@@ -9,6 +9,7 @@ from typing import Any
 from gpunb.analysis.advice import Advice
 from gpunb.analysis.energy.links import CellLinks
 from gpunb.analysis.energy.meter import CellEnergy
+from gpunb.analysis.leaks.records import LeakReport
 from gpunb.analysis.ranks.records import RanksPart
 from gpunb.analysis.steps.records import OpsReport, Throughput
 from gpunb.display import DisplayMixin
@@ -130,6 +131,7 @@ class CellProfile(DisplayMixin):
     energy: CellEnergy | None = None  # what the cell's GPUs spent (analysis/profile/cell_energy.py)
     energy_absent: str = ""  # why there is no energy ("" when there is, or when --no-energy)
     links: CellLinks | None = None  # PCIe (sampled) and NVLink (counted) traffic during the cell
+    leak: LeakReport | None = None  # memory that grew every step, and its holder (None: leak=False, no torch)
 
 
 

@@ -20,7 +20,8 @@ What each one measures, without changing the user's code:
   torch's allocated/reserved bytes and NVML's device "used".
 - **output**: ``sys.stdout.write`` / ``sys.stderr.write`` are timed.
 - **a closer look at a few steps**: ``step_watch(index)``, when set, is called at the end of
-  each step until it returns False (``step_plan.py``: the FLOP count of step 2, ``--ops``).
+  each step until it returns False (``step_plan.py``: the FLOP count of step 2, ``--ops``);
+  ``leak_watch(index)`` at every step end (the leak finder: one comparison until a look is due).
 - **energy**: ``step_meter(steps)``, when set, is called at every step end with the steps so
   far (``profile/cell_energy.py``: it asks the NVML worker for the counters, never waits).
 
@@ -199,6 +200,8 @@ class Instruments:
         # called with the number of steps so far at every step end (the cell's energy meter)
         self.step_meter: Callable[[int], None] | None = None
         self.sequence_length: int | None = None  # tokens per sample of the first batch (token ids only)
+        # called with the step's index at every step end: the leak finder (analysis/leaks/finder.py)
+        self.leak_watch: Callable[[int], bool] | None = None
         # called with the module when the cell itself imports torch (after the hooks are in)
         self.on_torch_import: Callable[[Any], None] | None = None
         self._undo: list[Callable[[], None]] = []
@@ -305,6 +308,9 @@ class Instruments:
         meter = self.step_meter
         if meter is not None:
             meter(len(self.step_t))
+        leaks = self.leak_watch
+        if leaks is not None:
+            leaks(len(self.step_t) - 1)
 
     def _first_step(self, optimizer: Any) -> bool:
         """True when ``optimizer`` is the one whose steps are counted (the first one seen)."""

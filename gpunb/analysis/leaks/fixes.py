@@ -1,0 +1,108 @@
+"""The finding and its fix, in words about the user's own code, per pattern:
+
+- ``all_preds.append(logits)``: "`all_preds` holds 60 tensors with autograd history" — append
+  ``logits.detach()``, or ``logits.item()`` for a number;
+- ``total_loss += loss``: "`total_loss` keeps the autograd graph of every step" — add ``loss.item()``;
+- ``cache[i] = x``: "`cache` holds 60 tensors" — bound it, or keep summaries;
+- a forward hook that stores its output (in a closure, a bound object, or a notebook list the
+  hook appends to): named with the module it hangs on — store ``output.detach()``.
+
+The appended variable is recognised when one of the notebook's tensor variables looks like the
+held tensors (same shape, dtype and kind of autograd node) or feeds the growing graph.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from gpunb.analysis.leaks.snapshot import Snapshot
+
+_HOOK = re.compile(r"^(?P<module>.*?)\.<(?P<kind>[a-z -]+hook) (?P<fn>.*?)>(?:\.(?P<var>.*))?$")
+
+
+def _code(name: str) -> str:
+    return f"`{name}`"
+
+
+def hook_words(holder: str) -> str | None:
+    """``model.fc1.<forward hook save>.store`` -> "`store` of the forward hook `save` on `model.fc1`"."""
+    m = _HOOK.match(holder)
+    if m is None:
+        return None
+    on = f"the {m['kind']} {_code(m['fn'])} on {_code(m['module'])}"
+    return f"{_code(m['var'])} of {on}" if m["var"] else on
+
+
+def hooks_filling(namespace: Mapping[str, Any], torch: Any, holder: str) -> str | None:
+    """The hook that appends to a notebook variable by its global name (``acts.append(out)`` in a
+    hook defined in the notebook), as "the forward hook `save` on `model.fc1`"; None if none."""
+    name = re.split(r"[.\[]", holder, maxsplit=1)[0]
+    module_type = getattr(getattr(torch, "nn", None), "Module", None)
+    if module_type is None:
+        return None
+    for var, value in list(namespace.items()):
+        try:
+            if not isinstance(value, module_type) or var.startswith("_"):
+                continue
+            for sub_name, sub in value.named_modules():
+                for kind, attr in (("forward hook", "_forward_hooks"), ("forward pre-hook", "_forward_pre_hooks"),
+                                   ("backward hook", "_backward_hooks")):
+                    for hook in list(getattr(sub, attr, {}).values()):
+                        code = getattr(getattr(hook, "__func__", hook), "__code__", None)
+                        if code is not None and name in code.co_names:
+                            where = f"{var}.{sub_name}" if sub_name else var
+                            return f"the {kind} {_code(getattr(hook, '__name__', 'hook'))} on {_code(where)}"
+        except Exception:  # noqa: BLE001 (a user object may raise anything; the finding stands without it)
+            continue
+    return None
+
+
+def appended_variable(holder: str, last: Snapshot) -> str | None:
+    """The notebook variable whose tensors pile up in ``holder`` (same shape, dtype and autograd
+    node kind as the held ones), when exactly one fits."""
+    held = last.holdings.get(holder)
+    if held is None or not held.sample:
+        return None
+    top = re.split(r"[.\[]", holder, maxsplit=1)[0]
+    fits = [name for name, (sample, _) in last.variables.items() if sample == held.sample and name != top]
+    return fits[0] if len(fits) == 1 else None
+
+
+def graph_feeder(holder: str, last: Snapshot) -> str | None:
+    """The variable added into a growing graph (``loss`` in ``total_loss += loss``)."""
+    held = last.holdings.get(holder)
+    if held is None or not held.graph_inputs:
+        return None
+    fits = [name for name, (_, fn) in last.variables.items() if fn and fn in held.graph_inputs and name != holder]
+    return fits[0] if len(fits) == 1 else None
+
+
+def describe(pattern: str, holder: str, tensors: int, nodes: int, nodes_per_step: float, last: Snapshot,
+             filled_by: str | None) -> tuple[str, str]:
+    """(the finding, the fix) for one growing holder."""
+    via_hook = hook_words(holder)
+    who = via_hook or _code(holder)
+    if filled_by:
+        who += f", filled by {filled_by}"
+    plural = "s" if tensors != 1 else ""
+    if pattern == "graph":
+        feeder = graph_feeder(holder, last)
+        sentence = (f"{who} keeps the autograd graph of every step ({nodes:,} nodes, "
+                    f"+{nodes_per_step:.0f} per step)")
+        fix = (f"add `{feeder}.item()`, a Python number, instead of `{feeder}`" if feeder
+               else "add each step's `.item()`, a Python number, or its `.detach()`")
+        return sentence, fix
+    if pattern == "history":
+        sentence = f"{who} holds {tensors:,} tensor{plural} with autograd history"
+        if via_hook or filled_by:
+            return sentence, "store `output.detach()` in the hook, and `handle.remove()` the hook when done"
+        var = appended_variable(holder, last)
+        if var:
+            return sentence, f"append `{var}.detach()`, or `{var}.item()` for a number"
+        return sentence, "store each tensor's `.detach()`, or its `.item()` for a number"
+    sentence = f"{who} holds {tensors:,} tensor{plural}, one more set every step"
+    if via_hook or filled_by:
+        return sentence, "keep what the hook stores bounded, or `handle.remove()` the hook when done"
+    return sentence, "keep it bounded (drop old entries) or keep summaries such as `x.mean().item()`"
