@@ -46,7 +46,7 @@ def overview_panels(panel: SparkPanel, gpus: Sequence[GpuSeries], colors: dict[i
     slow = chart.legend([(chart.RED, "slowdown", True)]) if slowdown else ""
     return [
         panel.multi_line(series("mem_used_mib"), label="GPU memory used", unit="GiB",
-                         title="memory used (GiB), all GPUs",
+                         title="memory (GiB), all GPUs",
                          scale=1 / 1024, total="sum"),
         panel.multi_line(series("util_pct"), label="GPU utilization", unit="%", title="utilization (%), mean",
                          digits=0, total="mean"),

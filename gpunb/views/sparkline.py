@@ -24,10 +24,10 @@ from gpunb.views import chart
 from gpunb.views.chart import DIM, SMALL
 
 # Plot pixels of one chart: large enough to read a value off its scale (the first version's
-# 100x38 px were not), small enough that five panels (5 x 176 px + gaps = 904 px) sit side by
+# 100x38 px were not), small enough that five panels (5 x 170 px + gaps = 874 px) sit side by
 # side in the 934 px JupyterLab leaves at 1366 px with its file browser open; narrower windows
 # wrap the panels (monitor_layout), never cut them off.
-WIDTH = 132
+WIDTH = 126
 HEIGHT = 56
 # Points per chart (a point per 1.8 px): rows beyond that are merged into buckets. Not one per
 # pixel: every point is formatted on the sampler thread, which holds the GIL while it draws.
