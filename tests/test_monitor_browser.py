@@ -31,7 +31,10 @@ from tests.jupyter_browser import (
 pytestmark = pytest.mark.browser
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
-CHARTS = 5 * 2 + 2 + 2  # five per GPU, two for the host, PCIe both ways (the fake pair has no NVLink)
+# live: five panels with a line per GPU, two for the host, PCIe both ways (the fake pair has no
+# NVLink); each GPU's five more behind the "Each GPU" button, and in a <details> once stopped
+CHARTS = 5 + 2 + 2
+ALL_CHARTS = CHARTS + 5 * 2
 
 
 @pytest.fixture(scope="module")
@@ -99,11 +102,16 @@ def test_the_controls_pause_resume_and_change_the_window(server, browser):
         _wait_for_caption(page, "last sample", 30_000)
         controls.locator("select").select_option(label="10 min")
         _wait_for_caption(page, "10 min window", 30_000)
+        controls.get_by_role("button", name="Each GPU").click()  # each GPU's panels, open while it redraws
+        page.wait_for_selector(".gpunb-monitor details.gpunb-per-gpu[open] .gpunb-gpu", timeout=30_000)
+        time.sleep(1.5)
+        assert page.locator(".gpunb-monitor details[open] .gpunb-gpu").count() == 2
+        assert len(_sources(page.locator(".gpunb-monitor").first)) == ALL_CHARTS
         controls.get_by_role("button", name="Stop").click()
         _wait_for_caption(page, "stopped at", 30_000)
         page.wait_for_timeout(500)
         assert page.locator(".gpunb-monitor-controls").count() == 0  # the controls gave way
-        assert len(_sources(page.locator(".gpunb-monitor").first)) == CHARTS
+        assert len(_sources(page.locator(".gpunb-monitor").first)) == ALL_CHARTS  # each GPU's in a <details>
     finally:
         page.close()
         server.shutdown_kernels()

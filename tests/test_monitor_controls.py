@@ -75,6 +75,28 @@ def test_the_window_control_changes_what_the_charts_show(ip, fake_nvml):
     mon.stop()
 
 
+@pytest.mark.parametrize("fake_nvml", ["two-gpus"], indirect=True)
+def test_each_gpu_shows_each_gpus_panels_under_the_overview(ip, fake_nvml):
+    mon = gpunb.monitor(hz=10, frontend="live")
+    _, _, sent, _ = _show(mon)
+    assert mon.controls.each_gpu in mon.controls.box.children  # two GPUs: the button is there
+    time.sleep(0.3)
+    live = mon._live_bundle()["text/html"]
+    assert "gpunb-overview" in live and 'class="gpunb-gpu"' not in live and "Each GPU" in live
+    mon.controls.each_gpu.value = True  # what a click does
+    assert mon.each_gpu and '<details class="gpunb-per-gpu" open' in sent[-1][1]["text/html"]
+    assert sent[-1][1]["text/html"].count('class="gpunb-gpu"') == 2
+    mon.stop()  # the stopped frame keeps them one click away
+    assert '<details class="gpunb-per-gpu"' in sent[-1][1]["text/html"]
+
+
+def test_one_gpu_has_no_each_gpu_button(ip, fake_nvml):
+    mon = gpunb.monitor(hz=10, frontend="live")
+    _show(mon)
+    assert mon.controls.each_gpu not in mon.controls.box.children
+    mon.stop()
+
+
 def test_stop_leaves_the_frame_and_the_controls_give_way(ip, fake_nvml):
     mon = gpunb.monitor(hz=10, frontend="live")
     _, _, sent, changes = _show(mon)

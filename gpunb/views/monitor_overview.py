@@ -45,15 +45,16 @@ def overview_panels(panel: SparkPanel, gpus: Sequence[GpuSeries], colors: dict[i
     limit = chart.legend([(chart.RED, "limit", True)]) if power_limit else ""
     slow = chart.legend([(chart.RED, "slowdown", True)]) if slowdown else ""
     return [
-        panel.multi_line(series("mem_used_mib"), label="GPU memory used", unit="GiB", title="memory used (GiB)",
+        panel.multi_line(series("mem_used_mib"), label="GPU memory used", unit="GiB",
+                         title="memory (GiB), all GPUs",
                          scale=1 / 1024, total="sum"),
-        panel.multi_line(series("util_pct"), label="GPU utilization", unit="%", title="utilization (%)",
+        panel.multi_line(series("util_pct"), label="GPU utilization", unit="%", title="utilization (%), mean",
                          digits=0, total="mean"),
-        panel.multi_line(series("power_w"), label="GPU power", unit="W", title="power (W)", digits=0,
+        panel.multi_line(series("power_w"), label="GPU power", unit="W", title="power (W), all GPUs", digits=0,
                          threshold=power_limit, threshold_words="power limit", legend=limit, total="sum"),
-        panel.multi_line(series("temp_c"), label="GPU temperature", unit="°C", title="temperature (°C)",
+        panel.multi_line(series("temp_c"), label="GPU temperature", unit="°C", title="temperature (°C), hottest",
                          digits=0, threshold=slowdown, threshold_words="slowdown at", legend=slow, total="max"),
-        panel.multi_line(series("sm_clock_mhz"), label="GPU SM clock", unit="MHz", title="SM clock (MHz)",
+        panel.multi_line(series("sm_clock_mhz"), label="GPU SM clock", unit="MHz", title="SM clock (MHz), slowest",
                          digits=0, total="min"),
     ]
 
@@ -91,9 +92,9 @@ def gpu_table(panel: SparkPanel, gpus: Sequence[GpuSeries], colors: dict[int, st
             _e(energy),
         ]
         tds = "".join(f'<td style="{_CELL}">{c}</td>' for c in cells)
-        rows.append(f'<tr class="gpunb-gpu-row">{tds}<td style="text-align:left">{flags}</td></tr>')
+        rows.append(f'<tr class="gpunb-gpu-row">{tds}<td style="padding:0;text-align:left">{flags}</td></tr>')
     return (f'<table class="gpunb-gpu-table" style="border-collapse:collapse;font-size:11px;line-height:1.35;'
-            f'margin:2px 0;font-variant-numeric:tabular-nums"><thead><tr>{head}<th></th></tr></thead>'
+            f'margin:2px 0;font-variant-numeric:tabular-nums"><thead><tr>{head}<th style="padding:0"></th></tr></thead>'
             f'<tbody>{"".join(rows)}</tbody></table>')
 
 

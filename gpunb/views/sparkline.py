@@ -24,10 +24,10 @@ from gpunb.views import chart
 from gpunb.views.chart import DIM, SMALL
 
 # Plot pixels of one chart: large enough to read a value off its scale (the first version's
-# 100x38 px were not), small enough that five panels (5 x 180 px + gaps = 924 px) sit side by
+# 100x38 px were not), small enough that five panels (5 x 170 px + gaps = 874 px) sit side by
 # side in the 934 px JupyterLab leaves at 1366 px with its file browser open; narrower windows
 # wrap the panels (monitor_layout), never cut them off.
-WIDTH = 136
+WIDTH = 126
 HEIGHT = 56
 # Points per chart (a point per 1.8 px): rows beyond that are merged into buckets. Not one per
 # pixel: every point is formatted on the sampler thread, which holds the GIL while it draws.
@@ -368,7 +368,7 @@ class SparkPanel:
                    threshold: float | None = None, threshold_words: str = "", legend: str = "",
                    digits: int = 1, under: str = "", scale: float = 1.0, total: str = "sum") -> str:
         """Several series on one chart and scale (``series``: key, colour, name, e.g. one per GPU);
-        the large value is their ``total`` now ("sum", or "mean"/"max"/"min", which it names), the
+        the large value is their ``total`` now ("sum", "mean", "max" or "min"; the title says which), the
         alt text names each. ``scale`` converts readings to ``unit`` (MiB to GiB)."""
         memory = {pair[0].key: pair[0] for pair in self.memory.values()}  # used memory, for the overview
         tracks = [(self.tracks.get(k) or memory[k], color, name) for k, color, name in series
@@ -395,8 +395,7 @@ class SparkPanel:
         combine: dict[str, Callable[[list[float]], float]] = {"sum": sum, "mean": statistics.fmean, "max": max,
                                                               "min": min}
         now = combine[total](values) if values else None
-        word = "" if total == "sum" else f"{total} "
-        value_text = "n/a" if now is None else f"{word}{now:,.{digits}f} {unit}"
+        value_text = "n/a" if now is None else f"{now:,.{digits}f} {unit}"  # (the title says which)
         peak_text = f"max {max(highs) * scale:,.{digits}f}" if highs else ""
         stats = "; ".join(parts) if parts else "no reading"
         if threshold:
