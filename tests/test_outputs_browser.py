@@ -39,8 +39,8 @@ pytestmark = pytest.mark.browser
 
 # Charts the notebook's outputs hold with the two-GPU fake: the monitor (5 per GPU, 2 host),
 # the profile's memory timeline, one memory bar (the fake's two GPUs hold the same, so one
-# bar says it for both), the %gpufit curve.
-EXPECTED = {"monitor": 5 * 2 + 2, "profile": 1, "memory": 1, "fit": 1}
+# bar says it for both), the %gpufit curve, the memory trace's timeline by role.
+EXPECTED = {"monitor": 5 * 2 + 2, "profile": 1, "memory": 1, "fit": 1, "trace": 1}
 
 
 @pytest.fixture(scope="module")
