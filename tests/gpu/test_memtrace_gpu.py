@@ -99,25 +99,28 @@ import json, sys
 from IPython.core.interactiveshell import InteractiveShell
 ip = InteractiveShell.instance()
 ip.run_line_magic("load_ext", "gpunb")
-ip.run_cell("""import torch
+# store_history=True, as a notebook runs its cells: each cell its own In [n]
+# (without it IPython compiles every cell under the same number, its tracebacks say so too)
+setup = ip.run_cell("""import torch
 torch.cuda.init()
 torch.cuda.set_per_process_memory_fraction(20 * 2**30 / torch.cuda.get_device_properties(0).total_memory)
 def grab():
     keep = torch.empty(12 * 2**30, dtype=torch.uint8, device="cuda")
     more = torch.empty(10 * 2**30, dtype=torch.uint8, device="cuda")
-    return keep, more""")
+    return keep, more""", store_history=True)
 kernel = ip._gpunb_extension_state.kernel
-out = {}
+out = {"setup_cell": setup.execution_count}
 for armed in (False, True):
     if armed:
         ip.run_line_magic("gpumem", "--trace on")
     before = torch_alloc = ip.user_ns["torch"].cuda.memory_allocated()
-    r = ip.run_cell("pair = grab()")
+    r = ip.run_cell("pair = grab()", store_history=True)
     d = kernel.last_oom
     torch = ip.user_ns["torch"]
     key = "armed" if armed else "unarmed"
     out[key] = {
         "cell_failed": not r.success,
+        "cell_number": r.execution_count,
         "diagnosed": d is not None,
         "text": str(d) if d is not None else "",
         "sites": d.alloc_sites.to_dict() if d is not None and d.alloc_sites is not None else None,
@@ -128,8 +131,13 @@ for armed in (False, True):
     kernel.last_oom = None
 ip.run_line_magic("gpumem", "--trace off")
 out["history_on_after_off"] = bool(torch._C._cuda_isHistoryEnabled())
-r = ip.run_cell("ok = torch.ones(4 * 2**30, dtype=torch.uint8, device='cuda').sum().item()")
-out["next_cell_ok"] = r.success
+# 16 GiB under the 20 GiB cap: fits only if the failed cell's 12 GiB really came back. max(), not
+# sum(): sum() of uint8 makes an int64 copy first (8 bytes a byte: 32 GiB for 4 GiB), over the cap.
+r = ip.run_cell("ok = torch.ones(16 * 2**30, dtype=torch.uint8, device='cuda').max().item() == 1",
+                store_history=True)
+out["next_cell_ok"] = r.success and ip.user_ns.get("ok") is True
+out["next_cell_error"] = repr(r.error_in_exec or r.error_before_exec) if not r.success else None
+out["next_cell_diagnosis"] = str(kernel.last_oom) if kernel.last_oom is not None else None
 print("RESULT " + json.dumps(out, default=str))
 '''
 
@@ -191,5 +199,12 @@ def test_armed_oom_doctor_names_the_lines_and_still_frees_everything(tmp_path):
     assert "keep = torch.empty(12 * 2**30" in sites["live"][0]["label"] and sites["live"][0]["nbytes"] == 12 * GiB
     assert "Failed request" in armed["text"] and "more = torch.empty" in armed["text"]
     assert armed["returned_fraction"] == un["returned_fraction"], (armed["returned_fraction"], un["returned_fraction"])
-    assert not out["history_on_after_off"] and out["next_cell_ok"]
+    # each line named by the cell it is in: grab() was defined in the setup cell, called in the armed one
+    n_def, n_call = out["setup_cell"], armed["cell_number"]
+    assert n_def != n_call, (n_def, n_call)
+    assert sites["failed_at"].startswith(f"In [{n_def}] line 6: more = torch.empty("), sites
+    assert sites["failed_stack"][0] == f"In [{n_call}] line 1: pair = grab()", sites
+    assert sites["live"][0]["label"].startswith(f"In [{n_def}] line 5: keep = torch.empty("), sites
+    assert not out["history_on_after_off"]
+    assert out["next_cell_ok"], (out["next_cell_error"], out["next_cell_diagnosis"])
     assert RESULTS.exists()
