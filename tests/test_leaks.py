@@ -295,3 +295,12 @@ def test_the_graph_walk_counts_nodes_whose_wrappers_are_made_afresh():
             return ((Node(self.depth - 1), 0), (Node(self.depth, "loss"), 0))
 
     assert _GraphWalk(20_000).walk(Node(300)) == 301 + 300  # 301 additions, 300 losses
+
+
+def test_a_look_leaves_out_gpunbs_own_objects():
+    """``p`` of ``with gpunb.profile() as p`` is in the block's variables while it runs; its
+    timelines gain points every step, and walking them made each look cost milliseconds."""
+    p = gpunb.profile(show=False, record=False)
+    p.kept = [torch.ones(2) for _ in range(5)]  # stands for what the running profile holds
+    snap = look({"p": p, "mine": [torch.ones(3)]}, torch, 0)
+    assert set(snap.holdings) == {"mine", "mine[0]"}, snap.holdings
