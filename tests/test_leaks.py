@@ -43,6 +43,7 @@ def quick_budget(monkeypatch):
 
 
 def _profile(ip, body: str, steps: int = 120, flags: str = "", before: str = ""):
+    ip.reset(new_session=False)  # the shell is shared: an earlier test's lists would make each look dearer
     ip.run_cell(SETUP + before)
     result = ip.run_cell(f"%%gpuprofile -o _gpunb_test {flags}\nfor i in range({steps}):{STEP}{body}")
     assert result.error_in_exec is None and result.error_before_exec is None
@@ -237,3 +238,69 @@ def test_a_look_counts_per_container_with_history():
     assert snap.holdings["kept"].tensors == 3 and snap.holdings["kept"].with_history == 3
     assert snap.holdings["plain"].with_history == 0
     assert "w" not in snap.holdings  # parameters are not what grows
+
+
+def test_gpu_growth_seen_in_too_few_looks_names_the_hook_that_holds_it():
+    """On the H200 a hook's list of activations made each look dearer, so only 3 fit the budget:
+    the allocated bytes rose at every step end, and those 3 looks must still name the holder
+    (it was reported as memory no variable holds)."""
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+    acts = []
+
+    def save(module, inputs, output):
+        acts.append(output)
+
+    model[0].register_forward_hook(save)
+    x = torch.randn(16, 32)
+    f = finder.LeakFinder(torch, lambda: {"model": model}, warmup_steps=2, t0=0.0)
+    for i in range(40):
+        model(x).sum().backward()
+        if i in (5, 17, 33):
+            f._look(i)
+    step_t = [float(i) for i in range(1, 41)]
+    timeline = [(t + 0.01, 10**6 + 4096 * int(t), None) for t in step_t]  # +4 KiB a step, every step
+    report = f.report(timeline, step_t, 10**6 + 4096 * 40, 2)
+    (found,) = report.findings
+    assert found.pattern == "history" and "`save`" in found.sentence and "`model.0`" in found.sentence, report
+    assert "output.detach()" in found.fix and report.note == ""
+
+
+def test_too_few_looks_without_gpu_growth_stay_silent():
+    """The same 3 looks without a steady rise of allocated bytes judge nothing."""
+    model = torch.nn.Linear(8, 4)
+    outs = []
+    f = finder.LeakFinder(torch, lambda: {"outs": outs}, warmup_steps=2, t0=0.0)
+    for i in range(40):
+        outs.append(model(torch.randn(2, 8)))
+        if i in (5, 17, 33):
+            f._look(i)
+    step_t = [float(i) for i in range(1, 41)]
+    assert f.report([(t + 0.01, 10**6, None) for t in step_t], step_t, 10**6, 2).findings == ()
+
+
+def test_the_graph_walk_counts_nodes_whose_wrappers_are_made_afresh():
+    """A Python wrapper of an autograd node may be made at each ``next_functions`` read and
+    freed after; a freed wrapper's id is soon another's, so a walk that kept only ids stopped
+    early on ``total_loss``'s chain of additions. Here every read makes new wrappers."""
+    from gpunb.analysis.leaks.snapshot import _GraphWalk
+
+    class Node:  # one step's addition: the chain so far and the step's loss graph
+        def __init__(self, depth: int, kind: str = "add") -> None:
+            self.depth, self.kind = depth, kind
+
+        @property
+        def next_functions(self):
+            if self.kind == "loss" or self.depth == 0:
+                return ((None, 0),)
+            return ((Node(self.depth - 1), 0), (Node(self.depth, "loss"), 0))
+
+    assert _GraphWalk(20_000).walk(Node(300)) == 301 + 300  # 301 additions, 300 losses
+
+
+def test_a_look_leaves_out_gpunbs_own_objects():
+    """``p`` of ``with gpunb.profile() as p`` is in the block's variables while it runs; its
+    timelines gain points every step, and walking them made each look cost milliseconds."""
+    p = gpunb.profile(show=False, record=False)
+    p.kept = [torch.ones(2) for _ in range(5)]  # stands for what the running profile holds
+    snap = look({"p": p, "mine": [torch.ones(3)]}, torch, 0)
+    assert set(snap.holdings) == {"mine", "mine[0]"}, snap.holdings

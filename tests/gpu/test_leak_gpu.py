@@ -165,24 +165,30 @@ def test_forward_hook_storing_activations():
 
 
 def test_caching_allocator_growth_is_not_a_leak():
-    """Reserved bytes grow all through the cell (a bigger temporary every step, freed again:
-    the allocator keeps the blocks), allocated bytes at step ends do not."""
+    """Reserved bytes grow (each step allocates and frees a temporary 4 MiB larger than the one
+    before: above the allocator's 2 MiB rounding of large blocks, so no cached block fits it and
+    the caching allocator must reserve a new segment), allocated bytes at step ends do not."""
     model, opt = _model()
     x, y = _batch()
-    with gpunb.profile(show=False, record=False) as p:
-        deadline = time.perf_counter() + CELL_S
-        rows = 64
-        while True:
-            _train_step(model, opt, x, y)
-            scratch = torch.randn(rows, 1024, device="cuda")
-            scratch.mul_(2.0)
-            del scratch
-            rows += 64
-            if not _until(deadline):
-                break
-    out = _record("caching_allocator", p)
-    timeline = p.result.memory_timeline
-    out["reserved_first_last"] = [timeline[1][2], timeline[-1][2]]
-    save_json("leak_gpu.json", RESULTS)
+    base, grow, growing_steps = 16 * 2**20, 4 * 2**20, 100  # ~21 GB reserved in all, given back below
+    try:
+        with gpunb.profile(show=False, record=False) as p:
+            deadline = time.perf_counter() + CELL_S
+            i = 0
+            while True:
+                _train_step(model, opt, x, y)
+                scratch = torch.empty((base + grow * min(i, growing_steps)) // 4, device="cuda")
+                scratch.fill_(2.0)
+                del scratch  # freed before the next step ends: the allocator keeps its segment
+                i += 1
+                if not _until(deadline):
+                    break
+        out = _record("caching_allocator", p)
+        timeline = p.result.memory_timeline
+        out["reserved_first_last"] = [timeline[1][2], timeline[-1][2]]
+        out["allocated_first_last"] = [timeline[1][1], timeline[-1][1]]
+        save_json("leak_gpu.json", RESULTS)
+    finally:
+        torch.cuda.empty_cache()  # the tests after this one start from the usual cache
     assert timeline[-1][2] > timeline[1][2] + 32 * 2**20, out  # reserved grew by more than 32 MiB
     assert p.result.leak.findings == (), out

@@ -127,6 +127,10 @@ class LeakFinder:
         allocated = _allocated_rate(timeline, step_t, warmup_steps) if gpu_allocated is not None else None
         in_use = max(gpu_allocated or 0, looks[-1].tensor_bytes if looks else 0)
         findings, small = _findings(looks, self.namespace, self.torch, in_use)
+        if allocated is not None and not findings and growth.matters(allocated, in_use):
+            # the allocated bytes rose steadily at every step end: the looks need only say who
+            # holds it, even when they were too few to tell a trend on their own
+            findings, _ = _findings(looks, self.namespace, self.torch, in_use, rise=growth.rose)
         if allocated is not None and not findings and (small or not growth.matters(allocated, in_use)):
             # what grew is explained by a holder too small to report (the allocator gives each
             # tensor at least 512 bytes: a detached scalar a step shows as 512 B a step), or small itself
@@ -137,7 +141,8 @@ class LeakFinder:
                                     "look for state kept between steps outside the notebook's variables "
                                     "(`%gpumem` lists what they hold)", 0, 0.0, 0, allocated)]
         note = ""
-        if len(looks) < growth.MIN_LOOKS or (steps and steps[-1] - steps[0] < growth.MIN_STEPS):
+        too_few = len(looks) < growth.MIN_LOOKS or (steps and steps[-1] - steps[0] < growth.MIN_STEPS)
+        if too_few and not findings:  # a finding from too few looks had the allocated bytes' steady rise
             note = (f"{len(looks)} look{'s' if len(looks) != 1 else ''} over {steps[-1] - steps[0] if steps else 0} "
                     f"steps after the warm-up: too few to judge growth (it needs {growth.MIN_LOOKS} looks over "
                     f"{growth.MIN_STEPS} steps)")
@@ -181,9 +186,11 @@ def _series(looks: Sequence[Snapshot], key: str, field: str, capped: bool = Fals
 
 
 def _findings(looks: Sequence[Snapshot], namespace: Callable[[], Mapping[str, Any]], torch: Any,
-              in_use: int) -> tuple[list[LeakFinding], bool]:
-    """The holders that grew enough to report, and whether one grew too little to report."""
-    if len(looks) < growth.MIN_LOOKS:
+              in_use: int, rise: Callable[[Sequence[float], Sequence[float]], bool] = growth.steady_rise
+              ) -> tuple[list[LeakFinding], bool]:
+    """The holders that grew enough to report, and whether one grew too little to report
+    (``rise``: what counts as growing; the looks alone need :func:`growth.steady_rise`)."""
+    if len(looks) < (growth.MIN_LOOKS if rise is growth.steady_rise else 2):
         return [], False
     last = looks[-1]
     found: list[LeakFinding] = []
@@ -194,14 +201,14 @@ def _findings(looks: Sequence[Snapshot], namespace: Callable[[], Mapping[str, An
         gx, nodes = _series(looks, key, "graph_nodes", capped=True)
         _, total = _series(looks, key, "nbytes")
         rate = max(growth.theil_sen(xs, total), 0.0)
-        if growth.steady_rise(xs, history):
+        if rise(xs, history):
             pattern = "history"
-        elif growth.steady_rise(xs, tensors):
+        elif rise(xs, tensors):
             if not growth.matters(rate, in_use):
                 small = True
                 continue  # detached scalars and other small change: silent on purpose
             pattern = "tensors"
-        elif held.with_history and growth.steady_rise(gx, nodes):
+        elif held.with_history and rise(gx, nodes):
             pattern = "graph"
         else:
             continue

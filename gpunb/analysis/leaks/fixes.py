@@ -76,6 +76,10 @@ def graph_feeder(holder: str, last: Snapshot) -> str | None:
     if held is None or not held.graph_inputs:
         return None
     fits = [name for name, (_, fn) in last.variables.items() if fn and fn in held.graph_inputs and name != holder]
+    if not fits:  # at a step's end this step's `loss` is not added yet: the same kind of tensor
+        fits = [name for name, (sample, fn) in last.variables.items()
+                if fn and name != holder and sample[2] in held.graph_input_kinds and sample[2] != held.sample[2]
+                and sample[:2] == held.sample[:2]]
     return fits[0] if len(fits) == 1 else None
 
 

@@ -53,6 +53,17 @@ def steady_rise(xs: Sequence[float], ys: Sequence[float]) -> bool:
     return rises * 4 >= len(steps) * 3 and theil_sen(xs, ys) > 0
 
 
+def rose(xs: Sequence[float], ys: Sequence[float]) -> bool:
+    """Rose across fewer looks than :func:`steady_rise` needs: never falling, rising in the last
+    interval and overall. Used only to name the holder of GPU memory whose steady rise the
+    allocated bytes at every step end already showed (a look that costs more than the budget
+    allows, a list of activations walked at each look, leaves too few looks to judge alone)."""
+    if len(xs) < 2 or ys[0] <= 0 or ys[-1] <= ys[0]:  # held something at the first look (not a new element)
+        return False
+    steps = list(itertools.pairwise(ys))
+    return not any(b < a for a, b in steps) and steps[-1][1] > steps[-1][0]
+
+
 def matters(bytes_per_step: float, memory_in_use: int) -> bool:
     """Detached growth worth a word: see the module's docstring."""
     return (bytes_per_step >= MIN_BYTES_PER_STEP

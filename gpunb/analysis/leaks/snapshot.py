@@ -36,6 +36,7 @@ class Holding:
     graph_nodes: int = 0  # autograd nodes first reached from its tensors
     sample: tuple[Any, ...] = ()  # (shape, dtype, grad_fn type) of the last tensor counted
     graph_inputs: frozenset[int] = frozenset()  # ids of the nodes its last tensor's grad_fn feeds from
+    graph_input_kinds: frozenset[str] = frozenset()  # and their types (``NllLossBackward0``)
 
 
 @dataclass
@@ -84,7 +85,9 @@ class _GraphWalk:
 
     def __init__(self, cap: int) -> None:
         self.cap = cap
-        self.seen: set[int] = set()
+        # id -> node, the node kept: a Python wrapper of an autograd node may be made afresh at
+        # each ``next_functions`` read and freed after, and a freed object's id is soon another's
+        self.seen: dict[int, Any] = {}
         self.capped = False
 
     def walk(self, fn: Any) -> int:
@@ -98,13 +101,25 @@ class _GraphWalk:
             if len(self.seen) >= self.cap:
                 self.capped = True
                 break
-            self.seen.add(id(node))
+            self.seen[id(node)] = node
             nodes += 1
             try:
                 todo.extend(n for n, _ in node.next_functions)
             except Exception:  # noqa: BLE001 (a custom Function's odd node: its inputs stay unseen)
                 pass
         return nodes
+
+
+def _users(namespace: Mapping[str, Any]) -> dict[str, Any]:
+    """The namespace without gpunb's own objects (``p`` of ``with gpunb.profile() as p``, the
+    records of earlier cells): the running profile's timelines gain points every step, and
+    walking them made each look cost milliseconds, so too few fitted the budget."""
+    out = {}
+    for name, value in list(namespace.items()):
+        module = getattr(type(value), "__module__", "") or ""
+        if not (isinstance(module, str) and (module == "gpunb" or module.startswith("gpunb."))):
+            out[name] = value
+    return out
 
 
 def look(namespace: Mapping[str, Any], torch: Any, step: int, *, devices: set[str] | None = None,
@@ -114,6 +129,7 @@ def look(namespace: Mapping[str, Any], torch: Any, step: int, *, devices: set[st
     graph = _GraphWalk(graph_cap)
     holdings: dict[str, Holding] = {}
     variables: dict[str, tuple[tuple[Any, ...], int]] = {}
+    keep: list[Any] = []  # the autograd nodes whose ids this look records
 
     def observe(tensor: Any, entry: TensorEntry) -> None:
         if entry.source != NAMESPACE or entry.role != "other":
@@ -124,6 +140,8 @@ def look(namespace: Mapping[str, Any], torch: Any, step: int, *, devices: set[st
         # are counted (with_history), which is what tells that leak, at a fraction of the cost
         nodes = graph.walk(fn) if fn is not None and len(paths) == 1 else 0
         sample = (entry.shape, entry.dtype, type(fn).__name__ if fn is not None else "")
+        if fn is not None:
+            keep.append(fn)
         if len(paths) == 1 and entry.name.isidentifier():
             variables[entry.name] = (sample, id(fn) if fn is not None else 0)
         for name in paths:
@@ -136,8 +154,11 @@ def look(namespace: Mapping[str, Any], torch: Any, step: int, *, devices: set[st
             h.graph_nodes += nodes
             h.sample = sample
             if len(paths) == 1 and fn is not None:
-                h.graph_inputs = frozenset(id(n) for n, _ in fn.next_functions)
+                inputs = [n for n, _ in fn.next_functions if n is not None]
+                keep.extend(inputs)  # alive until the look ends, so their ids stay theirs
+                h.graph_inputs = frozenset(id(n) for n in inputs)
+                h.graph_input_kinds = frozenset(type(n).__name__ for n in inputs)
 
-    census = take_census(dict(namespace), torch=torch, devices=devices, max_nodes=CENSUS_NODE_CAP, observe=observe)
+    census = take_census(_users(namespace), torch=torch, devices=devices, max_nodes=CENSUS_NODE_CAP, observe=observe)
     return Snapshot(step, t0, clock() - t0, holdings, census.total_bytes(), graph.capped, census.truncated,
                     variables)
