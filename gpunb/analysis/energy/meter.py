@@ -22,17 +22,17 @@ from gpunb.readings.energy import PowerSamples, read_energy, read_power_since
 from gpunb.readings.gpu_activity import now_us
 from gpunb.readings.nvml import NvmlSession, PendingRun, is_available
 
-MARK_EVERY_S = 0.5  # a counter reading at a step mark at most this often (it moves every ~0.1 s)
+MARK_EVERY_S = 0.25  # a counter reading at a step mark at most this often (it moves every ~0.1 s)
 MIN_WINDOW_S = 1.0  # a per-step energy needs a steady window at least this long
 # A mark's reading is taken just after the counter moves (it moves every ~0.09 s on an H200), on the
 # NVML worker: a reading taken at any moment is up to one move stale (~60 J at 700 W, 9 % of a 1 s
 # window), one taken as it moves is not. The worker polls at most this long; the step never waits.
 FRESH_WAIT_S = 0.15
-# Between two reads the worker sleeps (no GIL held). The move is dated halfway between the last read
-# before it and the first after: within 10 ms, 1 % of a 1 s window. Each read takes ~2.6 ms of the
-# driver on an H200; polling every 8 ms with marks every 0.25 s cost a launch-bound loop 3.0 %
-# (benchmarks/energy_accuracy.py, 2026-12-02), hence the slower poll and marks.
-FRESH_POLL_S = 0.02
+# Between two reads the worker sleeps (no GIL held): ~6 reads per mark on average. The move is dated
+# halfway between the last read before it and the first after: within 4 ms, 0.4 % of a 1 s window.
+# On the H200 the meter cost a launch-bound loop +2.4 to +3.0 % whether marks came every 0.25 or
+# 0.5 s, polled every 8 or 20 ms, PCIe every 0.5 or 2 s (docs/profile-energy.md): not the polling.
+FRESH_POLL_S = 0.008
 COUNTER = "energy counter"
 ESTIMATE = "power samples (estimate)"
 # How far the estimate was off, measured: 3 s of bf16 matmuls on an H200, 2026-12-01.
