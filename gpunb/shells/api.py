@@ -71,10 +71,30 @@ def _applied_to(render: Render, result: Any) -> Render:
     return lambda _: render(result)
 
 
-_NOT_FINISHED = "gpunb.profile: not finished yet (use it as `with gpunb.profile() as p:`)"
+class ResultBlock(DisplayMixin):
+    """A ``with`` block whose ``result`` is a record once it ends: the block displays the record,
+    ``to_dict()`` gives its data, and its fields read as the block's own (``p.steps``)."""
+
+    result: Any = None
+    NOT_FINISHED = "not finished yet"
+
+    def _repr_views_(self) -> dict[str, Render]:
+        result = self.result
+        if result is None:
+            return {"text/plain": lambda _: self.NOT_FINISHED}
+        return {mimetype: _applied_to(render, result) for mimetype, render in result._repr_views_().items()}
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.result.to_dict() if self.result else {}
+
+    def __getattr__(self, name: str) -> Any:
+        result = self.__dict__.get("result")
+        if result is not None and not name.startswith("_"):
+            return getattr(result, name)
+        raise AttributeError(name)
 
 
-class profile(DisplayMixin):  # noqa: N801  (used like a function: `with gpunb.profile():`)
+class profile(ResultBlock):  # noqa: N801  (used like a function: `with gpunb.profile():`)
     """``with gpunb.profile() as p:`` measures the block like ``%%gpuprofile`` measures a cell.
 
     After the block ``p.result`` is the :class:`~gpunb.analysis.profile.records.CellProfile`
@@ -95,6 +115,8 @@ class profile(DisplayMixin):  # noqa: N801  (used like a function: `with gpunb.p
     every step and the variable holding it: a few censuses of ``namespace``, default the
     variables of the code around the ``with``, within 0.5 % of the block's time).
     """
+
+    NOT_FINISHED = "gpunb.profile: not finished yet (use it as `with gpunb.profile() as p:`)"
 
     def __init__(self, label: str = "", *, warmup_steps: int = 1, reset_peak: bool = True,
                  timeline: bool = True, show: bool | None = None, record: bool = True, flops: bool = True,
@@ -134,20 +156,6 @@ class profile(DisplayMixin):  # noqa: N801  (used like a function: `with gpunb.p
             display_or_print(self.result)
         return False  # never swallow the user's exception
 
-    def _repr_views_(self) -> dict[str, Render]:
-        result = self.result
-        if result is None:
-            return {"text/plain": lambda _: _NOT_FINISHED}
-        return {mimetype: _applied_to(render, result) for mimetype, render in result._repr_views_().items()}
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.result.to_dict() if self.result else {}
-
-    def __getattr__(self, name: str) -> Any:
-        result = self.__dict__.get("result")
-        if result is not None and not name.startswith("_"):
-            return getattr(result, name)
-        raise AttributeError(name)
 
 
 def memory(

@@ -5,13 +5,11 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from gpunb.analysis.memory.alloc_records import MemoryTrace
-from gpunb.display import DisplayMixin, Render
+from gpunb.shells.api import ResultBlock
 from gpunb.shells.session import current_shell, display_or_print
 
-_NOT_FINISHED = "gpunb.trace_memory: not finished yet (use it as `with gpunb.trace_memory() as t:`)"
 
-
-class trace_memory(DisplayMixin):  # noqa: N801  (used like a function: `with gpunb.trace_memory():`)
+class trace_memory(ResultBlock):  # noqa: N801  (used like a function: `with gpunb.trace_memory():`)
     """Record the CUDA allocations of a block with torch's allocation history and explain them:
     the lines of your code that made the peak, memory by role over the block (parameters,
     gradients, optimizer state, activations, temporaries) with the peak marked, what was alive
@@ -25,6 +23,8 @@ class trace_memory(DisplayMixin):  # noqa: N801  (used like a function: `with gp
     An exception in the block propagates unchanged. Without CUDA (or torch) the block runs and
     the result says why nothing was recorded.
     """
+
+    NOT_FINISHED = "gpunb.trace_memory: not finished yet (use it as `with gpunb.trace_memory() as t:`)"
 
     def __init__(self, label: str = "", *, save: str | None = None, max_entries: int | None = None,
                  show: bool | None = None, namespace: dict[str, Any] | None = None) -> None:
@@ -61,23 +61,3 @@ class trace_memory(DisplayMixin):  # noqa: N801  (used like a function: `with gp
         if self.show if self.show is not None else current_shell() is not None:
             display_or_print(self.result)
         return False  # never swallow the user's exception
-
-    def _repr_views_(self) -> dict[str, Render]:
-        result = self.result
-        if result is None:
-            return {"text/plain": lambda _: _NOT_FINISHED}
-        return {mimetype: _applied_to(render, result) for mimetype, render in result._repr_views_().items()}
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.result.to_dict() if self.result else {}
-
-    def __getattr__(self, name: str) -> Any:
-        result = self.__dict__.get("result")
-        if result is not None and not name.startswith("_"):
-            return getattr(result, name)
-        raise AttributeError(name)
-
-
-def _applied_to(render: Render, result: Any) -> Render:
-    """A view of the context manager that renders its finished record."""
-    return lambda _: render(result)
