@@ -85,3 +85,13 @@ def byte_rate(per_s: Any) -> str:
     if abs(per_s) >= 1e9:
         return f"{per_s / 1e9:.0f} GB/s" if abs(per_s) >= 1e11 else f"{per_s / 1e9:.1f} GB/s"
     return f"{per_s / 1e6:.1f} MB/s"
+
+
+def energy(joules: float) -> str:
+    """An amount of energy as people read it: 512 J, 4.2 Wh, 70 Wh, 3.21 kWh."""
+    wh = joules / 3600.0
+    if wh < 1:
+        return f"{joules:,.0f} J"
+    if wh < 1000:
+        return f"{wh:,.1f} Wh" if wh < 10 else f"{wh:,.0f} Wh"
+    return f"{wh / 1000:,.2f} kWh"

@@ -7,22 +7,13 @@ from html import escape
 
 from gpunb.analysis.energy.since_load import SessionEnergy
 from gpunb.display import register_views
+from gpunb.units import energy as energy_words
 from gpunb.views.markup import code_html, dim
 
 HOW = ("Measured with NVML's energy counter (millijoules since the driver loaded): its value now minus its "
        "value after `%load_ext gpunb`, per GPU. The counter moves about 10 times a second on an H200.")
 NO_TARIFF = ("No price set, so no money or CO₂: `%gpuenergy --price 0.25/kWh --carbon 350g/kWh` "
              "(or GPUNB_ENERGY_PRICE / GPUNB_CARBON_INTENSITY) uses your own figures.")
-
-
-def energy_words(joules: float) -> str:
-    """512 J, 12.4 Wh, 3.21 kWh."""
-    wh = joules / 3600.0
-    if wh < 1:
-        return f"{joules:,.0f} J"
-    if wh < 1000:
-        return f"{wh:,.1f} Wh" if wh < 100 else f"{wh:,.0f} Wh"
-    return f"{wh / 1000:,.2f} kWh"
 
 
 def _duration(seconds: float) -> str:

@@ -19,6 +19,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from gpunb.analysis.holders.gpus import KERNEL, KERNEL_CHILD, GpuHolder, HoldersReport, duration_words
+from gpunb.units import energy as energy_words
 
 IDLE = "idle"
 Owner = tuple[str, object]  # ("kernel", kernel_id) or ("pid", pid)
@@ -96,16 +97,6 @@ class KernelEnergyLedger:
                 rows.append(h)
             devices.append(dataclasses.replace(d, holders=tuple(rows)) if seen else d)
         return dataclasses.replace(report, devices=tuple(devices))
-
-
-def energy_words(joules: float) -> str:
-    """512 J, 70 Wh, 1.24 kWh."""
-    wh = joules / 3600.0
-    if wh < 1:
-        return f"{joules:,.0f} J"
-    if wh < 1000:
-        return f"{wh:,.1f} Wh" if wh < 10 else f"{wh:,.0f} Wh"
-    return f"{wh / 1000:,.2f} kWh"
 
 
 def idle_energy_line(h: GpuHolder, now_unix: float) -> str:
