@@ -8,7 +8,6 @@ so the kernel reports the cell as failed (nbclient stops, the OOM doctor sees it
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +18,7 @@ from gpunb.analysis.profile.cell import ProfileSession
 from gpunb.analysis.profile.history import RunOf
 from gpunb.analysis.profile.meter import CellMeter
 from gpunb.analysis.profile.records import HistoryReport
+from gpunb.shells import cell_runner
 from gpunb.shells.arguments import (
     free_text,
     given,
@@ -272,52 +272,19 @@ class ProfileMagics(Magics):
             place.clear()
         return self._finish(value, error, cell)
 
+    # Running the body as IPython runs a cell (named `In [n]`, the traceback from the user's
+    # frame on, the result marked failed for post_run_cell hooks): shells/cell_runner.py.
     def _finish(self, value: Any, error: BaseException | None, cell: str) -> Any:
-        if error is not None:
-            if isinstance(error, SystemExit):
-                raise error
-            # Drop this module's frame: the traceback starts in the user's cell, as without
-            # gpunb. tb_offset=0: IPython 8 would otherwise skip one more frame (the cell's).
-            tb = error.__traceback__.tb_next if error.__traceback__ is not None else None
-            self.shell.showtraceback((type(error), error, tb or error.__traceback__), tb_offset=0)
-            self._mark_failed(error=error)
-            return None
-        if cell.rstrip().endswith(";"):
-            return None
-        return value
+        return cell_runner.finish(self.shell, value, error, cell)
 
     def _compile(self, cell: str, number: int | None) -> tuple[Any, Any]:
-        shell = self.shell
-        # A leading newline keeps line numbers as the user sees them (line 1 holds %%gpuprofile);
-        # the cell's own number names the code, so a traceback says `Cell In[n]` as IPython's would.
-        source = "\n" + shell.transform_cell(cell)
-        name = shell.compile.cache(source, number or 0, raw_code="\n" + cell)
-        tree = ast.parse(source, filename=name)
-        last = None
-        if tree.body and isinstance(tree.body[-1], ast.Expr):
-            last = shell.compile(ast.Expression(tree.body.pop().value), name, "eval")
-        return shell.compile(tree, name, "exec"), last
+        return cell_runner.compile_cell(self.shell, cell, number)
 
     def _run(self, code: Any, last_expr: Any) -> tuple[Any, BaseException | None]:
-        # The traceback of an error starts at this frame; _finish shows it from the next
-        # frame on, so the user sees only their code.
-        glob, loc = self.shell.user_global_ns, self.shell.user_ns
-        try:
-            exec(code, glob, loc)
-            return (eval(last_expr, glob, loc) if last_expr is not None else None), None
-        except BaseException as exc:  # noqa: BLE001 (reported, then shown as IPython would)
-            return None, exc
+        return cell_runner.run_compiled(self.shell, code, last_expr)
 
     def _mark_failed(self, error: BaseException | None = None, before_exec: bool = False) -> None:
-        result = getattr(self.shell.displayhook, "exec_result", None)
-        if result is None:
-            return
-        if before_exec:
-            import sys
-
-            result.error_before_exec = sys.exc_info()[1] or result.error_before_exec
-        else:
-            result.error_in_exec = error
+        cell_runner.mark_failed(self.shell, error=error, before_exec=before_exec)
 
     def _display(self, obj: Any) -> None:
         from IPython.display import display
