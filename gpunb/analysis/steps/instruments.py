@@ -51,7 +51,7 @@ from functools import partial
 from typing import Any
 
 from gpunb.analysis.steps.events import StepEvents
-from gpunb.analysis.steps.tokens import sequence_length
+from gpunb.analysis.steps.tokens import first_tensor, sequence_length
 from gpunb.readings import torch_state
 from gpunb.readings.import_watch import ImportWatch
 from gpunb.readings.interrupts import deferred_sigint
@@ -67,17 +67,8 @@ _USER_FACING_OPTIM = ("torch.optim.lr_scheduler", "torch.optim.swa_utils")
 
 def batch_length(batch: Any) -> int | None:
     """Samples in a batch: first dimension of the first tensor found (tensor, sequence or dict)."""
-    for _ in range(3):
-        shape = getattr(batch, "shape", None)
-        if shape is not None:
-            return int(shape[0]) if len(shape) else None
-        if isinstance(batch, dict):
-            batch = next(iter(batch.values()), None)
-        elif isinstance(batch, (list, tuple)) and batch:
-            batch = batch[0]
-        else:
-            return None
-    return None
+    tensor = first_tensor(batch)
+    return int(tensor.shape[0]) if tensor is not None and len(tensor.shape) else None
 
 
 def _call_warning_at_caller(original: Callable[..., Any], tensor: Any, args: tuple[Any, ...],
