@@ -154,7 +154,7 @@ def test_saved_while_running_reopens_without_a_widget_error(server, browser):
     name = "saved-live.ipynb"
     page = _start_monitor(server, browser, name)
     try:
-        assert page.locator(".gpunb-monitor-controls button").count() == 3 - 1  # Pause, Stop (and a select)
+        assert page.locator(".gpunb-monitor-controls button").count() == 3  # Pause, Stop, Each GPU (and a select)
         page.wait_for_timeout(1500)
         page.keyboard.press("Control+s")
         page.wait_for_timeout(1500)
@@ -162,7 +162,7 @@ def test_saved_while_running_reopens_without_a_widget_error(server, browser):
         outputs = saved["cells"][0]["outputs"]
         assert all(WIDGET_VIEW not in o.get("data", {}) for o in outputs), outputs  # the hook left them out
         assert len(outputs) == 1 and "gpunb-monitor" in "".join(outputs[0]["data"]["text/html"])
-        assert page.locator(".gpunb-monitor-controls button").count() == 2  # the open page keeps them
+        assert page.locator(".gpunb-monitor-controls button").count() == 3  # the open page keeps them
     finally:
         page.close()
         server.shutdown_kernels()

@@ -162,7 +162,7 @@ def test_a_notebooks_monitor_names_the_notebooks_that_hold_the_gpu(lab):
             page.keyboard.press("Shift+Enter")
             holders = page.locator(".jp-OutputArea-output .gpunb-monitor .gpunb-holders").first
             holders.wait_for(timeout=30_000)
-            page.wait_for_selector(".gpunb-holders >> text=course/lesson3.ipynb (idle", timeout=30_000)
+            page.wait_for_selector(".gpunb-holders >> text=course/lesson3.ipynb held GPU 0 idle", timeout=30_000)
             # This notebook's own kernel takes memory too: the monitor names it once the server says so.
             mine = next(s for s in lab.api("api/sessions") if s["path"] == "monitor.ipynb")["kernel"]["id"]
             page.wait_for_selector("text=| Idle", timeout=20_000)
@@ -175,7 +175,7 @@ def test_a_notebooks_monitor_names_the_notebooks_that_hold_the_gpu(lab):
         finally:
             browser.close()
 
-    assert "course/lesson3.ipynb (idle" in text and "holds 31.0 GiB" in text
+    assert "course/lesson3.ipynb held GPU 0 idle" in text and "holds 31.0 GiB" in text
     assert "this notebook holds 2.0 GiB" in text
     assert HOSTILE in text and injected == 0 and title != "1"  # shown as text, never as markup
     (out / "server-monitor-browser.json").write_text(json.dumps({"holders": text}, indent=1))
