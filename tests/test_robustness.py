@@ -131,9 +131,9 @@ def test_6_debug_and_tb_after_a_release_give_ipythons_own_message(oom_shell, cap
 ])
 def test_2_a_megabyte_message_parses_in_linear_time(make):
     text = make(1_000_000)
-    t0 = time.process_time()
+    t0 = time.thread_time()  # this thread's CPU only: threads other tests left running do not count
     parsed = parse_oom_message(text)
-    assert time.process_time() - t0 < 0.5
+    assert time.thread_time() - t0 < 0.5
     if parsed is not None:
         assert parsed.requested_bytes is None or parsed.requested_bytes < 2**80
 
