@@ -184,11 +184,17 @@ class ProfileSession:
         Ctrl-C in start or stop, or when the cell could not be profiled). Idempotent; each
         part is taken out even when another one fails."""
         with deferred_sigint():
-            for part in (self._abort_instruments, self._abort_channel, self._abort_plan):
+            for part in (self._abort_instruments, self._abort_channel, self._abort_plan, self._abort_watchers):
                 try:
                     part()
                 except BaseException:  # noqa: BLE001 (the other parts must still come out)
                     pass
+
+    def _abort_watchers(self) -> None:
+        # the leak finder reads the notebook's variables: an aborted session must not keep them;
+        # the energy meters have nothing of the user's, they are only dropped
+        self.leaks = None
+        self.meters = None
 
     def _abort_instruments(self) -> None:
         if self.instruments is not None:
