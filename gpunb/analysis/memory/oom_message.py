@@ -112,8 +112,13 @@ def _after(label: str, text: str, tail: str = "") -> int | None:
     return size_to_bytes(m.group(1), m.group(2)) if m else None
 
 
-def _before(label: str, text: str) -> int | None:
-    """The size written right before ``label``: looked for behind each label found."""
+def _before(label: str, text: str, lowered: str, word: str) -> int | None:
+    """The size written right before ``label``: looked for behind each label found.
+
+    ``word`` is a plain part of the label; when the lowered text lacks it the label is not
+    searched at all (a case-blind regex scan of a megabyte takes ~50 ms; ``in`` takes 1 ms)."""
+    if word not in lowered:
+        return None
     for m in re.finditer(label, text, re.I):
         size = _SIZE_BEFORE.search(text, max(0, m.start() - _WINDOW), m.start())
         if size:
@@ -127,16 +132,17 @@ def parse_oom_message(text: str) -> OomMessage | None:
     kind = _kind(text)
     if kind is None:
         return None
+    low = text.lower()
     m = re.search(r"GPU" + _GAP + r"(\d{1,4})(?!\d)", text)
     device = int(m.group(1)) if m else None
     requested = _after(r"Tried to allocate", text)
-    total = _after(r"total capacity of", text) or _before(r"\btotal capacity", text)
-    free = _after(r"of which", text, _GAP + r"is free") or _before(r"\bfree\b", text)
+    total = _after(r"total capacity of", text) or _before(r"\btotal capacity", text, low, "capacity")
+    free = _after(r"of which", text, _GAP + r"is free") or _before(r"\bfree\b", text, low, "free")
     process = _after(r"this process has", text, _GAP + r"memory in use")
-    allocated = _before(r"\bis allocated by PyTorch", text) or _before(r"\balready allocated", text)
-    unalloc = _before(r"\bis reserved by PyTorch but unallocated", text)
-    reserved = _before(r"\breserved in total by PyTorch", text)
-    allowed = _before(r"\b(?:is\s{1,4})?allowed", text)
+    allocated = _before(r"\bis allocated by PyTorch", text, low, "allocated by") or _before(r"\balready allocated", text, low, "already")
+    unalloc = _before(r"\bis reserved by PyTorch but unallocated", text, low, "unallocated")
+    reserved = _before(r"\breserved in total by PyTorch", text, low, "in total")
+    allowed = _before(r"\b(?:is\s{1,4})?allowed", text, low, "allowed")
     others = tuple(
         (int(pid), size_to_bytes(num, unit))
         for pid, num, unit in re.findall(
