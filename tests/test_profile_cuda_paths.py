@@ -192,13 +192,55 @@ def test_one_line_reads_util_samples_only_for_cells_nvml_can_describe(fake_cuda)
     meter = CellMeter()
     meter.start()
     short = meter.stop()
-    assert short.util_pct is None and "nvmlDeviceGetSamples" not in calls  # no NVML call at all
+    assert short.util_pct is None and "nvmlDeviceGetSamples" not in calls  # no end reading: too short
+    assert short.energy_j is None
     assert short.peak_vram_bytes == fake_cuda.stats["allocated_bytes.all.peak"]
     meter.start()
     time.sleep(UTIL_MIN_S + 0.05)
     long = meter.stop()
     assert calls.count("nvmlDeviceGetSamples") == 1 and long.util_pct > 95
+    assert long.energy_j is None  # a 2 s cell: no energy read at its end (ENERGY_MIN_S)
+    assert calls.count("nvmlDeviceGetTotalEnergyConsumption") == 2  # the two cells' starts
     meter.start()
     time.sleep(UTIL_MIN_S + 0.05)
     meter.stop()
     assert calls.count("nvmlDeviceGetUUID") <= 1  # the GPU is matched once per meter, not per cell
+
+
+def test_one_line_energy_is_the_counter_end_minus_start(fake_cuda, monkeypatch):
+    from gpunb.analysis.profile import meter as meter_module
+
+    monkeypatch.setattr(meter_module, "ENERGY_MIN_S", 0.5)
+    monkeypatch.setattr(meter_module, "UTIL_MIN_S", 0.5)
+    session = nvml_module.default_session()
+    read = []
+    original = session.query
+
+    def recording(name, *args):
+        value = original(name, *args)
+        if name == "nvmlDeviceGetTotalEnergyConsumption":
+            read.append(value)
+        return value
+
+    session.query = recording
+    meter = meter_module.CellMeter()
+    meter.start()
+    time.sleep(0.6)
+    line = meter.stop()
+    assert len(read) == 2 and line.energy_j == (read[1] - read[0]) / 1000.0
+    # the recorded H200's counter: a training GPU's hundreds of watts
+    assert 50 < line.energy_j / line.synced_wall_s < 800
+
+
+def test_one_line_shows_the_cells_energy_and_history_keeps_it():
+    from gpunb.analysis.profile.meter import CellLine
+    from gpunb.views.profile_view import HISTORY_HEADER, _history_row, one_line_text
+
+    line = CellLine(wall_s=12.0, synced_wall_s=12.5, peak_vram_bytes=3 * 2**30, util_pct=97.0, peak_rss_bytes=None,
+                    cell=5, energy_j=7200.0)
+    assert one_line_text(line) == ("gpuprofile In [5]: 12.00 s (GPU done at 12.50 s) · peak VRAM 3.00 GiB · "
+                                   "GPU util 97% · 2 Wh at 576 W")
+    assert _history_row(0, line, None, None)[HISTORY_HEADER.index("energy")] == "2 Wh"
+    no_counter = CellLine(12.0, 12.5, 3 * 2**30, 97.0, None, cell=5)
+    assert "Wh" not in one_line_text(no_counter)
+    assert _history_row(0, no_counter, None, None)[HISTORY_HEADER.index("energy")] == "-"

@@ -426,3 +426,21 @@ def test_the_accuracy_benchmark_runs_on_cpu(tmp_path):
     assert [x["loop"] for x in report["results"]] == ["launch-bound", "compute-bound"]
     assert all(c["gpunb_j"] is None and c["why"] for x in report["results"] for c in x["cells"])
     assert "the step hook's energy call" in r.stdout and report["at_step_us"] > 0
+
+
+def test_the_meter_cost_benchmark_runs_on_cpu(tmp_path):
+    """benchmarks/energy_meter_cost.py's code path (no NVML: the NVML suspects are left out)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "energy_meter_cost.py"), "--out", str(tmp_path),
+                        "--device", "cpu"], capture_output=True, text=True, cwd=root, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(root)})
+    assert r.returncode == 0, r.stderr
+    report = json.loads((tmp_path / "energy_meter_cost.json").read_text())
+    assert list(report["variants"]) == ["plain", "profile", "profile+energy", "gil-wakeups"]
+    assert report["variants"]["profile+energy"]["vs"] == "profile"
+    assert all(len(v["step_ms"]) == 3 and v["step_ms_median"] > 0 for v in report["variants"].values())
+    assert "profile+energy" in r.stdout

@@ -106,7 +106,7 @@ class ProfileMagics(Magics):
     @magic_arguments()
     @argument("action", nargs="?", choices=("on", "off", "history"),
               help="line form only: `on`/`off` a one-line summary after every cell "
-                   "(time · peak VRAM · GPU util); `history` the table of profiled cells")
+                   "(time · peak VRAM · GPU util · energy); `history` the table of profiled cells")
     @argument("--steps", type=whole_number(0), default=None, metavar="N",
               help="warm-up optimizer steps left out of median/p90, 0 or more (default 1)")
     @argument("--no-reset", action="store_true",
@@ -199,7 +199,7 @@ class ProfileMagics(Magics):
             raise usage_error(self.gpuprofile, f"`%gpuprofile {args.action}` {takes} (got {option_words(wrong)})")
         if args.action == "on":
             self.kernel.one_line_meter = CellMeter(reset_peak=not args.no_reset)
-            print("gpuprofile: one line after every cell (time · peak VRAM · GPU util); "
+            print("gpuprofile: one line after every cell (time · peak VRAM · GPU util · energy); "
                   "`%gpuprofile off` to stop" + ("" if not args.no_reset else "; torch's peak counter is left alone"))
             return None
         if args.action == "off":

@@ -21,7 +21,7 @@ from gpunb.readings.devices import OWN_BY_RESERVE
 from gpunb.units import byte_rate, flop_count, flop_rate, milliseconds, seconds
 from gpunb.views import chart
 from gpunb.views.chart import DIM, SMALL
-from gpunb.views.energy_view import energy_cell, energy_html, energy_text
+from gpunb.views.energy_view import energy_cell, energy_html, energy_text, watt_hours
 from gpunb.views.leak_view import leak_html, leak_text
 from gpunb.views.markup import code_html
 from gpunb.views.per_gpu import without_qualifiers
@@ -375,6 +375,9 @@ def one_line_text(line: CellLine) -> str:
         parts.append(line.gpu_note)
     if line.util_pct is not None:
         parts.append(f"GPU util {line.util_pct:.0f}%")
+    if line.energy_j is not None:
+        watts = line.energy_j / line.synced_wall_s if line.synced_wall_s else None
+        parts.append(watt_hours(line.energy_j / 3600.0) + (f" at {watts:,.0f} W" if watts else ""))
     if line.peak_rss_bytes is not None:
         parts.append(f"peak RSS {fmt_bytes(line.peak_rss_bytes)}")
     who = f" In [{line.cell}]" if line.cell is not None else ""
@@ -393,7 +396,8 @@ def _history_row(i: int, p: Any, previous: Any | None, j: int | None) -> list[st
     cell = f"[{p.cell}]" if p.cell is not None else "api"
     if getattr(p, "steps", None) is None:  # a cell of the one-line mode: timed, not judged
         peak = p.peak_vram_bytes if p.peak_vram_bytes is not None else p.peak_rss_bytes
-        return [str(i + 1), cell, p.label or "", seconds(p.wall_s), "-", "-", fmt_bytes(peak), "-", "one-line",
+        used = watt_hours(p.energy_j / 3600.0) if getattr(p, "energy_j", None) is not None else "-"
+        return [str(i + 1), cell, p.label or "", seconds(p.wall_s), "-", "-", fmt_bytes(peak), used, "one-line",
                 against]
     peak = p.gpu.peak_allocated_bytes if p.gpu is not None else p.peak_rss_bytes
     return [str(i + 1), cell, p.label or "", seconds(p.wall_s), milliseconds(p.steps.median_ms),

@@ -124,7 +124,8 @@ class Mark:
     energy_mj: dict[int, int]
 
 
-def _read_all(nvml: NvmlSession, indices: Sequence[int] | None) -> dict[int, int]:
+def read_counters(nvml: NvmlSession, indices: Sequence[int] | None) -> dict[int, int]:
+    """The energy counters (mJ since the driver loaded) of ``indices``; GPUs without one are left out."""
     out = {}
     for i in range(nvml.device_count()) if indices is None else indices:  # None: every GPU NVML sees
         value = read_energy(nvml, i).energy_mj
@@ -143,7 +144,7 @@ def _read_marked(nvml: NvmlSession, indices: Sequence[int] | None, fresh: int | 
     on ``clock``; (None, counters read now) without ``fresh`` or when it did not move in
     FRESH_WAIT_S (an idle GPU, a frozen test clock). ``stop`` ends the wait at once (the cell
     ended: its end readings must not queue behind this one)."""
-    first = _read_all(nvml, indices)
+    first = read_counters(nvml, indices)
     if fresh is None or fresh not in first:
         return None, first
     give_up = time.monotonic() + FRESH_WAIT_S
@@ -153,7 +154,7 @@ def _read_marked(nvml: NvmlSession, indices: Sequence[int] | None, fresh: int | 
         value = read_energy(nvml, fresh).energy_mj
         now = clock()
         if isinstance(value, int) and is_available(value) and value != first[fresh]:
-            out = _read_all(nvml, [i for i in first if i != fresh])
+            out = read_counters(nvml, [i for i in first if i != fresh])
             out[fresh] = value
             return (unchanged_at + now) / 2, out
         unchanged_at = now
@@ -206,7 +207,7 @@ class EnergyMeter:
         self._ending = threading.Event()  # set at the end: a mark still waiting for the counter gives up
         self.indices = tuple(indices) if indices is not None else None
         self.t0, self.t0_us = clock(), now_us()
-        self._start: PendingRun[dict[int, int]] = nvml.run_soon(_read_all, nvml, self.indices, fallback=_none,
+        self._start: PendingRun[dict[int, int]] = nvml.run_soon(read_counters, nvml, self.indices, fallback=_none,
                                                                  what="the energy counters")
         self.marks: list[Mark] = []
         self._pending: tuple[float, int, PendingRun[tuple[float | None, dict[int, int]]]] | None = None
@@ -261,7 +262,7 @@ class EnergyMeter:
                           for m in self.marks]
         if steps_at is not None:
             self.marks = [dataclasses.replace(m, steps=steps_at(m.t_s)) for m in self.marks]
-        end = _read_all(self.nvml, used)
+        end = read_counters(self.nvml, used)
         end_us = now_us()
         gpus = []
         powers: dict[int, PowerSamples] = {}
