@@ -13,7 +13,8 @@ For each loop of ``training_loops.py`` (launch-bound, compute-bound):
 - **the estimate**: NVML's power samples (what gpunb integrates where the counter is missing)
   integrated over the same cell, against the counter: its error.
 - **steadiness**: the per-step energy of each window of at least 1 s after the warm-up;
-  spread = (max - min) / median, target under 5 %.
+  spread = (max - min) / median, target under 5 %; beside it the same spread of the time per
+  step (a loop that speeds up and slows down spends more or less idle energy per step).
 - **cost**: cells with the energy meter on and off, interleaved (on/off, off/on, ...). The
   training's own time inside the block (the loop and its final sync) per step, median of each,
   and the difference as a share (target under 0.5 %); the end-of-cell work the meter adds is
@@ -160,7 +161,8 @@ def measure(name: str, device: str, cell_s: float, rounds: int) -> dict[str, Any
                 "estimate_error": (got["estimate_j"] / independent - 1.0) if got["estimate_j"] and independent
                 else None,
                 "step_j": cell.step_joules, "window_step_j": list(cell.window_step_joules),
-                "spread": cell.step_spread, "average_w": cell.average_w, "seconds": cell.seconds,
+                "spread": cell.step_spread, "time_spread": cell.step_time_spread,
+                "window_step_s": list(cell.window_step_s), "average_w": cell.average_w, "seconds": cell.seconds,
                 "view_line": next((ln for ln in str(got["result"]).splitlines() if "Energy " in ln), ""),
             })
     on, off = statistics.median(per_step[True]), statistics.median(per_step[False])
@@ -169,11 +171,13 @@ def measure(name: str, device: str, cell_s: float, rounds: int) -> dict[str, Any
     cells = out["cells"]
     errors = [abs(c["error"]) for c in cells if c.get("error") is not None]
     spreads = [c["spread"] for c in cells if c.get("spread") is not None]
+    time_spreads = [c["time_spread"] for c in cells if c.get("time_spread") is not None]
     est = [c["estimate_error"] for c in cells if c.get("estimate_error") is not None]
     out.update(max_abs_error=max(errors) if errors else None,
                median_abs_error=statistics.median(errors) if errors else None,
                median_spread=statistics.median(spreads) if spreads else None,
                max_spread=max(spreads) if spreads else None,
+               median_time_spread=statistics.median(time_spreads) if time_spreads else None,
                estimate_error=statistics.median(est) if est else None)
     return out
 
@@ -213,11 +217,12 @@ def main(argv: list[str] | None = None) -> int:
               "results": results}
     (Path(args.out) / "energy_accuracy.json").write_text(json.dumps(report, indent=1, default=str))
     print(f"{'loop':14} {'cells':>5} {'median|err|':>11} {'max|err|':>9} {'estimate':>9} {'spread':>7} "
-          f"{'max spr':>7} {'J/step':>8} {'cost':>7} {'end ms on/off':>14}")
+          f"{'max spr':>7} {'t spr':>7} {'J/step':>8} {'cost':>7} {'end ms on/off':>14}")
     for r in results:
         step = statistics.median([c["step_j"] for c in r["cells"] if c.get("step_j")] or [float("nan")])
         print(f"{r['loop']:14} {len(r['cells']):>5} {_pct(r['median_abs_error']):>11} {_pct(r['max_abs_error']):>9} "
               f"{_pct(r['estimate_error']):>9} {_pct(r['median_spread']):>7} {_pct(r['max_spread']):>7} "
+              f"{_pct(r['median_time_spread']):>7} "
               f"{step:8.3f} {_pct(r['cost']):>7} {r['end_on_ms']:>6.1f}/{r['end_off_ms']:<6.1f}")
     print(f"one NVML read: energy {reads['energy']:.3f} ms, PCIe (both directions) {reads['pcie']:.3f} ms; "
           f"the step hook's energy call {hook_us:.2f} µs = "

@@ -13,6 +13,10 @@ Each variant isolates one suspect, on the launch-bound loop of ``training_loops.
 
 - ``profile``: ``gpunb.profile(energy=False)``, the baseline the meter is added to;
 - ``profile+energy``: ``gpunb.profile(energy=True)``, what a user pays;
+- ``energy-no-polling``: the same with marks every 1 s read when asked, not polled for the
+  counter's move (``meter.MARK_EVERY_S`` = 1, ``FRESH_WAIT_S`` = 0): the meter's worker then
+  wakes 1 time a second instead of ~30;
+- ``energy-no-pcie``: the same with its PCIe readings left out (``links.PCIE_EVERY_S`` = ∞);
 - ``gil-wakeups``: a thread that wakes 40 times a second and runs a few µs of Python: the
   cost of handing the GIL to another thread, without NVML (the meter's worker wakes about
   this often while it waits for the counter to move);
@@ -50,6 +54,7 @@ from training_loops import build_loop
 
 WAKEUPS_PER_S = 40  # the meter's worker: a mark every 0.25 s, each polling every 8 ms until the counter moves
 PCIE_EVERY_S = 0.5  # links.PCIE_EVERY_S
+METERED = ("profile+energy", "energy-no-polling", "energy-no-pcie")  # compared with the profile without the meter
 
 
 def _nvml_handle(index: int) -> tuple[Any, Any] | None:
@@ -80,6 +85,31 @@ def _python_work() -> None:
 def _every(period_s: float, work: Callable[[], None], stop: threading.Event) -> None:
     while not stop.wait(period_s):
         work()
+
+
+@contextmanager
+def patched(module: Any, **values: float) -> Iterator[None]:
+    """``module``'s constants set to ``values`` inside the block (read at each call, so a cell sees them)."""
+    before = {name: getattr(module, name) for name in values}
+    for name, value in values.items():
+        setattr(module, name, value)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            setattr(module, name, value)
+
+
+@contextmanager
+def profiled(energy: bool, **knobs: dict[str, float]) -> Iterator[None]:
+    """A ``gpunb.profile`` block (no FLOP count, no leak finder, nothing shown) with the energy
+    meter's ``knobs`` ({"meter": {...}, "links": {...}}) set."""
+    import gpunb
+    from gpunb.analysis.energy import links, meter
+
+    with patched(meter, **knobs.get("meter", {})), patched(links, **knobs.get("links", {})), \
+            gpunb.profile(record=False, show=False, flops=False, leak=False, energy=energy):
+        yield
 
 
 @contextmanager
@@ -116,12 +146,12 @@ def side_process(index: int, period_s: float) -> Iterator[None]:
 
 
 def variants(nvml: tuple[Any, Any] | None, index: int) -> dict[str, Callable[[], Any]]:
-    import gpunb
-
     out: dict[str, Callable[[], Any]] = {
         "plain": nullcontext,
-        "profile": lambda: gpunb.profile(record=False, show=False, flops=False, leak=False, energy=False),
-        "profile+energy": lambda: gpunb.profile(record=False, show=False, flops=False, leak=False, energy=True),
+        "profile": lambda: profiled(False),
+        "profile+energy": lambda: profiled(True),
+        "energy-no-polling": lambda: profiled(True, meter={"MARK_EVERY_S": 1.0, "FRESH_WAIT_S": 0.0}),
+        "energy-no-pcie": lambda: profiled(True, links={"PCIE_EVERY_S": float("inf")}),
         "gil-wakeups": lambda: side_thread(1 / WAKEUPS_PER_S, _python_work),
     }
     if nvml is not None:
@@ -169,7 +199,7 @@ def measure(device: str, chunk_s: float, rounds: int, index: int) -> dict[str, A
             step_s[name].append(chunk_step_s(loop, steps, makers[name]))
     out: dict[str, Any] = {"steps_per_chunk": steps, "rounds": rounds, "variants": {}}
     for name, times in step_s.items():
-        base = "profile" if name == "profile+energy" else "plain"  # the meter is added to a profile
+        base = "profile" if name in METERED else "plain"  # the meter is added to a profile
         paired = [t / b - 1.0 for t, b in zip(times, step_s[base])]
         lo, mid, hi = _quartiles(paired)
         out["variants"][name] = {"vs": base, "step_ms_median": statistics.median(times) * 1e3,

@@ -17,6 +17,7 @@ from gpunb.analysis.energy.meter import (
     Mark,
     steady_step_joules,
     window_step_joules,
+    window_step_seconds,
 )
 from gpunb.analysis.energy.tariff import Tariff, parse_carbon, parse_price, tariff_from_env
 from gpunb.readings.energy import KB, PowerSamples, read_energy, read_pcie, read_power_since
@@ -170,5 +171,18 @@ def test_consecutive_windows_of_a_second_give_the_per_step_spread():
     windows = window_step_joules(marks, warmup_steps=1)
     assert len(windows) == 4  # 4 s of marks every 0.5 s: four windows of 1 s
     assert windows[0] == pytest.approx(10.0) and windows[1] == pytest.approx(10.25)
-    cell = CellEnergy((), 4.0, window_step_joules=windows)
+    cell = CellEnergy((), 4.0, window_step_joules=windows, window_step_s=window_step_seconds(marks, warmup_steps=1))
     assert cell.step_spread == pytest.approx((10.25 - 9.75) / 10.0)
+    assert cell.window_step_s == pytest.approx((0.05,) * 4) and cell.step_time_spread == pytest.approx(0.0)
+
+
+def test_a_loop_that_slows_down_shows_its_time_spread_beside_the_energys():
+    # steady 200 W; steps take 50 ms for 2 s, then 60 ms: the energy per step follows the time
+    marks, t, steps = [], 0.0, 1
+    for k in range(9):
+        marks.append(Mark(t, steps, {0: round(200_000 * t)}))
+        per = 0.05 if k < 4 else 0.06
+        t, steps = t + 0.5, steps + round(0.5 / per)
+    cell = CellEnergy((), t, window_step_joules=window_step_joules(marks, 1),
+                      window_step_s=window_step_seconds(marks, 1))
+    assert cell.step_spread == pytest.approx(cell.step_time_spread, rel=0.02) and cell.step_spread > 0.1

@@ -440,7 +440,9 @@ def test_the_meter_cost_benchmark_runs_on_cpu(tmp_path):
                        env={**os.environ, "PYTHONPATH": str(root)})
     assert r.returncode == 0, r.stderr
     report = json.loads((tmp_path / "energy_meter_cost.json").read_text())
-    assert list(report["variants"]) == ["plain", "profile", "profile+energy", "gil-wakeups"]
-    assert report["variants"]["profile+energy"]["vs"] == "profile"
+    assert list(report["variants"]) == ["plain", "profile", "profile+energy", "energy-no-polling", "energy-no-pcie",
+                                        "gil-wakeups"]
+    assert [v["vs"] for v in report["variants"].values()] == ["plain", "plain", "profile", "profile", "profile",
+                                                              "plain"]
     assert all(len(v["step_ms"]) == 3 and v["step_ms_median"] > 0 for v in report["variants"].values())
     assert "profile+energy" in r.stdout

@@ -116,6 +116,8 @@ def _window_words(e: CellEnergy, first: int) -> str:
     if len(windows) > 1 and e.step_spread is not None:
         text += (f" · {len(windows)} windows of at least {MIN_WINDOW_S:.0f} s: {joules(min(windows))} to "
                  f"{joules(max(windows))} per step, spread {100 * e.step_spread:.1f}%")
+        if e.step_time_spread is not None:  # the loop's own unsteadiness, beside the energy's
+            text += f" (time per step: {100 * e.step_time_spread:.1f}%)"
     return text
 
 

@@ -70,7 +70,8 @@ def test_a_profiled_bf16_matmul_cells_energy_is_the_counters_and_steady_per_step
         text, html = str(p.result), p.result._repr_mimebundle_()["text/html"]
         results.append({"gpunb_j": e.joules, "independent_j": independent, "error": e.joules / independent - 1,
                         "step_j": e.step_joules, "windows": list(e.window_step_joules), "spread": e.step_spread,
-                        "average_w": e.average_w, "idle_share": e.idle_share, "steps": p.result.steps.count,
+                        "time_spread": e.step_time_spread, "average_w": e.average_w, "idle_share": e.idle_share,
+                        "steps": p.result.steps.count,
                         "line": next(ln for ln in text.splitlines() if "Energy " in ln).strip()})
         save_json("energy_gpu.json", results)
         assert [g.source for g in e.gpus] == [COUNTER] and e.gpus[0].index == index

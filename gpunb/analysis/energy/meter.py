@@ -65,14 +65,17 @@ class CellEnergy:
     note: str = ""
     window_step_joules: tuple[float, ...] = ()  # per step in each consecutive window of >= MIN_WINDOW_S
     tokens_per_sample: int | None = None  # the batch's sequence length (detected or given)
+    window_step_s: tuple[float, ...] = ()  # seconds per step in the same windows
 
     @property
     def step_spread(self) -> float | None:
         """(max - min) / median of the per-step energy over the steady windows; None under two."""
-        w = sorted(self.window_step_joules)
-        if len(w) < 2 or w[len(w) // 2] <= 0:
-            return None
-        return (w[-1] - w[0]) / w[len(w) // 2]
+        return _spread(self.window_step_joules)
+
+    @property
+    def step_time_spread(self) -> float | None:
+        """The same spread of the time per step in those windows (an unsteady loop's share of the above)."""
+        return _spread(self.window_step_s)
 
     @property
     def joules(self) -> float:
@@ -110,9 +113,16 @@ class CellEnergy:
         """The fields and the figures derived from them, as plain data."""
         out = dataclasses.asdict(self)
         for name in ("joules", "wh", "average_w", "sample_joules", "samples_per_joule", "tokens_per_joule",
-                     "step_spread", "estimated"):
+                     "step_spread", "step_time_spread", "estimated"):
             out[name] = getattr(self, name)
         return out
+
+
+def _spread(values: Sequence[float]) -> float | None:
+    w = sorted(values)
+    if len(w) < 2 or w[len(w) // 2] <= 0:
+        return None
+    return (w[-1] - w[0]) / w[len(w) // 2]
 
 
 @dataclass(frozen=True)
@@ -180,9 +190,8 @@ def steady_step_joules(marks: Sequence[Mark], warmup_steps: int) -> tuple[float 
     return (joules / steps if joules >= 0 else None), steps, seconds
 
 
-def window_step_joules(marks: Sequence[Mark], warmup_steps: int) -> tuple[float, ...]:
-    """Joules per step in consecutive windows of at least MIN_WINDOW_S after the warm-up (the
-    same GPUs read at both edges): how steady the per-step figure is."""
+def _windows(marks: Sequence[Mark], warmup_steps: int) -> list[tuple[Mark, Mark, set[int]]]:
+    """(first, last, GPUs read at both) of consecutive windows of at least MIN_WINDOW_S after the warm-up."""
     usable = [m for m in marks if m.steps >= max(1, warmup_steps) and m.energy_mj]
     out = []
     edge = usable[0] if usable else None
@@ -190,9 +199,21 @@ def window_step_joules(marks: Sequence[Mark], warmup_steps: int) -> tuple[float,
         assert edge is not None
         both = set(edge.energy_mj) & set(m.energy_mj)
         if m.t_s - edge.t_s >= MIN_WINDOW_S and m.steps > edge.steps and both:
-            out.append(sum(m.energy_mj[i] - edge.energy_mj[i] for i in both) / 1000.0 / (m.steps - edge.steps))
+            out.append((edge, m, both))
             edge = m
-    return tuple(out)
+    return out
+
+
+def window_step_joules(marks: Sequence[Mark], warmup_steps: int) -> tuple[float, ...]:
+    """Joules per step in each window (``_windows``): how steady the per-step figure is."""
+    return tuple(sum(b.energy_mj[i] - a.energy_mj[i] for i in both) / 1000.0 / (b.steps - a.steps)
+                 for a, b, both in _windows(marks, warmup_steps))
+
+
+def window_step_seconds(marks: Sequence[Mark], warmup_steps: int) -> tuple[float, ...]:
+    """Seconds per step in the same windows: a loop whose steps speed up and slow down spends
+    more or less idle energy per step, which the joules' spread then shows too."""
+    return tuple((b.t_s - a.t_s) / (b.steps - a.steps) for a, b, _ in _windows(marks, warmup_steps))
 
 
 class EnergyMeter:
@@ -283,7 +304,8 @@ class EnergyMeter:
             note = "; ".join(filter(None, [note, f"the steady steps lasted {window_s:.1f} s: too short for "
                                                  f"a per-step energy (it needs {MIN_WINDOW_S:.0f} s)"]))
         cell = CellEnergy(tuple(gpus), seconds, step_j, window_steps, window_s, batch_size, None, note,
-                          window_step_joules(self.marks, warmup_steps))
+                          window_step_joules(self.marks, warmup_steps),
+                          window_step_s=window_step_seconds(self.marks, warmup_steps))
         return _with_idle_share(cell, idle_time_share, self.nvml, self.t0_us, end_us)
 
 
