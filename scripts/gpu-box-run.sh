@@ -4,6 +4,7 @@
 #   bash scripts/gpu-box-run.sh OUTDIR bench                # every benchmark in benchmarks/, one after another
 #   bash scripts/gpu-box-run.sh OUTDIR proof                # every GPU test, both GPUs busy (under 10 min on 2 H200s)
 #   bash scripts/gpu-box-run.sh OUTDIR proof-bench          # the benchmarks the docs quote (about 7 min)
+#   bash scripts/gpu-box-run.sh OUTDIR energy-cost          # what the energy meter costs, and why (about 6 min)
 # `proof` runs the single-GPU tests on GPU 0 while the %gpufit zoo test (each model under its
 # own memory cap) and then the monitor-overhead benchmark run on GPU 1, then the tests that
 # need every GPU, alone (they measure bandwidth and rank timing). `proof-bench` runs the profile-overhead benchmark on GPU 0 beside the NVML
@@ -66,6 +67,10 @@ case "$part" in
       timeout 120 python3 benchmarks/check_timing.py --out "$out/results"
       timeout 70 python3 benchmarks/rank_profile_overhead.py --out "$out/results" --rounds 3; } > "$out/bench-timing.log" 2>&1
     tail -n 25 "$out"/bench-*.log ;;
+  energy-cost)
+    { timeout 360 python3 benchmarks/energy_meter_cost.py --out "$out/results"
+      timeout 150 python3 benchmarks/energy_accuracy.py --loops launch-bound --rounds 4 --out "$out/results"; } \
+      2>&1 | tee "$out/bench-energy.log" ;;
   *) echo "unknown part $part"; exit 2 ;;
 esac
 tar czf "$out/results-$part.tgz" -C "$out" results && rm -rf "$out/results"
