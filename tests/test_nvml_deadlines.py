@@ -276,7 +276,7 @@ def test_run_soon_gives_its_fallback_when_no_worker_can_take_it(fake, monkeypatc
 
 
 def test_the_timeline_reader_never_waits_for_nvml(fake, session):
-    from gpunb.analysis.profile.cell import DeviceUsedReader
+    from gpunb.analysis.profile.nvml_end import DeviceUsedReader
 
     fake.gpus[0].hangs["nvmlDeviceGetMemoryInfo"] = 0.06  # answers that take a while
     reader = DeviceUsedReader(session, 0)
@@ -290,7 +290,7 @@ def test_the_timeline_reader_never_waits_for_nvml(fake, session):
 
 
 def test_the_timeline_reader_never_stalls_a_step_when_nvml_hangs(fake, session):
-    from gpunb.analysis.profile.cell import DeviceUsedReader
+    from gpunb.analysis.profile.nvml_end import DeviceUsedReader
 
     fake.gpus[0].hangs["nvmlDeviceGetMemoryInfo"] = FOREVER
     reader = DeviceUsedReader(session, 0)
