@@ -38,6 +38,8 @@ VIEWS = {
     "fit": "img.gpunb-chart[src^='data:image/png']",
     "oom": ":text('gpunb OOM doctor')",
     "trace": ".gpunb-trace",
+    "leak": ".gpunb-profile:has-text('memory grows')",
+    "energy": ".gpunb-energy",
 }
 
 
@@ -109,7 +111,8 @@ def main() -> int:
                         output = page.locator(".jp-OutputArea-output", has=page.locator(inner)).first
                         path = out / f"{view}{suffix}-{theme}.png"
                         path.write_bytes(_small_png(output.screenshot()))
-                        print(f"{path.relative_to(ROOT)}  {path.stat().st_size // 1024} KB")
+                        shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path  # --out may be elsewhere
+                        print(f"{shown}  {path.stat().st_size // 1024} KB")
                     page.close()
         finally:
             server.close()

@@ -73,6 +73,14 @@ doctor = diagnose(RuntimeError(RECORDING["oom_error"]))
 _add_sites(get_ipython(), doctor, HistoryRecording(armed), armed)
 doctor"""
 
+LEAK_CELL = """%%gpuprofile --label "keeps every step's logits"
+all_logits = []
+for step in range(400):
+    logits = model(X[:256])
+    loss = nn.functional.cross_entropy(logits, y[:256])
+    opt.zero_grad(); loss.backward(); opt.step()
+    all_logits.append(logits)  # each step's graph stays alive: the leak finder names it"""
+
 # (name, source, tags): the name is how tests and the screenshot script find a cell's output.
 CELLS: list[tuple[str, str, tuple[str, ...]]] = [
     ("load", f"%load_ext gpunb\nRESULTS = {str(ROOT / 'benchmarks' / 'results')!r}", ()),
@@ -90,6 +98,8 @@ CELLS: list[tuple[str, str, tuple[str, ...]]] = [
     ("trace", TRACE_CELL, ()),
     ("trace restore", TRACE_RESTORE, ()),
     ("oom-sites", OOM_SITES_REPLAY, ()),
+    ("leak", LEAK_CELL, ()),
+    ("energy", "%gpuenergy --price 0.25/kWh --carbon 350g/kWh", ()),
     ("stop", "%gpumonitor --stop", ()),
     ("probe", f"from IPython.display import HTML\n"
               f"HTML('<svg class=\"{PROBE_SVG}\" width=\"8\" height=\"8\">"

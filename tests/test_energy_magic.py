@@ -115,8 +115,10 @@ def test_price_and_carbon_turn_wh_into_money_and_co2_and_say_where_they_came_fro
     clock.t = 60.0
     with capture_output() as out:
         shell.run_line_magic("gpuenergy", "--price €0.25/kWh --carbon 350g/kWh")
-    assert out.stdout.strip() == ("gpunb: energy is priced at €0.25/kWh, 350 g CO₂/kWh "
-                                  "(set with %gpuenergy in this kernel)")
+    # the report at once, priced: its last line names the tariff, so nothing says it twice
+    seen = shown(out).strip().splitlines()
+    assert out.stdout == "" and "€" in seen[0] and "g CO₂" in seen[0]
+    assert "Priced at €0.25/kWh, 350 g CO₂/kWh, set with %gpuenergy in this kernel." in seen
     report = gpunb.energy()
     assert report.cost == pytest.approx(report.wh / 1000 * 0.25)
     assert report.co2_g == pytest.approx(report.wh / 1000 * 350)
@@ -131,6 +133,19 @@ def test_price_and_carbon_turn_wh_into_money_and_co2_and_say_where_they_came_fro
         shell.run_line_magic("gpuenergy", "--forget")
     assert "no price or carbon intensity set" in out.stdout
     assert gpunb.energy().cost is None
+
+
+def test_a_price_set_where_nothing_is_measured_shows_the_reason_and_the_price(shell):
+    nvml_module.set_default_session(NvmlSession(scenario("no-driver")))
+    try:
+        shell.run_cell("%load_ext gpunb")
+        with capture_output() as out:
+            shell.run_line_magic("gpuenergy", "--price 0.25/kWh")
+    finally:
+        nvml_module.set_default_session(None)
+    lines = shown(out).strip().splitlines()
+    assert len(lines) == 2 and "nothing to measure" in lines[0]
+    assert lines[1] == "Priced at 0.25/kWh, set with %gpuenergy in this kernel."
 
 
 def test_the_environment_is_the_config_equivalent(fake, clock, shell, monkeypatch):

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.browser
 # The views judged here, and which of a cell's outputs is the view (-1: the last; the OOM
 # cell's traceback comes first and is IPython's own).
 VIEWS = {"check": -1, "profile": 0, "history": -1, "memory": -1, "fit": -1, "oom": -1,
-         "trace": 0, "oom-sites": -1}
+         "trace": 0, "oom-sites": -1, "leak": 0, "energy": -1}
 MEASURED = [*VIEWS, "monitor"]
 LIMIT_SCREENS = {"two-gpus": 1.0, "eight-gpus": 1.5}
 MONITOR_LIMIT_SCREENS = 1.0  # at 2 and at 8 GPUs: one panel per reading, a line per GPU

@@ -44,7 +44,8 @@ class EnergyMagics(Magics):
 
         gpunb knows no region's price: without --price/--carbon (or the GPUNB_ENERGY_PRICE /
         GPUNB_CARBON_INTENSITY variables) it shows energy only. A price set here is used by
-        every energy figure of this kernel (%%gpuprofile too).
+        every energy figure of this kernel (%%gpuprofile too), and the report shows at once
+        what it makes of the energy so far.
 
         Python: ``gpunb.energy(price="0.25/kWh", carbon="350g/kWh")``.
 
@@ -64,18 +65,24 @@ class EnergyMagics(Magics):
         from gpunb.shells.api import set_tariff
 
         setting = args.forget or args.price is not None or args.carbon is not None
+        said = ""
         if setting:
             try:
-                print(f"gpunb: {set_tariff(price=args.price, carbon=args.carbon, forget=args.forget)}")
+                said = f"gpunb: {set_tariff(price=args.price, carbon=args.carbon, forget=args.forget)}"
             except ValueError as exc:
                 raise usage_error(self.gpuenergy, str(exc)) from None
-            if args.output is None:
-                return  # only the setting; -o asks for the report as well
+            if args.forget and args.output is None:
+                print(said)
+                return  # only the clearing; -o asks for the report as well
         from gpunb.shells.api import energy
 
         report = energy(state=self.kernel)
         if args.output:
             self.shell.user_ns[args.output] = report
+        # a new price shows at once what it makes of the energy so far; the report's last line
+        # names the tariff, so only --forget (which leaves none to name) is said apart
+        if said and args.forget:
+            print(said)
         from IPython.display import display
 
         display(report)
