@@ -177,6 +177,85 @@ def test_looks_wait_for_the_budget(monkeypatch):
     assert all(b - a >= 1 for a, b in itertools.pairwise(steps))
 
 
+def test_the_ends_look_may_use_the_profiles_budget_when_the_looks_are_too_few(monkeypatch):
+    """The 3.8 s cell of a notebook whose looks took 5.7 ms each: three step-end looks fit in
+    0.5 %, the end's look (over 0.5 %, under 0.8 %) makes the fourth that lets growth be judged.
+    With enough looks the end keeps to 0.5 %."""
+    now = [0.0]
+
+    def fake_look(namespace, torch, step, clock):
+        t0 = clock()
+        now[0] += 0.0057
+        return Snapshot(step, t0, 0.0057)
+
+    monkeypatch.setattr(finder, "look", fake_look)
+    f = finder.LeakFinder(torch, dict, warmup_steps=1, t0=0.0, clock=lambda: now[0])
+    for i in range(400):
+        now[0] += 0.0095
+        f.on_step(i)
+    assert len(f.looks) == 3 and f.spent_s + 0.0057 > 0.005 * now[0]
+    f.finish(400, now[0])
+    assert len(f.looks) == 4 and f.looks[-1].step == 399 and f.spent_s <= 0.008 * now[0]
+    # a longer cell: four looks already, the end's look waits for the 0.5 % as before
+    g = finder.LeakFinder(torch, dict, warmup_steps=1, t0=0.0, clock=lambda: now[0])
+    now[0] = 0.0
+    for i in range(2000):
+        now[0] += 0.0095
+        g.on_step(i)
+    looks = len(g.looks)
+    assert looks >= growth.MIN_LOOKS
+    g.spent_s = 0.005 * now[0] - 0.001  # the step-end looks used the budget up
+    g.finish(2000, now[0])
+    assert len(g.looks) == looks
+
+
+def _dear_looks(monkeypatch, namespace, grow, steps=400, look_s=0.02, step_s=0.008):
+    """The finder over ``steps`` steps (``grow(i)`` runs each one) whose real looks are charged
+    ``look_s`` on a clock the test controls: a notebook whose looks are dear."""
+    import dataclasses
+
+    from gpunb.analysis.leaks import snapshot
+
+    now = [0.0]
+
+    def dear_look(ns, torch_, step, clock):
+        now[0] += look_s
+        return dataclasses.replace(snapshot.look(ns, torch_, step), t=now[0] - look_s, cost_s=look_s)
+
+    monkeypatch.setattr(finder, "look", dear_look)
+    f = finder.LeakFinder(torch, lambda: namespace, warmup_steps=1, t0=0.0, clock=lambda: now[0])
+    for i in range(steps):
+        grow(i)
+        now[0] += step_s
+        f.on_step(i)
+    f.finish(steps, now[0])
+    return f, f.report([], [], None, 1)
+
+
+def test_too_few_looks_judge_a_list_by_its_length(monkeypatch):
+    """Two looks fit the budget; the list's length, noted at every scheduled step, rose steadily:
+    the leak is named, the note says how it was judged."""
+    w = torch.randn(8, 4, requires_grad=True)
+    ns = {"all_logits": [], "w": w}
+    f, report = _dear_looks(monkeypatch, ns, lambda i: ns["all_logits"].append(torch.randn(2, 8) @ w))
+    assert len(f.looks) < growth.MIN_LOOKS and len(f.sizes) >= 8
+    (found,) = report.findings
+    assert found.holder == "all_logits" and found.pattern == "history"
+    assert found.tensors_per_step == pytest.approx(1.0) and found.bytes_per_step == pytest.approx(2 * 4 * 4)
+    assert "judged by the length of `all_logits`" in report.note
+
+
+@pytest.mark.parametrize("name, grow", [
+    ("losses", lambda ns, i: ns["losses"].append(torch.tensor(float(i)))),  # detached scalars: small
+    ("floats", lambda ns, i: ns["floats"].append(float(i))),  # no tensors at all
+    ("fixed", lambda ns, i: ns["fixed"].__setitem__(i % 3, torch.randn(64, 64))),  # bounded
+])
+def test_too_few_looks_stay_silent_on_what_is_no_leak(monkeypatch, name, grow):
+    ns = {"losses": [], "floats": [], "fixed": {}, "w": torch.randn(256, 256)}
+    _, report = _dear_looks(monkeypatch, ns, lambda i: grow(ns, i))
+    assert report.findings == ()
+
+
 def test_without_the_finder_nothing_is_reported(ip, quick_budget, monkeypatch):
     """The finder itself fails loudly: with its step hook cut, the same leak goes unseen."""
     from gpunb.analysis.profile import cell

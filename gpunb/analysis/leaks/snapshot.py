@@ -15,6 +15,8 @@ nodes every step.
 
 from __future__ import annotations
 
+import gc
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -52,23 +54,31 @@ class Snapshot:
     variables: dict[str, tuple[tuple[Any, ...], int]] = field(default_factory=dict)
 
 
+_MARKS = re.compile(r"[\[\]'\"]")  # the only characters containers() needs to look at
+
+
 def containers(path: str) -> list[str]:
     """The containers on a reference path, outermost first, ending with the path itself:
     ``logs['preds'][3]`` -> ``logs``, ``logs['preds']``, ``logs['preds'][3]``. A ``[`` inside a
-    key's quotes does not count."""
+    key's quotes does not count. Called for every tensor of every look: only brackets and
+    quotes are visited."""
+    if "[" not in path:
+        return [path]
     out = []
     depth, quote = 0, ""
-    for i, ch in enumerate(path):
+    for m in _MARKS.finditer(path):
+        ch, i = m.group(), m.start()
         if quote:
             if ch == quote:
                 quote = ""
-        elif ch in "'\"" and depth:
-            quote = ch
+        elif ch in "'\"":
+            if depth:
+                quote = ch
         elif ch == "[":
             if depth == 0 and i:
                 out.append(path[:i])
             depth += 1
-        elif ch == "]":
+        else:  # "]"
             depth = max(depth - 1, 0)
     out.append(path)
     return out
@@ -159,6 +169,17 @@ def look(namespace: Mapping[str, Any], torch: Any, step: int, *, devices: set[st
                 h.graph_inputs = frozenset(id(n) for n in inputs)
                 h.graph_input_kinds = frozenset(type(n).__name__ for n in inputs)
 
-    census = take_census(_users(namespace), torch=torch, devices=devices, max_nodes=CENSUS_NODE_CAP, observe=observe)
+    # The collector is held off while the census allocates: a full collection of a notebook's heap
+    # (~320k objects with torch and IPython: 0.25-0.29 s on the CI machine) fell inside a look now and
+    # then, and its time, counted as the look's, spent the finder's budget on one look. The
+    # collection still runs, at the loop's next allocations, as it would have without the look.
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        census = take_census(_users(namespace), torch=torch, devices=devices, max_nodes=CENSUS_NODE_CAP,
+                             observe=observe)
+    finally:
+        if paused:
+            gc.enable()
     return Snapshot(step, t0, clock() - t0, holdings, census.total_bytes(), graph.capped, census.truncated,
                     variables)
