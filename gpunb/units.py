@@ -87,11 +87,13 @@ def byte_rate(per_s: Any) -> str:
     return f"{per_s / 1e6:.1f} MB/s"
 
 
-def energy(joules: float) -> str:
-    """An amount of energy as people read it: 512 J, 4.2 Wh, 70 Wh, 3.21 kWh."""
+def energy(joules: float, like: float | None = None) -> str:
+    """An amount of energy as people read it: 512 J, 4.2 Wh, 70 Wh, 3.21 kWh; in the unit
+    ``like`` (joules) would take, when given: the parts of a total read in the total's unit."""
     wh = joules / 3600.0
-    if wh < 1:
+    unit_wh = (like if like is not None else joules) / 3600.0
+    if unit_wh < 1:
         return f"{joules:,.0f} J"
-    if wh < 1000:
-        return f"{wh:,.1f} Wh" if wh < 10 else f"{wh:,.0f} Wh"
+    if unit_wh < 1000:
+        return f"{wh:,.2f} Wh" if wh < 1 else f"{wh:,.1f} Wh" if wh < 10 else f"{wh:,.0f} Wh"
     return f"{wh / 1000:,.2f} kWh"

@@ -157,6 +157,7 @@ def test_cost_and_co2_only_when_named():
     assert t.cost(70) == pytest.approx(0.0175) and t.cost_words(70) == "€0.02"
     assert t.cost_words(10) == "€0.0025" and t.co2_g(70) == pytest.approx(24.5)
     assert Tariff(0.25, "EUR").cost_words(1000) == "0.25 EUR"
+    assert Tariff(0.25, "€").spent_words(10) == "€0.0025" and Tariff(0.25, "").spent_words(10) == "cost 0.0025"
 
 
 def test_the_environment_names_the_tariff_and_a_bad_value_becomes_a_note():
@@ -186,3 +187,12 @@ def test_a_loop_that_slows_down_shows_its_time_spread_beside_the_energys():
     cell = CellEnergy((), t, window_step_joules=window_step_joules(marks, 1),
                       window_step_s=window_step_seconds(marks, 1))
     assert cell.step_spread == pytest.approx(cell.step_time_spread, rel=0.02) and cell.step_spread > 0.1
+
+
+def test_the_parts_of_a_total_read_in_the_totals_unit():
+    from gpunb.units import energy
+
+    assert [energy(512), energy(5844), energy(40_000), energy(4e6)] == ["512 J", "1.6 Wh", "11 Wh", "1.11 kWh"]
+    # two GPUs of 2,922 J each under a total of 1.6 Wh: 0.81 Wh each, not "2,922 J"
+    assert energy(2922, like=5844) == "0.81 Wh" and energy(2e6, like=4e6) == "0.56 kWh"
+    assert energy(300, like=600) == "300 J"

@@ -123,7 +123,7 @@ def test_price_and_carbon_turn_wh_into_money_and_co2_and_say_where_they_came_fro
     assert report.cost == pytest.approx(report.wh / 1000 * 0.25)
     assert report.co2_g == pytest.approx(report.wh / 1000 * 350)
     text = str(report)
-    assert text.splitlines()[0].endswith(f"{report.tariff.cost_words(report.wh)}, {report.co2_g:,.1f} g CO₂.")
+    assert text.splitlines()[0].endswith(f"{report.tariff.spent_words(report.wh)}, {report.co2_g:,.1f} g CO₂.")
     assert "set with %gpuenergy in this kernel" in text
     # one value given keeps the other
     with capture_output():
@@ -243,8 +243,12 @@ def test_the_last_profiled_cell_is_shown_with_its_energy(fake, clock, shell):
     cell = CellEnergy((GpuEnergy(0, 3600.0, 12.0, COUNTER),), 12.0, step_joules=6.4, window_steps=100,
                       window_s=10.0, batch_size=64)
     profiled = SimpleNamespace(label="", cell=7, steps=(), energy=cell)
-    kernel_state(shell).profile_history.add(profiled)
-    report = gpunb.energy()
+    history = kernel_state(shell).profile_history
+    history.add(profiled)
+    try:
+        report = gpunb.energy()
+    finally:
+        history.clear()  # the kernel state outlives the extension: a later test's history must not see it
     assert report.last_cell is cell and report.last_cell_name == "cell 7"
     line = str(report).splitlines()[1]
     assert line == "Last profiled cell 7: 1.0 Wh in 12 s, 300 W on average, 0.1 J per sample."

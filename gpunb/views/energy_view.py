@@ -48,7 +48,7 @@ def price_words(e: CellEnergy, tariff: Tariff) -> str:
     cost = tariff.cost(e.wh)
     if cost is not None:  # a short cell costs fractions of a cent: "under €0.0001", not "€0.0000"
         if cost >= 0.0001:
-            parts.append(tariff.cost_words(e.wh))
+            parts.append(tariff.spent_words(e.wh))
         else:
             symbol = tariff.currency
             parts.append("under " + (f"{symbol}0.0001" if len(symbol) == 1 else f"0.0001 {symbol}".strip()))

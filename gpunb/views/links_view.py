@@ -126,7 +126,7 @@ def energy_words(gpus: Sequence[GpuSeries], tariff: Tariff | None, started_unix:
     if power_now_w is not None:
         words += f", {power_now_w / 1000:.2f} kW now"
     if tariff is not None and not tariff.empty:
-        extra = [tariff.cost_words(wh)]
+        extra = [tariff.spent_words(wh)]
         co2 = tariff.co2_g(wh)
         if co2 is not None:
             extra.append(_co2_words(co2))

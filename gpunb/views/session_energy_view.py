@@ -29,7 +29,7 @@ def _duration(seconds: float) -> str:
 def _price_words(r: SessionEnergy, wh: float) -> str:
     parts = []
     if r.tariff.price_per_kwh is not None:
-        parts.append(r.tariff.cost_words(wh))
+        parts.append(r.tariff.spent_words(wh))
     co2 = r.tariff.co2_g(wh)
     if co2 is not None:
         parts.append(f"{co2:,.1f} g CO₂" if co2 < 1000 else f"{co2 / 1000:,.2f} kg CO₂")
@@ -82,7 +82,8 @@ def _detail_lines(r: SessionEnergy) -> list[str]:
     if len(r.gpus) > 1 or r.no_counter:
         for g in r.gpus:
             avg = f", {g.average_w:,.0f} W on average" if g.average_w is not None else ""
-            lines.append(f"GPU {g.index} {g.name}: {energy_words(g.joules)}{avg}".replace("  ", " "))
+            per_gpu = energy_words(g.joules, like=r.joules)  # in the headline's unit
+            lines.append(f"GPU {g.index} {g.name}: {per_gpu}{avg}".replace("  ", " "))
         lines += [f"Left out: {why}." for why in r.no_counter]
     if r.tariff.empty:
         lines.append(NO_TARIFF)

@@ -41,6 +41,12 @@ class Tariff:
         symbol = self.currency
         return f"{symbol}{amount}" if len(symbol) == 1 else f"{amount} {symbol}".strip()
 
+    def spent_words(self, wh: float) -> str:
+        """What ``wh`` cost, as a figure's part: "€0.0004"; "cost 0.0004" when the price named no
+        currency (a bare number beside Wh and CO₂ says nothing)."""
+        words = self.cost_words(wh)
+        return f"cost {words}" if words and not self.currency else words
+
     def co2_g(self, wh: float) -> float | None:
         return None if self.carbon_g_per_kwh is None else wh / 1000.0 * self.carbon_g_per_kwh
 
