@@ -39,7 +39,7 @@ VIEWS = {
     "oom": ":text('gpunb OOM doctor')",
     "trace": ".gpunb-trace",
     "leak": ".gpunb-profile:has-text('memory grows')",
-    "energy": ".gpunb-energy",
+    "energy": ".gpunb-energy:has-text('since %load_ext')",
 }
 
 
