@@ -42,7 +42,7 @@ pytestmark = pytest.mark.browser
 # the profile's memory timeline, one memory bar (the fake's two GPUs hold the same, so one
 # bar says it for both), the %gpufit curve, the memory trace's timeline by role.
 LIVE_MONITOR = 5 + 2 + 2  # the live frame draws each GPU's panels only when asked (Each GPU)
-EXPECTED = {"monitor": LIVE_MONITOR + 5 * 2, "profile": 1, "memory": 1, "fit": 1, "trace": 1}
+EXPECTED = {"monitor": LIVE_MONITOR + 5 * 2, "profile": 1, "memory": 1, "fit": 1, "trace": 1, "leak": 1}
 
 
 @pytest.fixture(scope="module")
