@@ -209,7 +209,7 @@ def test_the_ends_look_may_use_the_profiles_budget_when_the_looks_are_too_few(mo
     assert len(g.looks) == looks
 
 
-def _dear_looks(monkeypatch, namespace, grow, steps=400, look_s=0.02, step_s=0.008):
+def _dear_looks(monkeypatch, namespace, grow, steps=400, look_s=0.02, step_s=0.008, after=lambda: None):
     """The finder over ``steps`` steps (``grow(i)`` runs each one) whose real looks are charged
     ``look_s`` on a clock the test controls: a notebook whose looks are dear."""
     import dataclasses
@@ -228,6 +228,7 @@ def _dear_looks(monkeypatch, namespace, grow, steps=400, look_s=0.02, step_s=0.0
         grow(i)
         now[0] += step_s
         f.on_step(i)
+    after()  # what the cell does after its loop
     f.finish(steps, now[0])
     return f, f.report([], [], None, 1)
 
@@ -243,6 +244,20 @@ def test_too_few_looks_judge_a_list_by_its_length(monkeypatch):
     assert found.holder == "all_logits" and found.pattern == "history"
     assert found.tensors_per_step == pytest.approx(1.0) and found.bytes_per_step == pytest.approx(2 * 4 * 4)
     assert "judged by the length of `all_logits`" in report.note
+
+
+def test_a_list_judged_by_its_length_and_emptied_after_the_loop_is_still_named(monkeypatch):
+    """The cell ends with ``all_logits.clear()``: the end's look is dropped, and so is its length."""
+    w = torch.randn(8, 4, requires_grad=True)
+    ns = {"all_logits": [], "w": w}
+    ended = []
+    fell = finder._fell
+    monkeypatch.setattr(finder, "_fell", lambda before, end: (ended.append(end.step), fell(before, end))[1])
+    f, report = _dear_looks(monkeypatch, ns, lambda i: ns["all_logits"].append(torch.randn(2, 8) @ w),
+                            look_s=0.006, after=ns["all_logits"].clear)
+    assert ended == [399] and all(step != 399 for step, _ in f.sizes)  # the end's look was taken, then dropped
+    (found,) = report.findings
+    assert found.holder == "all_logits" and "judged by the length" in report.note
 
 
 @pytest.mark.parametrize("name, grow", [

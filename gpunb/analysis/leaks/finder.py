@@ -156,9 +156,11 @@ class LeakFinder:
             # a look's cost grows with what it counts, and a leak grows with the steps
             expected *= max(1.0, steps / (self.looks[-1].step + 1))
         if self.spent_s + expected <= share * (t_end - self.t0):
+            noted = len(self.sizes)
             end = self._look(steps - 1)
             if end is not None and _fell(self.looks[-2], end):
                 self.looks.pop()  # cleared after the loop: the step-end looks tell the growth
+                del self.sizes[noted:]  # and so do the step-end lengths
         else:
             self.skipped += 1
 
