@@ -154,18 +154,29 @@ def test_the_finder_keeps_within_its_budget(ip):
     assert p.leak.looks >= 1
 
 
+def _charged_looks(monkeypatch, look_s: float, real: bool = False) -> list[float]:
+    """``finder.look`` charged ``look_s`` on a clock the test controls (returned: a one-item
+    list, the time now); ``real``: the look still counts the namespace, else it is empty."""
+    import dataclasses
+
+    from gpunb.analysis.leaks import snapshot
+
+    now = [0.0]
+
+    def charged(namespace, torch_, step, clock):
+        now[0] += look_s
+        snap = snapshot.look(namespace, torch_, step) if real else Snapshot(step, 0.0, 0.0)
+        return dataclasses.replace(snap, t=now[0] - look_s, cost_s=look_s)
+
+    monkeypatch.setattr(finder, "look", charged)
+    return now
+
+
 def test_looks_wait_for_the_budget(monkeypatch):
     """With a clock the test controls (1 ms steps, 10 ms looks), the looks' total stays within
     0.5 % of the elapsed time (plus, for a moment, the one look whose cost was guessed low:
     the first, guessed at 1 ms) and they still come, ever further apart."""
-    now = [0.0]
-
-    def fake_look(namespace, torch, step, clock):
-        t0 = clock()
-        now[0] += 0.010
-        return Snapshot(step, t0, 0.010)
-
-    monkeypatch.setattr(finder, "look", fake_look)
+    now = _charged_looks(monkeypatch, 0.010)
     f = finder.LeakFinder(torch, dict, warmup_steps=1, t0=0.0, clock=lambda: now[0])
     for i in range(20_000):
         now[0] += 0.001
@@ -181,14 +192,7 @@ def test_the_ends_look_may_use_the_profiles_budget_when_the_looks_are_too_few(mo
     """The 3.8 s cell of a notebook whose looks took 5.7 ms each: three step-end looks fit in
     0.5 %, the end's look (over 0.5 %, under 0.8 %) makes the fourth that lets growth be judged.
     With enough looks the end keeps to 0.5 %."""
-    now = [0.0]
-
-    def fake_look(namespace, torch, step, clock):
-        t0 = clock()
-        now[0] += 0.0057
-        return Snapshot(step, t0, 0.0057)
-
-    monkeypatch.setattr(finder, "look", fake_look)
+    now = _charged_looks(monkeypatch, 0.0057)
     f = finder.LeakFinder(torch, dict, warmup_steps=1, t0=0.0, clock=lambda: now[0])
     for i in range(400):
         now[0] += 0.0095
@@ -212,17 +216,7 @@ def test_the_ends_look_may_use_the_profiles_budget_when_the_looks_are_too_few(mo
 def _dear_looks(monkeypatch, namespace, grow, steps=400, look_s=0.02, step_s=0.008, after=lambda: None):
     """The finder over ``steps`` steps (``grow(i)`` runs each one) whose real looks are charged
     ``look_s`` on a clock the test controls: a notebook whose looks are dear."""
-    import dataclasses
-
-    from gpunb.analysis.leaks import snapshot
-
-    now = [0.0]
-
-    def dear_look(ns, torch_, step, clock):
-        now[0] += look_s
-        return dataclasses.replace(snapshot.look(ns, torch_, step), t=now[0] - look_s, cost_s=look_s)
-
-    monkeypatch.setattr(finder, "look", dear_look)
+    now = _charged_looks(monkeypatch, look_s, real=True)
     f = finder.LeakFinder(torch, lambda: namespace, warmup_steps=1, t0=0.0, clock=lambda: now[0])
     for i in range(steps):
         grow(i)
