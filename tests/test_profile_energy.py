@@ -411,38 +411,34 @@ def test_a_price_too_small_to_show_in_four_decimals_says_under():
     assert price_words(big, Tariff()) == ""
 
 
-def test_the_accuracy_benchmark_runs_on_cpu(tmp_path):
-    """benchmarks/energy_accuracy.py's code path (no GPU: no energy, the table still printed)."""
+def _benchmark_on_cpu(name: str, out) -> tuple[str, dict]:
+    """(what benchmarks/``name``.py printed, its JSON) after a ``--device cpu`` run into ``out``."""
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    r = subprocess.run([sys.executable, str(root / "benchmarks" / "energy_accuracy.py"), "--out", str(tmp_path),
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / f"{name}.py"), "--out", str(out),
                         "--device", "cpu"], capture_output=True, text=True, cwd=root, timeout=300,
                        env={**os.environ, "PYTHONPATH": str(root)})
     assert r.returncode == 0, r.stderr
-    report = json.loads((tmp_path / "energy_accuracy.json").read_text())
+    return r.stdout, json.loads((out / f"{name}.json").read_text())
+
+
+def test_the_accuracy_benchmark_runs_on_cpu(tmp_path):
+    """benchmarks/energy_accuracy.py's code path (no GPU: no energy, the table still printed)."""
+    stdout, report = _benchmark_on_cpu("energy_accuracy", tmp_path)
     assert [x["loop"] for x in report["results"]] == ["launch-bound", "compute-bound"]
     assert all(c["gpunb_j"] is None and c["why"] for x in report["results"] for c in x["cells"])
-    assert "the step hook's energy call" in r.stdout and report["at_step_us"] > 0
+    assert "the step hook's energy call" in stdout and report["at_step_us"] > 0
 
 
 def test_the_meter_cost_benchmark_runs_on_cpu(tmp_path):
     """benchmarks/energy_meter_cost.py's code path (no NVML: the NVML suspects are left out)."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    r = subprocess.run([sys.executable, str(root / "benchmarks" / "energy_meter_cost.py"), "--out", str(tmp_path),
-                        "--device", "cpu"], capture_output=True, text=True, cwd=root, timeout=300,
-                       env={**os.environ, "PYTHONPATH": str(root)})
-    assert r.returncode == 0, r.stderr
-    report = json.loads((tmp_path / "energy_meter_cost.json").read_text())
+    stdout, report = _benchmark_on_cpu("energy_meter_cost", tmp_path)
     assert list(report["variants"]) == ["plain", "profile", "profile+energy", "energy-no-polling", "energy-no-pcie",
                                         "gil-wakeups"]
     assert [v["vs"] for v in report["variants"].values()] == ["plain", "plain", "profile", "profile", "profile",
                                                               "plain"]
     assert all(len(v["step_ms"]) == 3 and v["step_ms_median"] > 0 for v in report["variants"].values())
-    assert "profile+energy" in r.stdout
+    assert "profile+energy" in stdout
