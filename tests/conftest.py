@@ -30,6 +30,27 @@ def fake_nvml(request):
 
 
 @pytest.fixture
+def fake_cuda(monkeypatch):
+    """CUDA up on the recorded H200 (``tests/simulated_cuda.py``), NVML replaying the recording
+    in real time from 16 s on: training, util 98-100 %, its PID 412 named as this process."""
+    import os
+    import time
+
+    from gpunb.readings import torch_state
+    from tests.simulated_cuda import SimulatedTorch, recorded_h200_cuda
+
+    start = time.monotonic()
+    fake = scenario("h200", clock=lambda: 16.0 + (time.monotonic() - start))
+    fake.gpus[0].pid_map = {412: os.getpid()}
+    nvml_module.set_default_session(NvmlSession(fake))
+    cuda = recorded_h200_cuda()
+    proxy = SimulatedTorch(cuda)
+    monkeypatch.setattr(torch_state, "imported_torch", lambda: proxy)
+    yield cuda
+    nvml_module.set_default_session(None)
+
+
+@pytest.fixture
 def ip():
     """A fresh in-process IPython shell with gpunb loaded; unloaded afterwards."""
     from IPython.core.interactiveshell import InteractiveShell

@@ -16,7 +16,10 @@ import torch
 
 
 class HostClockEvent:
+    made = 0  # events created so far (a test resets it): the profiler must pool them
+
     def __init__(self, enable_timing: bool = False) -> None:
+        HostClockEvent.made += 1
         self.t: float | None = None
 
     def record(self, stream: Any = None) -> None:
@@ -26,7 +29,7 @@ class HostClockEvent:
         return self.t is not None
 
     def synchronize(self) -> None:
-        pass
+        assert self.t is not None  # waiting for an event never recorded hangs on a GPU
 
     def elapsed_time(self, other: HostClockEvent) -> float:
         return (other.t - self.t) * 1000.0
@@ -113,3 +116,12 @@ class SimulatedTorch:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(torch, name)
+
+
+def recorded_h200_cuda() -> SimulatedCuda:
+    """cuda:0 is the recorded H200 (gpunb/testing/h200_trace.json), its counters those after training."""
+    from gpunb.testing import load_trace
+
+    trace = load_trace()
+    facts = trace["facts"]
+    return SimulatedCuda([facts["uuid"]], trace["memory_stats_after_train"], facts["memory_total"], facts["name"])

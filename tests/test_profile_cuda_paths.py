@@ -9,9 +9,7 @@ checked in tests/gpu/test_profile_gpu.py.
 
 from __future__ import annotations
 
-import os
 import time
-from types import SimpleNamespace
 
 import pytest
 
@@ -20,100 +18,9 @@ torch = pytest.importorskip("torch")
 import gpunb  # noqa: E402
 from gpunb.analysis.steps.events import READ_BACK_EVERY  # noqa: E402
 from gpunb.readings import nvml as nvml_module  # noqa: E402
-from gpunb.readings import torch_state  # noqa: E402
-from gpunb.readings.nvml import NvmlSession  # noqa: E402
-from gpunb.testing import load_trace, scenario  # noqa: E402
+from gpunb.testing import load_trace  # noqa: E402
 from gpunb.views.profile_view import fmt_bytes  # noqa: E402
-
-
-class HostClockEvent:
-    made = 0
-
-    def __init__(self, enable_timing: bool = False) -> None:
-        assert enable_timing
-        HostClockEvent.made += 1
-        self.t = None
-
-    def record(self) -> None:
-        self.t = time.perf_counter()
-
-    def query(self) -> bool:
-        return self.t is not None
-
-    def synchronize(self) -> None:
-        assert self.t is not None
-
-    def elapsed_time(self, other: HostClockEvent) -> float:
-        return (other.t - self.t) * 1000.0
-
-
-class FakeCuda:
-    def __init__(self) -> None:
-        self.stats = dict(load_trace()["memory_stats_after_train"])
-        self.resets = 0
-        self.Event = HostClockEvent
-
-    def is_initialized(self) -> bool:
-        return True
-
-    def current_device(self) -> int:
-        return 0
-
-    def device_count(self) -> int:
-        return 1
-
-    def memory_stats(self, device: int = 0) -> dict:
-        return self.stats
-
-    def reset_peak_memory_stats(self, device: int = 0) -> None:
-        self.resets += 1
-
-    def get_device_properties(self, device: int) -> SimpleNamespace:
-        return SimpleNamespace(name="NVIDIA H200", total_memory=150754820096, major=9, minor=0,
-                               uuid="6fa48cea-f20c-eafe-9125-0427b9f214a8")
-
-    def synchronize(self) -> None:
-        pass
-
-    def max_memory_allocated(self, device: int = 0) -> int:
-        return self.stats["allocated_bytes.all.peak"]
-
-    def nested_stats(self, device: int) -> dict:
-        """``torch._C._cuda_memoryStats``: what memory_stats() flattens ("a.b.c" -> a/b/c)."""
-        nested: dict = {}
-        for key, value in self.stats.items():
-            *path, last = key.split(".")
-            node = nested
-            for part in path:
-                node = node.setdefault(part, {})
-            node[last] = value
-        return nested
-
-
-class TorchWithFakeCuda:
-    def __init__(self, cuda: FakeCuda) -> None:
-        self.cuda = cuda
-        self.version = SimpleNamespace(cuda="13.0")
-        self._C = SimpleNamespace(_cuda_memoryStats=cuda.nested_stats)  # the CUDA build's cheap stats path
-
-    def __getattr__(self, name: str):
-        return getattr(torch, name)
-
-
-@pytest.fixture
-def fake_cuda(monkeypatch):
-    # NVML replays the recorded H200 from 16 s on: training, PID 412 holds ~9 GiB, util 98-100 %
-    start = time.monotonic()
-    clock = lambda: 16.0 + (time.monotonic() - start)  # noqa: E731 (advances like the real one)
-    fake = scenario("h200", clock=clock)
-    # the recorded H200 trace lists PID 412 as the training process: NVML names this process so
-    fake.gpus[0].pid_map = {412: os.getpid()}
-    nvml_module.set_default_session(NvmlSession(fake))
-    cuda = FakeCuda()
-    proxy = TorchWithFakeCuda(cuda)
-    monkeypatch.setattr(torch_state, "imported_torch", lambda: proxy)
-    yield cuda
-    nvml_module.set_default_session(None)
+from tests.simulated_cuda import HostClockEvent  # noqa: E402
 
 
 def test_steps_from_events_read_back_in_batches(fake_cuda):
@@ -138,7 +45,7 @@ def test_steps_from_events_read_back_in_batches(fake_cuda):
     # event i - event i-1 for every step: they add up to the host span from step 0 to the last
     span_ms = (r.step_marks_s[-1] - r.step_marks_s[0]) * 1000
     assert abs(sum(r.steps.step_ms[1:]) - span_ms) < 5
-    assert fake_cuda.resets == 1
+    assert fake_cuda.calls.count("reset_peak_memory_stats") == 1
     g = r.gpu
     assert g.name == "NVIDIA H200" and g.compute_capability == (9, 0)
     assert g.peak_allocated_bytes == 8931427840 and g.peak_reserved_bytes == 9216983040
@@ -159,7 +66,7 @@ def test_steps_from_events_read_back_in_batches(fake_cuda):
 def test_no_reset_keeps_the_counter_and_reports_no_cell_peak(fake_cuda):
     with gpunb.profile(record=False, reset_peak=False) as p:
         pass
-    assert fake_cuda.resets == 0
+    assert fake_cuda.calls.count("reset_peak_memory_stats") == 0
     assert p.result.gpu.peak_allocated_bytes is None  # not above the earlier peak
     assert "not above the earlier peak" in str(p.result)
 

@@ -25,25 +25,10 @@ from gpunb.analysis.profile.link_verdict import nvlink_peak_gbps, pcie_words, wi
 from gpunb.analysis.profile.records import Verdict  # noqa: E402
 from gpunb.analysis.steps.tokens import sequence_length  # noqa: E402
 from gpunb.readings import nvml as nvml_module  # noqa: E402
-from gpunb.readings import peak_cache, torch_state  # noqa: E402
+from gpunb.readings import peak_cache  # noqa: E402
 from gpunb.readings.nvml import NvmlSession  # noqa: E402
 from gpunb.testing import scenario  # noqa: E402
 from gpunb.views.energy_view import energy_line  # noqa: E402
-from tests.test_profile_cuda_paths import FakeCuda, TorchWithFakeCuda  # noqa: E402
-
-
-@pytest.fixture
-def fake_cuda(monkeypatch):
-    """CUDA up on the recorded H200 (test_profile_cuda_paths.py's stand-in), NVML replaying it in real time."""
-    start = time.monotonic()
-    fake = scenario("h200", clock=lambda: 16.0 + (time.monotonic() - start))
-    fake.gpus[0].pid_map = {412: os.getpid()}  # the recording's training process is this one
-    nvml_module.set_default_session(NvmlSession(fake))
-    cuda = FakeCuda()
-    proxy = TorchWithFakeCuda(cuda)
-    monkeypatch.setattr(torch_state, "imported_torch", lambda: proxy)
-    yield cuda
-    nvml_module.set_default_session(None)
 
 
 def _train(seconds: float, batch: int = 8, tokens: bool = False, sleep_s: float = 0.004) -> None:
