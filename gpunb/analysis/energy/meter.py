@@ -51,8 +51,27 @@ class GpuEnergy:
         return self.joules / self.seconds if self.seconds > 0 else None
 
 
+class SummedOverGpus:
+    """The totals of an energy record: its ``gpus``' joules over its ``seconds``."""
+
+    gpus: Sequence[GpuEnergy] | Sequence[Any]
+    seconds: float
+
+    @property
+    def joules(self) -> float:
+        return sum(g.joules for g in self.gpus)
+
+    @property
+    def wh(self) -> float:
+        return self.joules / 3600.0
+
+    @property
+    def average_w(self) -> float | None:
+        return self.joules / self.seconds if self.gpus and self.seconds > 0 else None
+
+
 @dataclass(frozen=True)
-class CellEnergy:
+class CellEnergy(SummedOverGpus):
     """The energy of one profiled cell, summed over its GPUs."""
 
     gpus: tuple[GpuEnergy, ...]
@@ -76,18 +95,6 @@ class CellEnergy:
     def step_time_spread(self) -> float | None:
         """The same spread of the time per step in those windows (an unsteady loop's share of the above)."""
         return _spread(self.window_step_s)
-
-    @property
-    def joules(self) -> float:
-        return sum(g.joules for g in self.gpus)
-
-    @property
-    def wh(self) -> float:
-        return self.joules / 3600.0
-
-    @property
-    def average_w(self) -> float | None:
-        return self.joules / self.seconds if self.seconds > 0 else None
 
     @property
     def sample_joules(self) -> float | None:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpunb.analysis.energy.meter import CellEnergy
+from gpunb.analysis.energy.meter import CellEnergy, SummedOverGpus
 from gpunb.analysis.energy.tariff import Tariff
 from gpunb.display import DisplayMixin
 from gpunb.readings.devices import map_devices, read_identities
@@ -88,7 +88,7 @@ class GpuSpent:
 
 
 @dataclass(frozen=True)
-class SessionEnergy(DisplayMixin):
+class SessionEnergy(SummedOverGpus, DisplayMixin):
     """What the kernel's GPUs spent since the extension loaded (``%gpuenergy``, ``gpunb.energy()``)."""
 
     gpus: tuple[GpuSpent, ...]
@@ -104,18 +104,6 @@ class SessionEnergy(DisplayMixin):
     just_started: bool = False  # the counting starts now: nothing to show yet
 
     _dict_extras = ("joules", "wh", "average_w", "cost", "co2_g")
-
-    @property
-    def joules(self) -> float:
-        return sum(g.joules for g in self.gpus)
-
-    @property
-    def wh(self) -> float:
-        return self.joules / 3600.0
-
-    @property
-    def average_w(self) -> float | None:
-        return self.joules / self.seconds if self.gpus and self.seconds > 0 else None
 
     @property
     def cost(self) -> float | None:
