@@ -375,6 +375,16 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def write_report(out_dir: str, name: str, report: dict, text: str) -> Path:
+    """``report`` as DIR/name.json and ``text`` as DIR/name.md, the text printed; the JSON's path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(report, indent=1, default=str))
+    (out / f"{name}.md").write_text(text + "\n")
+    print(text)
+    return out / f"{name}.json"
+
+
 def environment(smoke: bool) -> dict:
     from importlib import metadata
 
@@ -499,13 +509,8 @@ def main(argv: list[str] | None = None) -> int:
               "environment": environment(args.smoke), "models": models}
     if args.truth_from:
         report["truth_from"] = {"path": args.truth_from, "label": args.truth_label}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    md = table(report)
-    (out / "batch_fit_zoo.json").write_text(json.dumps(report, indent=1, default=str))
-    (out / "batch_fit_zoo.md").write_text(md + "\n")
-    print(md)
-    log(f"done: {pool.launched} processes in {report['seconds']:.0f} s; {out / 'batch_fit_zoo.json'}")
+    saved = write_report(args.out, "batch_fit_zoo", report, table(report))
+    log(f"done: {pool.launched} processes in {report['seconds']:.0f} s; {saved}")
     return 0
 
 

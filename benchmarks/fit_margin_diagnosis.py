@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import sys
 import time
@@ -198,15 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     pool = batch_fit_zoo.Pool(gpus, jobs, time.monotonic() + args.budget_s, log,
                               room_gib=None if args.smoke else batch_fit_zoo.gpu_room_gib([g for g in gpus if g]))
     models = batch_fit_zoo.in_threads([lambda n=n: one_model(pool, n, args, log) for n in names])
-    text = report_text(models)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     report = {"date": time.strftime("%Y-%m-%d %H:%M"), "seconds": time.monotonic() - start, "steps": args.steps,
               "environment": batch_fit_zoo.environment(args.smoke), "models": models}
-    (out / "fit_margin_diagnosis.json").write_text(json.dumps(report, indent=1, default=str))
-    (out / "fit_margin_diagnosis.md").write_text(text + "\n")
-    print(text)
-    log(f"done in {report['seconds']:.0f} s: {out / 'fit_margin_diagnosis.json'}")
+    saved = batch_fit_zoo.write_report(args.out, "fit_margin_diagnosis", report, report_text(models))
+    log(f"done in {report['seconds']:.0f} s: {saved}")
     return 0
 
 
