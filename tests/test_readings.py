@@ -101,3 +101,19 @@ def test_every_documented_scenario_is_accepted_by_gpunb_fake_nvml():
     for name in documented:  # a known name is the fake, not the "names no recorded scenario" refusal
         assert _fake_session(name).fake and "GPUNB_FAKE_NVML" not in _fake_session(name).start().cause, name
     assert not _fake_session("bogus").start().ok
+
+
+def test_gpunb_fake_nvml_from_s_starts_the_replay_that_far_in(monkeypatch):
+    """A notebook of views reads the phase it means to show (the recording holds 2 GiB from
+    6.2 s on, after 6 s of an idle GPU), however fast the machine runs it."""
+    from gpunb.readings.nvml import _fake_session
+
+    monkeypatch.setenv("GPUNB_FAKE_NVML_FROM_S", "8")
+    used = _fake_session("h200").device_query(0, "nvmlDeviceGetMemoryInfo").used
+    assert 2 * 2**30 <= used < 3 * 2**30
+    monkeypatch.delenv("GPUNB_FAKE_NVML_FROM_S")
+    assert _fake_session("h200").device_query(0, "nvmlDeviceGetMemoryInfo").used < 2**30  # idle at the start
+    for bad in ("soon", "-1"):
+        monkeypatch.setenv("GPUNB_FAKE_NVML_FROM_S", bad)
+        status = _fake_session("h200").start()
+        assert not status.ok and "GPUNB_FAKE_NVML_FROM_S" in status.cause and status.fix

@@ -765,7 +765,10 @@ def _fake_session(name: str) -> NvmlSession:
             "Unset GPUNB_FAKE_NVML to read the real GPUs (`%env GPUNB_FAKE_NVML=` does not unset it: "
             "use `del os.environ['GPUNB_FAKE_NVML']` and restart the kernel), or name a known scenario.",
         ))
-    return NvmlSession(scenario(name))
+    try:
+        return NvmlSession(scenario(name))
+    except ValueError as exc:  # GPUNB_FAKE_NVML_FROM_S unreadable
+        return NvmlSession(init_problem=NvmlStatus(False, str(exc), "Unset it, or give seconds such as 4."))
 
 
 def stop_default_worker() -> None:

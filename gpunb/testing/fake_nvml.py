@@ -653,13 +653,31 @@ def scenario(name: str, clock: Callable[[], float] | None = None) -> FakePynvml:
     rows of that file, re-read on every call (``[{"gpu": 0, "pid": 123,
     "used_gpu_memory": 2**30, "name": "python3"}]``): a test puts the PIDs of real kernels
     on the fake GPU, also for a Jupyter server and kernels running in other processes.
+
+    ``GPUNB_FAKE_NVML_FROM_S=<seconds>`` starts the replay that far into the recording (the
+    default clock only): a notebook of views reads the phase it means to show (the recording's
+    first 6 s are an idle GPU) however fast the machine runs it.
     """
+    if clock is None and os.environ.get("GPUNB_FAKE_NVML_FROM_S"):
+        clock = _clock_from(os.environ["GPUNB_FAKE_NVML_FROM_S"])
     fake = _scenario(name, clock)
     path = os.environ.get("GPUNB_FAKE_NVML_PROCESSES")
     if path:
         for gpu in fake.gpus:
             gpu.processes_file = path
     return fake
+
+
+def _clock_from(text: str) -> Callable[[], float]:
+    try:
+        from_s = float(text)
+    except ValueError:
+        from_s = -1.0
+    if not 0 <= from_s < 1e6:
+        raise ValueError(f"GPUNB_FAKE_NVML_FROM_S={text[:40]!r} is not a number of seconds >= 0; "
+                         "unset it to replay the recording from its start")
+    start = time.monotonic()
+    return lambda: from_s + (time.monotonic() - start)
 
 
 def _scenario(name: str, clock: Callable[[], float] | None) -> FakePynvml:
