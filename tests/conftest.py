@@ -8,7 +8,7 @@ import pytest
 from gpunb.readings import nvml as nvml_module
 from gpunb.readings import peak_cache
 from gpunb.readings.nvml import NvmlSession
-from gpunb.testing import scenario
+from gpunb.testing import replay_clock, scenario
 
 
 def pytest_report_header() -> str:
@@ -34,13 +34,11 @@ def fake_cuda(monkeypatch):
     """CUDA up on the recorded H200 (``tests/simulated_cuda.py``), NVML replaying the recording
     in real time from 16 s on: training, util 98-100 %, its PID 412 named as this process."""
     import os
-    import time
 
     from gpunb.readings import torch_state
     from tests.simulated_cuda import SimulatedTorch, recorded_h200_cuda
 
-    start = time.monotonic()
-    fake = scenario("h200", clock=lambda: 16.0 + (time.monotonic() - start))
+    fake = scenario("h200", clock=replay_clock(16.0))
     fake.gpus[0].pid_map = {412: os.getpid()}
     nvml_module.set_default_session(NvmlSession(fake))
     cuda = recorded_h200_cuda()

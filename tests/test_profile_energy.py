@@ -27,7 +27,7 @@ from gpunb.analysis.steps.tokens import sequence_length  # noqa: E402
 from gpunb.readings import nvml as nvml_module  # noqa: E402
 from gpunb.readings import peak_cache  # noqa: E402
 from gpunb.readings.nvml import NvmlSession  # noqa: E402
-from gpunb.testing import scenario  # noqa: E402
+from gpunb.testing import replay_clock, scenario  # noqa: E402
 from gpunb.views.energy_view import energy_line  # noqa: E402
 
 
@@ -272,7 +272,7 @@ def test_the_peak_cache_keeps_the_checks_pinned_copy_bandwidth(tmp_path):
 # -- marks taken as the counter moves ------------------------------------------------------------
 
 def test_step_marks_are_read_as_the_counter_moves_with_the_steps_of_that_moment():
-    start = time.monotonic()
+    start = time.monotonic()  # the meter's times are put on the fake's clock below
     fake = scenario("h200", clock=lambda: 16.0 + (time.monotonic() - start))
     nvml = NvmlSession(fake)
     meter = EnergyMeter(nvml, [0], fresh=0)
@@ -331,8 +331,7 @@ def test_a_multi_gpu_cell_has_energy_per_gpu_summed_and_per_rank_and_nvlink_in_i
     from gpunb.analysis.ranks.summary import build_ranks
     from tests.test_profile_ranks import _ddp, _record
 
-    start = time.monotonic()
-    nvml = NvmlSession(scenario("h200x2-nvlink", clock=lambda: 16.0 + (time.monotonic() - start)))
+    nvml = NvmlSession(scenario("h200x2-nvlink", clock=replay_clock(16.0)))
     meters = CellMeters(nvml, None)  # a kernel without CUDA: every GPU's counter is read at the start
     time.sleep(0.4)
     records = [_record(r, 50, [500.0] + [50.0] * 49, ddp=_ddp(20.0, 5.0)) for r in (0, 1)]

@@ -5,7 +5,15 @@ allocator's blocks (``fake_caching_allocator``) charged by a training step's CPU
 
 from gpunb.testing.fake_caching_allocator import CachingMemory
 from gpunb.testing.fake_device_memory import BudgetMemory
-from gpunb.testing.fake_nvml import FakeGpu, FakePynvml, load_trace, replay_allreduce, replay_probe, scenario
+from gpunb.testing.fake_nvml import (
+    FakeGpu,
+    FakePynvml,
+    load_trace,
+    replay_allreduce,
+    replay_clock,
+    replay_probe,
+    scenario,
+)
 
-__all__ = ["BudgetMemory", "CachingMemory", "FakeGpu", "FakePynvml", "load_trace", "replay_allreduce", "replay_probe",
-           "scenario"]
+__all__ = ["BudgetMemory", "CachingMemory", "FakeGpu", "FakePynvml", "load_trace", "replay_allreduce", "replay_clock",
+           "replay_probe", "scenario"]

@@ -243,8 +243,7 @@ class FakePynvml:
         self.driver_version = driver_version
         self.cuda_driver_version = cuda_driver_version
         self.process_names = process_names or {}
-        start = time.monotonic()
-        self.clock = clock or (lambda: time.monotonic() - start)
+        self.clock = clock or replay_clock()
         self.calls: dict[str, int] = {}
         self.initialized = 0
         # Fault machinery (library-level functions; per-GPU ones live on FakeGpu).
@@ -676,6 +675,11 @@ def _clock_from(text: str) -> Callable[[], float]:
     if not 0 <= from_s < 1e6:
         raise ValueError(f"GPUNB_FAKE_NVML_FROM_S={text[:40]!r} is not a number of seconds >= 0; "
                          "unset it to replay the recording from its start")
+    return replay_clock(from_s)
+
+
+def replay_clock(from_s: float = 0.0) -> Callable[[], float]:
+    """A clock for the replay: ``from_s`` seconds into the recording now, advancing in real time."""
     start = time.monotonic()
     return lambda: from_s + (time.monotonic() - start)
 
