@@ -62,6 +62,14 @@ def schedule(first: int, limit: int = 10**9) -> list[int]:
     return out
 
 
+def _after(plan: list[int], index: int) -> int:
+    """The first step of ``plan`` after ``index``; the plan is extended when it runs out."""
+    k = bisect.bisect_right(plan, index)
+    if k >= len(plan):
+        plan += schedule(plan[-1])[1:]
+    return plan[k]
+
+
 def first_guess(namespace: Mapping[str, Any]) -> float:
     """The first look's cost, guessed from the size of the notebook's top-level collections
     (exact built-in types only: a user's ``__len__`` is never called)."""
@@ -104,10 +112,7 @@ class LeakFinder:
             return True
         if index >= self.next_size:
             self._note_sizes(index)
-            k = bisect.bisect_right(self.size_plan, index)
-            if k >= len(self.size_plan):
-                self.size_plan += schedule(self.size_plan[-1])[1:]
-            self.next_size = self.size_plan[k]
+            self.next_size = _after(self.size_plan, index)
         self._due = min(self.next_index, self.next_size)
         if index < self.next_index:
             return True
@@ -115,22 +120,21 @@ class LeakFinder:
         if self.spent_s + self.expected_s > self.budget_share * (t - self.t0):
             return True  # over budget now: try again at the next step
         self._look(index)
-        k = bisect.bisect_right(self.plan, index)
-        self.skipped += max(k - bisect.bisect_right(self.plan, self.next_index), 0)
-        if k >= len(self.plan):
-            self.plan += schedule(self.plan[-1])[1:]
-        self.next_index = self.plan[k]
+        passed = bisect.bisect_right(self.plan, index) - bisect.bisect_right(self.plan, self.next_index)
+        self.skipped += max(passed, 0)  # scheduled steps the budget made this look skip
+        self.next_index = _after(self.plan, index)
         self._due = min(self.next_index, self.next_size)
         return True
 
     def _note_sizes(self, index: int) -> None:
+        if self.sizes and self.sizes[-1][0] == index:
+            return  # noted already at this step (a look's step is often a scheduled one)
         try:
             sizes = {name: len(value) for name, value in list(self.namespace().items())
                      if type(value) in SIZED and not name.startswith("_")}
         except Exception:  # noqa: BLE001 (a namespace that cannot be read now: the looks say so)
             return
-        if not self.sizes or self.sizes[-1][0] != index:
-            self.sizes.append((index, sizes))
+        self.sizes.append((index, sizes))
 
     def _look(self, index: int) -> Snapshot | None:
         try:

@@ -173,13 +173,13 @@ def look(namespace: Mapping[str, Any], torch: Any, step: int, *, devices: set[st
     # (~320k objects with torch and IPython: 0.25-0.29 s on the CI machine) fell inside a look now and
     # then, and its time, counted as the look's, spent the finder's budget on one look. The
     # collection still runs, at the loop's next allocations, as it would have without the look.
-    paused = gc.isenabled()
+    was_enabled = gc.isenabled()
     gc.disable()
     try:
         census = take_census(_users(namespace), torch=torch, devices=devices, max_nodes=CENSUS_NODE_CAP,
                              observe=observe)
     finally:
-        if paused:
+        if was_enabled:  # a user's gc.disable() stays theirs
             gc.enable()
     return Snapshot(step, t0, clock() - t0, holdings, census.total_bytes(), graph.capped, census.truncated,
                     variables)
