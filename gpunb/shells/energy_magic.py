@@ -64,25 +64,22 @@ class EnergyMagics(Magics):
             raise usage_error(self.gpuenergy, "--forget clears the price and carbon: give it alone")
         from gpunb.shells.api import set_tariff
 
-        setting = args.forget or args.price is not None or args.carbon is not None
-        said = ""
-        if setting:
+        if args.forget or args.price is not None or args.carbon is not None:
             try:
-                said = f"gpunb: {set_tariff(price=args.price, carbon=args.carbon, forget=args.forget)}"
+                said = set_tariff(price=args.price, carbon=args.carbon, forget=args.forget)
             except ValueError as exc:
                 raise usage_error(self.gpuenergy, str(exc)) from None
-            if args.forget and args.output is None:
-                print(said)
-                return  # only the clearing; -o asks for the report as well
+            # A new price shows at once what it makes of the energy so far: the report's last line
+            # names the tariff. --forget leaves none to name, so it is said here.
+            if args.forget:
+                print(f"gpunb: {said}")
+                if args.output is None:
+                    return  # only the clearing; -o asks for the report as well
         from gpunb.shells.api import energy
 
         report = energy(state=self.kernel)
         if args.output:
             self.shell.user_ns[args.output] = report
-        # a new price shows at once what it makes of the energy so far; the report's last line
-        # names the tariff, so only --forget (which leaves none to name) is said apart
-        if said and args.forget:
-            print(said)
         from IPython.display import display
 
         display(report)

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from gpunb.readings.energy import PowerSamples, read_energy, read_power_since
 from gpunb.readings.gpu_activity import now_us
@@ -51,10 +51,15 @@ class GpuEnergy:
         return self.joules / self.seconds if self.seconds > 0 else None
 
 
+class _GpuJoules(Protocol):
+    @property
+    def joules(self) -> float: ...
+
+
 class SummedOverGpus:
     """The totals of an energy record: its ``gpus``' joules over its ``seconds``."""
 
-    gpus: Sequence[GpuEnergy] | Sequence[Any]
+    gpus: Sequence[_GpuJoules]  # GpuEnergy, GpuSpent
     seconds: float
 
     @property
