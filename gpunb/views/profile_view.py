@@ -106,12 +106,12 @@ def steps_words(p: CellProfile) -> str:
         warm = f"; {st.skipped} warm-up step{'s' if st.skipped != 1 else ''} left out" if st.skipped else ""
         s += (f" · then a median {milliseconds(st.median_ms)} per step (p90 {milliseconds(st.p90_ms)}{warm}"
               f"{_excluded_words(p)})")
-    if st.steps_per_s:
-        s += f" · {st.steps_per_s:.1f} steps/s"
+    if st.steps_per_s:  # the rates are of the mean step (a median hides stalls): said with it
+        s += f" · a mean {milliseconds(1000.0 / st.steps_per_s)} per step = {st.steps_per_s:.1f} steps/s"
     if st.samples_per_s:
-        s += f" · {st.samples_per_s:,.0f} samples/s (batch {st.batch_size})"
+        s += f" = {st.samples_per_s:,.0f} samples/s at batch {st.batch_size}"
     if st.tokens_per_s:
-        s += f" · {st.tokens_per_s:,.0f} tokens/s ({st.tokens_per_sample:,} per sample)"
+        s += f" = {st.tokens_per_s:,.0f} tokens/s at {st.tokens_per_sample:,} per sample"
     return s + f" · timed by {st.source}"
 
 
@@ -274,11 +274,13 @@ def ops_rows(p: CellProfile) -> list[tuple[str, str]]:
     idle = "idle" if o.device_time else "outside operators"
     shares = " · ".join(f"{idle if k == 'idle' else k} {100 * v:.0f}%"
                         for k, v in sorted(o.shares.items(), key=lambda kv: -kv[1]))
+    # The traced steps are slower than the cell's (the profiler costs +17 % to +190 % a step,
+    # op_trace.py) and are left out of its step times: their span is named as theirs.
     text = f"torch.profiler over step{'s' if len(o.steps) > 1 else ''} {_step_list(o.steps)}: {clock} {shares} " \
-           f"of {milliseconds(o.window_ms)} per step"
+           f"of {milliseconds(o.window_ms)} per traced step, slowed by the profiler and left out of the step times"
     if o.note:
         text += f" ({o.note})"
-    rows = [("ops", text), ("top ops", f"{clock} per step: " + _op_list(o.top_ops))]
+    rows = [("ops", text), ("top ops", f"{clock} per traced step: " + _op_list(o.top_ops))]
     if o.top_kernels:
         rows.append(("top kernels", _op_list(o.top_kernels)))
     if o.trace_path:
