@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from html import escape
 from typing import TYPE_CHECKING, Any
 
-from gpunb.analysis.profile.history import compare
+from gpunb.analysis.profile.history import compare, variant_sentence
 from gpunb.analysis.profile.records import CellProfile, HistoryReport
 from gpunb.analysis.steps.plan import COUNTED_STEP
 from gpunb.display import register_views
@@ -416,28 +416,33 @@ def history_rows(entries: Sequence[Any], baselines: Sequence[int | None] = ()) -
             for i, p in enumerate(entries)]
 
 
-def _history_head(entries: Sequence[Any], baselines: Sequence[int | None]) -> str:
+def _history_head(entries: Sequence[Any], baselines: Sequence[int | None], versus: str = "") -> str:
     head = f"gpuprofile history: {len(entries)} cell{'s' if len(entries) != 1 else ''}"
+    if versus:  # the variants the user named, each against the baseline, in one sentence each
+        sentences = [variant_sentence(entries[b], p, b, i) for i, (p, b) in enumerate(zip(entries, baselines))
+                     if b is not None]
+        return head + f' against "{versus}": ' + (" ".join(sentences) or "no other cell to compare with.")
     last = baselines[len(entries) - 1] if len(baselines) >= len(entries) else None
     if last is not None:
         words = compare(entries[last], entries[-1]).words()
         head += f"; the last against its earlier run #{last + 1}: {words or 'nothing comparable'}"
     elif len(entries) > 1:
-        head += "; the last cell has no earlier run to compare with (same label or same code)"
+        head += ("; the last cell has no earlier run to compare with (same label or same code; "
+                 "`--vs LABEL` compares every cell with the run so labelled)")
     return head
 
 
-def history_text(entries: Sequence[Any], baselines: Sequence[int | None] = ()) -> str:
+def history_text(entries: Sequence[Any], baselines: Sequence[int | None] = (), versus: str = "") -> str:
     if not entries:
         return ("gpuprofile history: no profiled cells yet (run a cell with %%gpuprofile, or "
                 "%gpuprofile on for a line after every cell)")
     rows = [HISTORY_HEADER, *history_rows(entries, baselines)]
     widths = [max(len(r[c]) for r in rows) for c in range(len(HISTORY_HEADER))]
-    head = _history_head(entries, baselines)
+    head = _history_head(entries, baselines, versus)
     return head + "\n" + "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows)
 
 
-def history_html(entries: Sequence[Any], baselines: Sequence[int | None] = ()) -> str:
+def history_html(entries: Sequence[Any], baselines: Sequence[int | None] = (), versus: str = "") -> str:
     if not entries:
         return f"<p>{escape(history_text(entries))}</p>"
     cell = "text-align:left;padding:2px 8px;vertical-align:top"
@@ -448,12 +453,12 @@ def history_html(entries: Sequence[Any], baselines: Sequence[int | None] = ()) -
     body = "".join("<tr>" + "".join(
         f"<td style='{cell};{'' if h in widths else 'white-space:nowrap'}'>{escape(c)}</td>"
         for h, c in zip(HISTORY_HEADER, r)) + "</tr>" for r in history_rows(entries, baselines))
-    return (f"<div><b>{escape(_history_head(entries, baselines))}</b></div><div style='overflow-x:auto'>"
+    return (f"<div><b>{escape(_history_head(entries, baselines, versus))}</b></div><div style='overflow-x:auto'>"
             f"<table class='gpunb-history' style='border-collapse:collapse'>"
             f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>")
 
 
 # How the records show (gpunb.display looks these up; the records never import a view).
 register_views(CellProfile, {"text/plain": profile_text, "text/html": profile_html})
-register_views(HistoryReport, {"text/plain": lambda r: history_text(r.entries, r.baselines),
-                               "text/html": lambda r: history_html(r.entries, r.baselines)})
+register_views(HistoryReport, {"text/plain": lambda r: history_text(r.entries, r.baselines, r.versus),
+                               "text/html": lambda r: history_html(r.entries, r.baselines, r.versus)})

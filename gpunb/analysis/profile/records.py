@@ -143,6 +143,7 @@ class HistoryReport(DisplayMixin):
 
     entries: tuple[CellProfile, ...]
     baselines: tuple[int | None, ...] = ()
+    versus: str = ""  # the label every other cell is compared with (``--vs``); "" for runs of one cell
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "entries", tuple(self.entries))
