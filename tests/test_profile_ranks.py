@@ -78,7 +78,9 @@ def test_forked_ddp_ranks_report_their_steps_and_the_slowest_is_named(shell, tmp
     assert ranks.world_size == 2
     assert ranks.slowest_by == "all-reduce wait" and ranks.ranks[ranks.slowest].rank == 1
     assert not ranks.balanced and ranks.wait_ms > 5  # 30 ms of extra work a step, minus timing noise
-    assert p.verdict.kind == "multi-gpu" and "the slowest: rank 1" in p.verdict.headline
+    # gloo ranks on the CPU: no GPU took part, so not "multi-gpu" beside "GPU absent"
+    assert p.verdict.kind == "multi-process" and "the slowest: rank 1" in p.verdict.headline
+    assert "2 ranks trained on the CPU" in p.verdict.headline
     assert any(a.title == "Find out why rank 1 is slower" for a in p.advice)
     text = str(p)
     assert "2 ranks reported" in text and "1 (slowest)" in text and "none in this process" in text
@@ -423,3 +425,14 @@ def test_a_rank_with_cuda_up_records_events_its_gpu_and_nvml_memory(tmp_path, mo
     assert record["peak_allocated_bytes"] == trace["memory_stats_after_train"]["allocated_bytes.all.peak"]
     stats = rank_stats(record)
     assert stats.nvml_index == 0 and stats.gpu_name == "NVIDIA H200" and stats.median_ms > 0
+
+
+def test_the_verdict_says_multi_gpu_only_when_a_rank_trained_on_a_gpu():
+    on_gpus = [_record(r, 20, [500.0] + [50.0] * 19) for r in (0, 1)]
+    on_cpus = [_record(r, 20, [500.0] + [50.0] * 19, device=None, gpu=None, backend="gloo") for r in (0, 1)]
+    mixed = [on_gpus[0], on_cpus[1]]
+    kinds = {name: judge_ranks(build_ranks(records))[0] for name, records in
+             (("gpus", on_gpus), ("cpus", on_cpus), ("mixed", mixed))}
+    assert kinds["gpus"].kind == "multi-gpu" and "on the CPU" not in kinds["gpus"].headline
+    assert kinds["cpus"].kind == "multi-process" and kinds["cpus"].headline.startswith("2 ranks trained on the CPU")
+    assert kinds["mixed"].kind == "multi-gpu"

@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     from gpunb.analysis.profile.meter import CellLine
 
 # How each verdict is marked: green when the GPU itself is the limit (as it should be).
-VERDICT_COLOR = {"compute-bound": chart.GREEN, "none": chart.GREY, "cpu-only": chart.GREY, "on-cpu": chart.RED,
+VERDICT_COLOR = {"compute-bound": chart.GREEN, "none": chart.GREY, "cpu-only": chart.GREY, "multi-process": chart.GREY,
+                 "on-cpu": chart.RED,
                  "memory-bound": chart.RED}
 
 

@@ -85,7 +85,7 @@ class TimeShares:
 @dataclass(frozen=True)
 class Verdict:
     # input-bound | sync-bound | compute-bound | memory-bound | on-cpu | cpu-only | output-bound | host-bound
-    # | multi-gpu | none
+    # | multi-gpu | multi-process (ranks that all trained on the CPU) | none
     kind: str
     headline: str
     reason: str
