@@ -359,11 +359,72 @@ def _advice_html(p: CellProfile) -> str:
     return f"<div style='margin-top:6px'><b>What to do</b><ol style='margin:2px 0'>{items}</ol></div>"
 
 
+# The loop's parts in the time bar: (name, colour). "compute" is what the other three leave.
+TIME_PARTS = (("data wait", chart.ORANGE), ("host syncs", chart.PINK), ("output", chart.PURPLE),
+              ("compute", chart.BLUE))
+
+
+def time_parts(p: CellProfile) -> list[tuple[str, float, float]]:
+    """(part, seconds, share) of the loop: data wait, host syncs, output and the rest (compute).
+    The shares are of one whole and add up to 1 (when the measured parts overlap, e.g. printing a
+    tensor is output and a sync, they are of their own sum instead of the loop)."""
+    sh = p.shares
+    measured = [sh.data_wait_s, sh.sync_s, sh.output_s]
+    whole = max(sh.loop_s, sum(measured))
+    if whole <= 0:
+        return []
+    seconds_ = [*measured, whole - sum(measured)]
+    return [(name, t, t / whole) for (name, _), t in zip(TIME_PARTS, seconds_, strict=True)]
+
+
+def time_bar_html(p: CellProfile) -> str:
+    """One stacked bar of the loop (plain HTML, no SVG: it survives an untrusted notebook) and
+    its legend with seconds and shares."""
+    parts = time_parts(p)
+    if not parts:
+        return ""
+    colors = dict(TIME_PARTS)
+    segments = "".join(f"<div class='gpunb-time-part' title='{escape(name)} {seconds(t)} = {share:.0%}' "
+                       f"style='width:{100 * share:.3f}%;"
+                       f"background:{colors[name]}'></div>" for name, t, share in parts if share > 0)
+    legend = " · ".join(f"{chart.swatch(colors[name])} {escape(name)} {seconds(t)} = {share:.0%}"
+                        for name, t, share in parts if t > 0 or name == "compute")
+    return (f"<div class='gpunb-time-bar' style='margin:4px 0 2px 0;max-width:640px'>"
+            f"<div style='{SMALL};{DIM}'>where the {escape(seconds(p.shares.loop_s))} loop went</div>"
+            f"<div style='display:flex;height:12px;border-radius:3px;overflow:hidden;"
+            f"background:rgba(140,149,159,0.25)'>{segments}</div>"
+            f"<div class='gpunb-time-legend' style='{SMALL};margin-top:2px'>{legend}</div></div>")
+
+
+def big_numbers(p: CellProfile) -> list[tuple[str, str]]:
+    """At most three (value, what it is) for the head of the report: wall time, the median step,
+    the peak memory of the device that trained."""
+    out = [(seconds(p.wall_s), "wall")]
+    if p.steps.median_ms is not None:
+        out.append((milliseconds(p.steps.median_ms), "median step"))
+    if p.gpu is not None and p.gpu.peak_allocated_bytes is not None:
+        out.append((fmt_bytes(p.gpu.peak_allocated_bytes), "peak VRAM, torch"))
+    elif p.peak_rss_bytes is not None:
+        out.append((fmt_bytes(p.peak_rss_bytes), "peak RAM"))
+    return out[:3]
+
+
+def _numbers_html(p: CellProfile) -> str:
+    cells = "".join(f"<div style='margin-right:18px'><b style='font-size:16px'>{escape(v)}</b> "
+                    f"<span style='{DIM}'>{escape(what)}</span></div>" for v, what in big_numbers(p))
+    return f"<div class='gpunb-numbers' style='display:flex;flex-wrap:wrap;align-items:baseline'>{cells}</div>"
+
+
 def profile_html(p: CellProfile) -> str:
+    """The finding (verdict) first, then one stacked bar of where the loop's time went and at most
+    three big numbers, the advice; every measured row, the energy, the ranks and the memory
+    timeline one click away."""
+    ranks = ranks_html(p.ranks) if p.ranks is not None else ""
+    details = (f"<details class='gpunb-profile-rows' style='margin:4px 0'><summary style='cursor:pointer'>"
+               f"every measurement</summary>{energy_html(p)}{_rows_html(p)}{ranks}{timeline_html(p)}</details>")
     return (f"<div class='gpunb-profile' style='font-family:var(--jp-ui-font-family,sans-serif);font-size:13px'>"
-            f"{_verdict_html(p)}{leak_html(p.leak)}{energy_html(p)}{_rows_html(p)}"
-            f"{ranks_html(p.ranks) if p.ranks is not None else ''}"
-            f"{_advice_html(p)}{timeline_html(p)}</div>")
+            f"{_verdict_html(p)}{leak_html(p.leak)}{_numbers_html(p)}{time_bar_html(p)}"
+            f"{_advice_html(p)}{details}</div>")
 
 
 # -- one line per cell ---------------------------------------------------------------------
