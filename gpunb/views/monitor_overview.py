@@ -155,8 +155,8 @@ def overview_html(panel: SparkPanel, gpus: Sequence[GpuSeries], *, badges: dict[
     body = f'<div style="{_WRAP}">{"".join(overview_panels(panel, gpus, colors))}</div>'
     what = f"each GPU's charts ({len(gpus)} GPUs, memory split by process)"
     if how == "button":
-        details = (f'<div class="gpunb-per-gpu" style="{SMALL};{DIM};margin:2px 0">{_e(what)}: the '
-                   '"Each GPU" button above; in this output once the monitor stops</div>')
+        details = (f'<div class="gpunb-per-gpu" style="{SMALL};{DIM};margin:2px 0">{_e(what)}: the running '
+                   'monitor\'s "Each GPU" button; in this output once the monitor stops</div>')
     else:
         details = (f'<details class="gpunb-per-gpu"{" open" if how == "open" else ""} style="margin:2px 0">'
                    f'<summary style="cursor:pointer;{SMALL}">{_e(what)}</summary>{per_gpu}</details>')
