@@ -33,7 +33,8 @@ ON_CPU_TORCH = ("no-gpu", "cpu-torch-beside-a-gpu")
 # What tutorial 03 says in every state: the A/Bs it teaches, as `%gpuprofile history --vs` states them,
 # and the CPU-noisy bf16 timing as a median with its range (one run said 1.2x, the next 5.9x).
 AB_03 = ('"batch 128, workers, pinned" took ', '× the time per sample of "batch 16, 0 workers".',
-         '"bf16" took ', '× the time per step of "fp32".', "as fast as fp32 per sample")
+         '"bf16" took ', '× the time per step of "fp32".', '"log every 100" took ',
+         '× the time per step of "print every step".', "as fast as fp32 per sample")
 AB_03_CPU = ("the median of 3 runs each; single runs said ",)
 # notebook -> state -> sentences its outputs must hold there (each matches the text around it) ...
 TRUE_IN: dict[str, dict[str, tuple[str, ...]]] = {
