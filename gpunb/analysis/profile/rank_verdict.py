@@ -83,7 +83,10 @@ def judge_ranks(part: RanksPart) -> tuple[Verdict, list[Advice]]:
                 how = ("a larger per-GPU batch (fewer all-reduces per sample); DDP(..., bucket_cap_mb=100) so buckets "
                        "start earlier; gradient accumulation with `model.no_sync()`")
                 title = "Hide more of the gradient all-reduce"
-            advice.append(Advice(title, measured, how, gain=share, link=DDP_DOC))
+            # the gain is of the loop, as the other advice's: the step is the part of the loop the rank
+            # did not spend waiting for data (a share of the step beside a share of the loop read 137 %)
+            advice.append(Advice(title, measured, how, gain=share * (1 - min(1.0, r.data_share or 0.0)),
+                                 link=DDP_DOC))
     mems = [(r, r.peak_allocated_bytes) for r in ranks if r.peak_allocated_bytes]
     if len(mems) > 1:
         hi = max(mems, key=lambda m: m[1])
