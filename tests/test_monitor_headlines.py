@@ -177,3 +177,15 @@ def test_the_table_sums_what_the_charts_draw_per_gpu_and_says_a_shared_badge_onc
             f"{name}: the same badge {badges} times"
         shared += 'class="gpunb-shared-badge"' in page
     assert shared  # the recording's training phase holds every GPU's clocks back (power cap)
+
+
+def test_this_kernel_unknown_on_some_gpus_is_explained_not_mixed_in_silently():
+    for window, _ in frames("eight-gpus", until_s=20.0, every_s=20.0):
+        for g in window.gpus[4:]:  # as when NVML gave no process list for GPUs 4-7
+            g.columns["mem_own_mib"] = [None] * len(g.columns["mem_own_mib"])
+        page = monitor_html(window, state="stopped")
+        own = [row[3] for row in _table_cells(page, "gpunb-gpu-row")]
+        assert own[:4] != ["n/a"] * 4 and own[4:] == ["n/a"] * 4
+        assert "this kernel n/a on GPU4–7: NVML gave no process list" in page
+        [total] = _table_cells(page, "gpunb-gpu-sum")
+        assert total[3] == "n/a"  # a partial sum would read as the whole

@@ -19,6 +19,7 @@ from gpunb.views import chart
 from gpunb.views.chart import DIM, SMALL
 from gpunb.views.imbalance_view import imbalance_badge
 from gpunb.views.links_view import gpu_color, wh_words
+from gpunb.views.per_gpu import gpu_span
 from gpunb.views.sparkline import SparkPanel
 
 _WRAP = "display:flex;flex-wrap:wrap;gap:6px;align-items:flex-start"
@@ -103,7 +104,19 @@ def gpu_table(panel: SparkPanel, gpus: Sequence[GpuSeries], colors: dict[int, st
     rows.append(_sum_row(panel, gpus))
     return (f'<table class="gpunb-gpu-table" style="border-collapse:collapse;font-size:11px;line-height:1.35;'
             f'margin:2px 0;font-variant-numeric:tabular-nums"><thead><tr>{head}<th style="padding:0"></th></tr></thead>'
-            f'<tbody>{"".join(rows)}</tbody></table>')
+            f'<tbody>{"".join(rows)}</tbody></table>{_unknown_own_note(panel, gpus)}')
+
+
+def _unknown_own_note(panel: SparkPanel, gpus: Sequence[GpuSeries]) -> str:
+    """Why "this kernel" reads n/a for some GPUs beside numbers for others: their process list
+    was not read (NVML gave none, or not yet); '' when the column is all known or all unknown."""
+    unknown = [g.index for g in gpus if _now(panel, g, "mem_used_mib") is not None
+               and _now(panel, g, "mem_own_mib") is None]
+    if not unknown or len(unknown) == len(gpus):
+        return ""
+    which = gpu_span(unknown)
+    return (f'<div class="gpunb-own-unknown" style="{SMALL};{DIM};margin:0 0 2px 0">this kernel n/a on {_e(which)}: '
+            "NVML gave no process list for it at the last look (read again every 5 s)</div>")
 
 
 def _sum(values: Sequence[float | None]) -> float | None:
