@@ -186,6 +186,6 @@ def test_this_kernel_unknown_on_some_gpus_is_explained_not_mixed_in_silently():
         page = monitor_html(window, state="stopped")
         own = [row[3] for row in _table_cells(page, "gpunb-gpu-row")]
         assert own[:4] != ["n/a"] * 4 and own[4:] == ["n/a"] * 4
-        assert "this kernel n/a on GPU4–7: NVML gave no process list" in page
+        assert "this kernel n/a on GPU4–7: NVML did not say which processes hold its memory" in page
         [total] = _table_cells(page, "gpunb-gpu-sum")
         assert total[3] == "n/a"  # a partial sum would read as the whole

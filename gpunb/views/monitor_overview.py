@@ -116,7 +116,7 @@ def _unknown_own_note(panel: SparkPanel, gpus: Sequence[GpuSeries]) -> str:
         return ""
     which = gpu_span(unknown)
     return (f'<div class="gpunb-own-unknown" style="{SMALL};{DIM};margin:0 0 2px 0">this kernel n/a on {_e(which)}: '
-            "NVML gave no process list for it at the last look (read again every 5 s)</div>")
+            "NVML did not say which processes hold its memory at the last look (asked again every 5 s)</div>")
 
 
 def _sum(values: Sequence[float | None]) -> float | None:
