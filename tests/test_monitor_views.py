@@ -163,6 +163,7 @@ def test_captions_stay_true_in_a_saved_notebook():
     live = caption("live", hz=2, seconds=300, started_unix=0.0, t_last=10.0)
     stopped = caption("stopped", hz=2, seconds=300, started_unix=0.0, t_last=10.0)
     assert "live" not in live and "last sample" in live and "2 Hz" in live and "5 min window" in live
+    assert "a notebook saved now keeps this frame" in live  # a frame saved mid-run does not read as live
     assert "stopped at" in stopped and "2 Hz" in stopped and "5 min window" in stopped
     assert "waiting for the first sample" in caption("live", hz=2, seconds=60, started_unix=None, t_last=None)
 

@@ -50,3 +50,26 @@ def test_the_extension_points_name_a_module_that_loads_without_torch():
             "print(','.join(x for x in ('torch', 'pynvml', 'matplotlib') if x in sys.modules) or 'none')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "none"
+
+
+def test_a_release_is_one_command_away_a_wheel_and_an_sdist_that_pass_twine_check(tmp_path):
+    """`python -m build --no-isolation` (offline: hatchling is a test dependency) makes the wheel
+    and the sdist; `twine check` finds nothing PyPI would refuse or show badly."""
+    pytest.importorskip("build", reason="the test extra installs build")
+    pytest.importorskip("twine", reason="the test extra installs twine")
+    pytest.importorskip("hatchling", reason="the test extra installs hatchling to build offline")
+    made = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(tmp_path), str(ROOT)],
+                          capture_output=True, text=True, timeout=600)
+    assert made.returncode == 0, made.stdout[-2000:] + made.stderr[-2000:]
+    wheel = next(tmp_path.glob(f"gpunb-{gpunb.__version__}-*.whl"))
+    sdist = tmp_path / f"gpunb-{gpunb.__version__}.tar.gz"
+    assert sdist.is_file()
+    checked = subprocess.run([sys.executable, "-m", "twine", "check", "--strict", str(wheel), str(sdist)],
+                             capture_output=True, text=True, timeout=300)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert checked.stdout.count("PASSED") == 2, checked.stdout
+    with zipfile.ZipFile(wheel) as z:  # what opening the tutorials needs comes with the extra, never torch
+        metadata = z.read(f"gpunb-{gpunb.__version__}.dist-info/METADATA").decode()
+    extra = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:") and "tutorials" in line]
+    assert any("jupyterlab" in line for line in extra), extra
+    assert not any(name in line for line in extra for name in ("torch", "accelerate"))

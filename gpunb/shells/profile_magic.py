@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 # Options of the cell form that the line form's actions do not take, and those they do.
 _CELL_OPTIONS = ("steps", "no_reset", "timeline", "label", "no_ranks", "output", "ops", "no_flops", "no_energy",
                  "tokens_per_sample", "no_leak")
-_LINE_OPTIONS = {"on": ("no_reset",), "off": (), "history": ("clear", "output")}
+_LINE_OPTIONS = {"on": ("no_reset",), "off": (), "history": ("clear", "output", "vs")}
 
 
 class _OneLineMode:
@@ -141,6 +141,9 @@ class ProfileMagics(Magics):
               help="do not look for memory that grows every step (by default a few censuses of the notebook's "
                    "variables at step ends after the warm-up, within 0.5%% of the cell's time, name what holds it)")
     @argument("--clear", action="store_true", help="with `history`: forget the profiled cells")
+    @argument("--vs", type=free_text, default=None, metavar="LABEL",
+              help="with `history`: compare every profiled cell with the latest run labelled LABEL, like for "
+                   "like (time per sample when the batch sizes are known, else per step), in one sentence each")
     @output_option("the result object (CellProfile; with `history` the HistoryReport)")
     @line_cell_magic
     def gpuprofile(self, line: str, cell: str | None = None) -> Any:
@@ -155,7 +158,7 @@ class ProfileMagics(Magics):
 
           %gpuprofile on [--no-reset]   one line after every cell
           %gpuprofile off
-          %gpuprofile history [--clear | -o NAME]
+          %gpuprofile history [--clear | --vs LABEL | -o NAME]
 
         Steps are optimizer.step() calls, timed with CUDA events read at the end of the cell
         (no per-step synchronize). Data wait is time inside DataLoader iterators; host syncs
@@ -184,6 +187,8 @@ class ProfileMagics(Magics):
                                                "not for a %%gpuprofile cell; the cell did not run")
         if args.clear:
             raise usage_error(self.gpuprofile, "--clear is for `%gpuprofile history`; the cell did not run")
+        if args.vs is not None:
+            raise usage_error(self.gpuprofile, "--vs is for `%gpuprofile history`; the cell did not run")
         return self._profile_cell(args, cell)
 
     # -- line form ------------------------------------------------------------------------
@@ -193,7 +198,7 @@ class ProfileMagics(Magics):
             raise usage_error(self.gpuprofile, f"say what to do: on, off or history (one-line mode is {state}); "
                                                "to profile a cell, start it with %%gpuprofile")
         allowed = _LINE_OPTIONS[args.action]
-        wrong = [name for name in given(self.gpuprofile, args, *_CELL_OPTIONS, "clear") if name not in allowed]
+        wrong = [name for name in given(self.gpuprofile, args, *_CELL_OPTIONS, "clear", "vs") if name not in allowed]
         if wrong:
             takes = f"takes only {option_words(list(allowed))}" if allowed else "takes no options"
             raise usage_error(self.gpuprofile, f"`%gpuprofile {args.action}` {takes} (got {option_words(wrong)})")
@@ -209,12 +214,23 @@ class ProfileMagics(Magics):
             return None
         history = self.kernel.profile_history
         if args.clear:
+            if args.vs is not None:
+                raise usage_error(self.gpuprofile, "`history --clear` compares nothing; leave out --vs")
             if args.output:
                 raise usage_error(self.gpuprofile, "`history --clear` binds nothing; leave out -o")
             history.clear()
             print("gpuprofile: history cleared")
             return None
-        report = HistoryReport(tuple(history.entries()), history.baselines())
+        baselines = history.baselines()
+        if args.vs is not None:
+            named = history.baselines_vs(args.vs)
+            if named is None:
+                labels = sorted({x for x in history.labels() if x})
+                known = ", ".join(f'"{x}"' for x in labels) if labels else "none (name runs with --label)"
+                raise usage_error(self.gpuprofile, f'no profiled cell is labelled "{args.vs.strip()}"; '
+                                                   f"the labels are: {known}")
+            baselines = named
+        report = HistoryReport(tuple(history.entries()), baselines, versus=(args.vs or "").strip())
         if args.output:
             self.shell.user_ns[args.output] = report
         self._display(report)

@@ -64,7 +64,8 @@ def _panel(panel: SparkPanel, gpus: Sequence[GpuSeries], column: str, title: str
     legend = (f'<span title="{_e(source)}">{chart.legend([(chart.RED, words, True)])}</span>' if limit else
               f'<span style="{DIM}" title="{_e(source)}">no limit known</span>')
     return panel.multi_line(series, label=label, unit="GB/s", title=title, threshold=limit,
-                            threshold_words=f"{words} ({source})", legend=legend)
+                            threshold_words=f"{words} ({source})", legend=legend, aggregate="max",
+                            aggregate_words="busiest GPU")
 
 
 def link_panels(panel: SparkPanel, gpus: Sequence[GpuSeries]) -> list[str]:

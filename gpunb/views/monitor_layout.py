@@ -245,9 +245,10 @@ def caption(state: str, *, hz: float, seconds: float, started_unix: float | None
     if state == "paused":
         head = f"gpunb monitor · paused at {when}" if when else "gpunb monitor · paused"
         return f"{head} (sampling goes on; Resume shows the latest) · {hz:g} Hz · {shown}"
-    if state == "live":  # no "live" in the words: a saved notebook keeps this frame
+    if state == "live":  # no "live" in the words: a saved notebook keeps this frame, so it says so
         last = f"last sample {when}" if when else "waiting for the first sample"
-        return f"gpunb monitor · {last} · {hz:g} Hz · {shown}"
+        return (f"gpunb monitor · {last} · {hz:g} Hz · {shown} · redrawn while the monitor runs; "
+                "a notebook saved now keeps this frame, and its buttons need the running kernel")
     return f"gpunb monitor · {state} · {hz:g} Hz · {shown}"
 
 

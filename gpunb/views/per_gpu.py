@@ -81,3 +81,8 @@ def fold(text: str, noun: str = "GPUs") -> str:
     for (key, _), value in zip(parts, values, strict=True):
         groups.setdefault(value, []).append(key)
     return "; ".join(f"{_span(keys)}: {value}" for value, keys in groups.items())
+
+
+def gpu_span(indices: list[int]) -> str:
+    """"GPU0–3, GPU6" for GPU indices (consecutive ones joined)."""
+    return _span([f"GPU{i}" for i in indices])

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from html import escape
 from typing import TYPE_CHECKING, Any
 
-from gpunb.analysis.profile.history import compare
+from gpunb.analysis.profile.history import compare, variant_sentence
 from gpunb.analysis.profile.records import CellProfile, HistoryReport
 from gpunb.analysis.steps.plan import COUNTED_STEP
 from gpunb.display import register_views
@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     from gpunb.analysis.profile.meter import CellLine
 
 # How each verdict is marked: green when the GPU itself is the limit (as it should be).
-VERDICT_COLOR = {"compute-bound": chart.GREEN, "none": chart.GREY, "cpu-only": chart.GREY, "on-cpu": chart.RED,
+VERDICT_COLOR = {"compute-bound": chart.GREEN, "none": chart.GREY, "cpu-only": chart.GREY, "multi-process": chart.GREY,
+                 "on-cpu": chart.RED,
                  "memory-bound": chart.RED}
 
 
@@ -106,12 +107,12 @@ def steps_words(p: CellProfile) -> str:
         warm = f"; {st.skipped} warm-up step{'s' if st.skipped != 1 else ''} left out" if st.skipped else ""
         s += (f" · then a median {milliseconds(st.median_ms)} per step (p90 {milliseconds(st.p90_ms)}{warm}"
               f"{_excluded_words(p)})")
-    if st.steps_per_s:
-        s += f" · {st.steps_per_s:.1f} steps/s"
+    if st.steps_per_s:  # the rates are of the mean step (a median hides stalls): said with it
+        s += f" · a mean {milliseconds(1000.0 / st.steps_per_s)} per step = {st.steps_per_s:.1f} steps/s"
     if st.samples_per_s:
-        s += f" · {st.samples_per_s:,.0f} samples/s (batch {st.batch_size})"
+        s += f" = {st.samples_per_s:,.0f} samples/s at batch {st.batch_size}"
     if st.tokens_per_s:
-        s += f" · {st.tokens_per_s:,.0f} tokens/s ({st.tokens_per_sample:,} per sample)"
+        s += f" = {st.tokens_per_s:,.0f} tokens/s at {st.tokens_per_sample:,} per sample"
     return s + f" · timed by {st.source}"
 
 
@@ -274,11 +275,13 @@ def ops_rows(p: CellProfile) -> list[tuple[str, str]]:
     idle = "idle" if o.device_time else "outside operators"
     shares = " · ".join(f"{idle if k == 'idle' else k} {100 * v:.0f}%"
                         for k, v in sorted(o.shares.items(), key=lambda kv: -kv[1]))
+    # The traced steps are slower than the cell's (the profiler costs +17 % to +190 % a step,
+    # op_trace.py) and are left out of its step times: their span is named as theirs.
     text = f"torch.profiler over step{'s' if len(o.steps) > 1 else ''} {_step_list(o.steps)}: {clock} {shares} " \
-           f"of {milliseconds(o.window_ms)} per step"
+           f"of {milliseconds(o.window_ms)} per traced step, slowed by the profiler and left out of the step times"
     if o.note:
         text += f" ({o.note})"
-    rows = [("ops", text), ("top ops", f"{clock} per step: " + _op_list(o.top_ops))]
+    rows = [("ops", text), ("top ops", f"{clock} per traced step: " + _op_list(o.top_ops))]
     if o.top_kernels:
         rows.append(("top kernels", _op_list(o.top_kernels)))
     if o.trace_path:
@@ -356,11 +359,72 @@ def _advice_html(p: CellProfile) -> str:
     return f"<div style='margin-top:6px'><b>What to do</b><ol style='margin:2px 0'>{items}</ol></div>"
 
 
+# The loop's parts in the time bar: (name, colour). "compute" is what the other three leave.
+TIME_PARTS = (("data wait", chart.ORANGE), ("host syncs", chart.PINK), ("output", chart.PURPLE),
+              ("compute", chart.BLUE))
+
+
+def time_parts(p: CellProfile) -> list[tuple[str, float, float]]:
+    """(part, seconds, share) of the loop: data wait, host syncs, output and the rest (compute).
+    The shares are of one whole and add up to 1 (when the measured parts overlap, e.g. printing a
+    tensor is output and a sync, they are of their own sum instead of the loop)."""
+    sh = p.shares
+    measured = [sh.data_wait_s, sh.sync_s, sh.output_s]
+    whole = max(sh.loop_s, sum(measured))
+    if whole <= 0:
+        return []
+    seconds_ = [*measured, whole - sum(measured)]
+    return [(name, t, t / whole) for (name, _), t in zip(TIME_PARTS, seconds_, strict=True)]
+
+
+def time_bar_html(p: CellProfile) -> str:
+    """One stacked bar of the loop (plain HTML, no SVG: it survives an untrusted notebook) and
+    its legend with seconds and shares."""
+    parts = time_parts(p)
+    if not parts:
+        return ""
+    colors = dict(TIME_PARTS)
+    segments = "".join(f"<div class='gpunb-time-part' title='{escape(name)} {seconds(t)} = {share:.0%}' "
+                       f"style='width:{100 * share:.3f}%;"
+                       f"background:{colors[name]}'></div>" for name, t, share in parts if share > 0)
+    legend = " · ".join(f"{chart.swatch(colors[name])} {escape(name)} {seconds(t)} = {share:.0%}"
+                        for name, t, share in parts if t > 0 or name == "compute")
+    return (f"<div class='gpunb-time-bar' style='margin:4px 0 2px 0;max-width:640px'>"
+            f"<div style='{SMALL};{DIM}'>where the {escape(seconds(p.shares.loop_s))} loop went</div>"
+            f"<div style='display:flex;height:12px;border-radius:3px;overflow:hidden;"
+            f"background:rgba(140,149,159,0.25)'>{segments}</div>"
+            f"<div class='gpunb-time-legend' style='{SMALL};margin-top:2px'>{legend}</div></div>")
+
+
+def big_numbers(p: CellProfile) -> list[tuple[str, str]]:
+    """At most three (value, what it is) for the head of the report: wall time, the median step,
+    the peak memory of the device that trained."""
+    out = [(seconds(p.wall_s), "wall")]
+    if p.steps.median_ms is not None:
+        out.append((milliseconds(p.steps.median_ms), "median step"))
+    if p.gpu is not None and p.gpu.peak_allocated_bytes is not None:
+        out.append((fmt_bytes(p.gpu.peak_allocated_bytes), "peak VRAM, torch"))
+    elif p.peak_rss_bytes is not None:
+        out.append((fmt_bytes(p.peak_rss_bytes), "peak RAM"))
+    return out[:3]
+
+
+def _numbers_html(p: CellProfile) -> str:
+    cells = "".join(f"<div style='margin-right:18px'><b style='font-size:16px'>{escape(v)}</b> "
+                    f"<span style='{DIM}'>{escape(what)}</span></div>" for v, what in big_numbers(p))
+    return f"<div class='gpunb-numbers' style='display:flex;flex-wrap:wrap;align-items:baseline'>{cells}</div>"
+
+
 def profile_html(p: CellProfile) -> str:
+    """The finding (verdict) first, then one stacked bar of where the loop's time went and at most
+    three big numbers, the advice; every measured row, the energy, the ranks and the memory
+    timeline one click away."""
+    ranks = ranks_html(p.ranks) if p.ranks is not None else ""
+    details = (f"<details class='gpunb-profile-rows' style='margin:4px 0'><summary style='cursor:pointer'>"
+               f"every measurement</summary>{energy_html(p)}{_rows_html(p)}{ranks}{timeline_html(p)}</details>")
     return (f"<div class='gpunb-profile' style='font-family:var(--jp-ui-font-family,sans-serif);font-size:13px'>"
-            f"{_verdict_html(p)}{leak_html(p.leak)}{energy_html(p)}{_rows_html(p)}"
-            f"{ranks_html(p.ranks) if p.ranks is not None else ''}"
-            f"{_advice_html(p)}{timeline_html(p)}</div>")
+            f"{_verdict_html(p)}{leak_html(p.leak)}{_numbers_html(p)}{time_bar_html(p)}"
+            f"{_advice_html(p)}{details}</div>")
 
 
 # -- one line per cell ---------------------------------------------------------------------
@@ -414,28 +478,33 @@ def history_rows(entries: Sequence[Any], baselines: Sequence[int | None] = ()) -
             for i, p in enumerate(entries)]
 
 
-def _history_head(entries: Sequence[Any], baselines: Sequence[int | None]) -> str:
+def _history_head(entries: Sequence[Any], baselines: Sequence[int | None], versus: str = "") -> str:
     head = f"gpuprofile history: {len(entries)} cell{'s' if len(entries) != 1 else ''}"
+    if versus:  # the variants the user named, each against the baseline, in one sentence each
+        sentences = [variant_sentence(entries[b], p, b, i) for i, (p, b) in enumerate(zip(entries, baselines))
+                     if b is not None]
+        return head + f' against "{versus}": ' + (" ".join(sentences) or "no other cell to compare with.")
     last = baselines[len(entries) - 1] if len(baselines) >= len(entries) else None
     if last is not None:
         words = compare(entries[last], entries[-1]).words()
         head += f"; the last against its earlier run #{last + 1}: {words or 'nothing comparable'}"
     elif len(entries) > 1:
-        head += "; the last cell has no earlier run to compare with (same label or same code)"
+        head += ("; the last cell has no earlier run to compare with (same label or same code; "
+                 "`--vs LABEL` compares every cell with the run so labelled)")
     return head
 
 
-def history_text(entries: Sequence[Any], baselines: Sequence[int | None] = ()) -> str:
+def history_text(entries: Sequence[Any], baselines: Sequence[int | None] = (), versus: str = "") -> str:
     if not entries:
         return ("gpuprofile history: no profiled cells yet (run a cell with %%gpuprofile, or "
                 "%gpuprofile on for a line after every cell)")
     rows = [HISTORY_HEADER, *history_rows(entries, baselines)]
     widths = [max(len(r[c]) for r in rows) for c in range(len(HISTORY_HEADER))]
-    head = _history_head(entries, baselines)
+    head = _history_head(entries, baselines, versus)
     return head + "\n" + "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows)
 
 
-def history_html(entries: Sequence[Any], baselines: Sequence[int | None] = ()) -> str:
+def history_html(entries: Sequence[Any], baselines: Sequence[int | None] = (), versus: str = "") -> str:
     if not entries:
         return f"<p>{escape(history_text(entries))}</p>"
     cell = "text-align:left;padding:2px 8px;vertical-align:top"
@@ -446,12 +515,12 @@ def history_html(entries: Sequence[Any], baselines: Sequence[int | None] = ()) -
     body = "".join("<tr>" + "".join(
         f"<td style='{cell};{'' if h in widths else 'white-space:nowrap'}'>{escape(c)}</td>"
         for h, c in zip(HISTORY_HEADER, r)) + "</tr>" for r in history_rows(entries, baselines))
-    return (f"<div><b>{escape(_history_head(entries, baselines))}</b></div><div style='overflow-x:auto'>"
+    return (f"<div><b>{escape(_history_head(entries, baselines, versus))}</b></div><div style='overflow-x:auto'>"
             f"<table class='gpunb-history' style='border-collapse:collapse'>"
             f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>")
 
 
 # How the records show (gpunb.display looks these up; the records never import a view).
 register_views(CellProfile, {"text/plain": profile_text, "text/html": profile_html})
-register_views(HistoryReport, {"text/plain": lambda r: history_text(r.entries, r.baselines),
-                               "text/html": lambda r: history_html(r.entries, r.baselines)})
+register_views(HistoryReport, {"text/plain": lambda r: history_text(r.entries, r.baselines, r.versus),
+                               "text/html": lambda r: history_html(r.entries, r.baselines, r.versus)})

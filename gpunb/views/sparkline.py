@@ -43,6 +43,11 @@ _PANEL_STYLE = (f"box-sizing:border-box;width:{PANEL_W}px;padding:4px 6px 3px 6p
 MEMORY_FLOOR_MIB = 1024.0  # a memory scale never shows less than 1 GiB
 # A series read in turns (PCIe, traffic.py) shows its last reading this long, then "n/a".
 SEEN_FOR_S = 10.0
+# How a chart of several lines (one per GPU) makes its one large number, and the words its title
+# ends with. Only aggregates that stay on the lines' own scale: a sum over eight GPUs is no point
+# on a per-GPU axis ("17.7 GiB · max 8.8", "114 GB/s" on an 80 GB/s axis), so there is no "sum".
+# The "max" beside the number is the window's highest value of the same aggregate.
+AGGREGATES: dict[str, Callable[[list[float]], float]] = {"max": max, "mean": statistics.fmean, "min": min}
 COLORS = {
     "own": chart.BLUE,
     "other": chart.ORANGE,
@@ -85,7 +90,7 @@ class _Track:
     top from the window's peak; without it the top is fixed."""
 
     def __init__(self, panel: SparkPanel, key: str, top: float | None,
-                 scale: Callable[[float | None], float] | None = None) -> None:
+                 scale: Callable[[float | None], float] | None = None, hold_s: float | None = None) -> None:
         self.panel = panel
         self.key = key
         self.scale = scale
@@ -93,17 +98,29 @@ class _Track:
         self.top = float(top) if top else (scale(None) if scale else 1.0)
         self.items: deque[list] = deque()  # [t, vmax, vmin, text]; text "" marks a gap
         self.prev_gap = True
+        # A series read in turns (PCIe: eight GPUs take turns) has empty buckets between its
+        # readings; they do not break its line while the last reading is this recent. Without
+        # it every reading was a lone "M" point, and eight GPUs' PCIe charts drew nothing.
+        self.hold_s = hold_s
+        self.last_value_t: float | None = None
 
     def _text(self, t: float, v: float, new_run: bool) -> str:
         p = self.panel
         v = self.top if v > self.top else (v if v > 0 else 0.0)
         return f"{'M' if new_run else 'L'}{t * p.xs:.1f},{p.base - v * p.ys / self.top:.1f}"
 
+    def _held(self, t: float) -> bool:
+        """Whether an empty bucket at ``t`` continues the line (a series read in turns)."""
+        return self.hold_s is not None and self.last_value_t is not None and t - self.last_value_t <= self.hold_s
+
     def add(self, t: float, values: list, new_run: bool) -> None:
         if not values:
             self.items.append([t, None, None, ""])
-            self.prev_gap = True
+            self.prev_gap = self.prev_gap or not self._held(t)
             return
+        if self.hold_s is not None and not self._held(t):
+            self.prev_gap = True
+        self.last_value_t = t
         vmax, vmin = max(values), min(values)
         if vmax > self.top:
             if self.scale is not None:
@@ -117,13 +134,9 @@ class _Track:
         if top == self.top or not top > 0:
             return
         self.top = top
-        gap = True
-        for item in self.items:
-            if item[1] is None:
-                gap = True
-                continue
-            item[3] = self._text(item[0], item[1], gap or item[3].startswith("M"))
-            gap = False
+        for item in self.items:  # each point keeps whether it starts a run ("M"), decided when added
+            if item[1] is not None:
+                item[3] = self._text(item[0], item[1], item[3].startswith("M"))
 
     def fit_scale(self, pending: list) -> None:
         """Rescale to the window's peak (it may have scrolled out since the last frame)."""
@@ -133,7 +146,7 @@ class _Track:
     def pending_text(self, t: float | None, values: list, new_run: bool) -> str:
         if t is None or not values:
             return ""
-        return self._text(t, max(values), new_run or self.prev_gap)
+        return self._text(t, max(values), new_run or self.prev_gap or (self.hold_s is not None and not self._held(t)))
 
     def stats(self, values: list) -> tuple[float | None, float | None, int, int]:
         lows = [it[2] for it in self.items if it[2] is not None] + values
@@ -205,7 +218,8 @@ class SparkPanel:
                     limits.append(("nvlink_rx_gbs", g.links.nvlink.gbs))
                 for name, limit in limits:
                     top = chart.nice_ceiling(limit * 1.08) if limit else None  # room above the limit line
-                    self.tracks[col + name] = _Track(self, col + name, top)
+                    held = SEEN_FOR_S if name.startswith("pcie") else None  # PCIe is read in turns
+                    self.tracks[col + name] = _Track(self, col + name, top, hold_s=held)
         self.tracks["cpu_pct"] = _Track(self, "cpu_pct", 100)
         self.tracks["ram_used_mib"] = _Track(
             self, "ram_used_mib", None, lambda peak: memory_scale(peak, ram_total_mib, floor=512.0))
@@ -310,18 +324,23 @@ class SparkPanel:
         return chart.img(svg, width=self.width, height=self.height, alt=alt)
 
     def _cell(self, value_text: str, peak_text: str, picture: str, top: float | None, *,
-              title: str = "", legend: str = "", under: str = "") -> str:
+              title: str = "", legend: str = "", under: str = "", keys: Sequence[str] = (),
+              aggregate: str = "latest", scale: float = 1.0) -> str:
         """One panel: its title (with a legend), the latest value large with the window's
-        maximum beside it, the chart with its scale, the time axis, and ``under`` (a gauge)."""
+        maximum beside it, the chart with its scale, the time axis, and ``under`` (a gauge).
+        ``keys``, ``aggregate`` and ``scale`` say which series the large number is made of and
+        how (data attributes: a test recomputes it from the sampler's record)."""
+        data = (f' data-series="{_e(" ".join(keys))}" data-aggregate="{_e(aggregate)}" data-scale="{scale!r}"'
+                if keys else "")
         head = f'<div style="{SMALL}">'
         head += f'<b style="font-weight:600">{_e(title)}</b>' + (f" {legend}" if legend else "") + "</div>"
         head += (f'<div style="display:flex;justify-content:space-between;align-items:baseline;gap:4px;'
                  f'white-space:nowrap"><b style="font-size:15px">{_e(value_text)}</b>'
                  f'<span style="{SMALL};{DIM}">{_e(peak_text)}</span></div>')
-        scale = chart.y_scale(chart.axis_number(top), "0", self.height, width=_SCALE_W) if top else ""
+        y_scale = chart.y_scale(chart.axis_number(top), "0", self.height, width=_SCALE_W) if top else ""
         axis = chart.time_axis([f"−{chart.span_words(round(self.span_s()))}", self.clock_text or "now"], self.width)
-        return (f'<div class="gpunb-panel" style="{_PANEL_STYLE}">{head}'
-                f'<div style="display:flex">{picture}{scale}</div>{axis}{under}</div>')
+        return (f'<div class="gpunb-panel" style="{_PANEL_STYLE}"{data}>{head}'
+                f'<div style="display:flex">{picture}{y_scale}</div>{axis}{under}</div>')
 
     def _has_points(self, track: _Track, pending: list) -> bool:
         return bool(pending) or any(it[1] is not None for it in track.items)
@@ -348,7 +367,7 @@ class SparkPanel:
         if not self._has_points(track, pending):
             words = "no reading in this window" if hi is None and n else "waiting for the first samples"
             return self._cell(value_text, peak_text, chart.waiting_box(self.width, self.height, words),
-                              None, title=title or label, legend=legend)
+                              None, title=title or label, legend=legend, keys=[key], scale=scale)
         d = _path_d((it[3] for it in track.items), track.pending_text(self._pending_t, pending, self._new_run()))
         if " " not in d:  # one point so far: a zero-length segment, drawn as a dot by its round caps
             d = f"{d} L{d[1:]}"
@@ -357,7 +376,7 @@ class SparkPanel:
                 f'vector-effect="non-scaling-stroke"/></g>') if d else ""
         limit_y = self._y(threshold, track.top) if threshold and threshold <= track.top else None
         return self._cell(value_text, peak_text, self._image(body, alt, limit_y), track.top * scale,
-                          title=title or label, legend=legend)
+                          title=title or label, legend=legend, keys=[key], scale=scale)
 
     def recent(self, key: str) -> float | None:
         """The last reading of ``key`` if it is recent (series read in turns have gaps between)."""
@@ -366,25 +385,28 @@ class SparkPanel:
 
     def multi_line(self, series: Sequence[tuple[str, str, str]], *, label: str, unit: str, title: str,
                    threshold: float | None = None, threshold_words: str = "", legend: str = "",
-                   digits: int = 1, under: str = "", scale: float = 1.0, total: str = "sum") -> str:
-        """Several series on one chart and scale (``series``: key, colour, name, e.g. one per GPU);
-        the large value is their ``total`` now ("sum", "mean", "max" or "min"; the title says which), the
-        alt text names each. ``scale`` converts readings to ``unit`` (MiB to GiB)."""
+                   digits: int = 1, under: str = "", scale: float = 1.0, aggregate: str = "max",
+                   aggregate_words: str = "") -> str:
+        """Several series on one chart and scale (``series``: key, colour, name, e.g. one per GPU).
+        The large value is one number on that scale: the ``aggregate`` (AGGREGATES) of the series'
+        latest readings, which the title names (``aggregate_words``: "hottest GPU") when there are
+        several; beside it the window's maximum of the same aggregate. The alt text names each
+        series. ``scale`` converts readings to ``unit`` (MiB to GiB)."""
+        combine = AGGREGATES[aggregate]
         memory = {pair[0].key: pair[0] for pair in self.memory.values()}  # used memory, for the overview
         tracks = [(self.tracks.get(k) or memory[k], color, name) for k, color, name in series
                   if k in self.tracks or k in memory]
+        if len(tracks) > 1 and aggregate_words:
+            title = f"{title}, {aggregate_words}"
         for track, _, _ in tracks:
             track.fit_scale(self._pending.get(track.key, []))
         top = max([t.top for t, _, _ in tracks] + [threshold * 1.08 if threshold else 0.0])
-        paths, parts, highs = [], [], []
+        paths, parts = [], []
         for track, color, name in tracks:
             track.set_top(top)
             pending = self._pending.get(track.key, [])
             now = self.recent(track.key)
             parts.append(f"{name} {'n/a' if now is None else f'{now * scale:,.{digits}f} {unit}'}")
-            hi = track.stats(pending)[1]
-            if hi is not None:
-                highs.append(hi)
             d = _path_d((it[3] for it in track.items), track.pending_text(self._pending_t, pending, self._new_run()))
             if d and " " not in d:
                 d = f"{d} L{d[1:]}"
@@ -392,24 +414,37 @@ class SparkPanel:
                 paths.append(f'<path d="{d}" fill="none" stroke="{color}" stroke-width="1.5" stroke-linejoin="round" '
                              f'stroke-linecap="round" vector-effect="non-scaling-stroke"/>')
         values = [v * scale for t, _, _ in tracks if (v := self.recent(t.key)) is not None]
-        combine: dict[str, Callable[[list[float]], float]] = {"sum": sum, "mean": statistics.fmean, "max": max,
-                                                              "min": min}
-        now = combine[total](values) if values else None
-        value_text = "n/a" if now is None else f"{now:,.{digits}f} {unit}"  # (the title says which)
-        peak_text = f"max {max(highs) * scale:,.{digits}f}" if highs else ""
+        now = combine(values) if values else None
+        value_text = "n/a" if now is None else f"{now:,.{digits}f} {unit}"
+        peak = self._aggregate_peak([t for t, _, _ in tracks], combine)
+        peak_text = "" if peak is None else f"max {peak * scale:,.{digits}f}"
         stats = "; ".join(parts) if parts else "no reading"
         if threshold:
             stats += f"; {threshold_words} {threshold * scale:,.{digits}f} {unit}"
         alt = (f"{label}: {stats} (last {chart.span_words(round(self.span_s()))}, scale 0 to "
                f"{chart.axis_number(top * scale)} {unit})")
-        if not highs:
+        keys = [t.key for t, _, _ in tracks]
+        if peak is None:
             words = "no reading in this window" if self.t_last is not None else "waiting for the first samples"
             return self._cell(value_text, peak_text, chart.waiting_box(self.width, self.height, words), None,
-                              title=title, legend=legend, under=under)
+                              title=title, legend=legend, under=under, keys=keys, aggregate=aggregate, scale=scale)
         body = f'<g transform="{self._placement()}">{"".join(paths)}</g>'
         limit_y = self._y(threshold, top) if threshold and threshold <= top else None
         return self._cell(value_text, peak_text, self._image(body, alt, limit_y), top * scale, title=title,
-                          legend=legend, under=under)
+                          legend=legend, under=under, keys=keys, aggregate=aggregate, scale=scale)
+
+    def _aggregate_peak(self, tracks: Sequence[_Track], combine: Callable[[list[float]], float]) -> float | None:
+        """The window's highest value of ``combine`` over the tracks, bucket by bucket (a bucket's
+        value per track is its largest reading; series read in turns join with whatever they have)."""
+        by_t: dict[float, list[float]] = {}
+        for track in tracks:
+            for t, vmax, _, _ in track.items:
+                if vmax is not None:
+                    by_t.setdefault(t, []).append(vmax)
+            pending = self._pending.get(track.key, [])
+            if pending and self._pending_t is not None:
+                by_t.setdefault(self._pending_t, []).append(max(pending))
+        return max((combine(vs) for vs in by_t.values()), default=None)
 
     def _memory_bars(self, used: _Track, own: _Track, p_used: list, p_own: list) -> tuple[str, bool]:
         total = used.top
@@ -465,9 +500,10 @@ class SparkPanel:
         gauge = capacity_gauge(u, o if split else None, total, self.width)
         if not self._has_points(used, p_used):
             picture = chart.waiting_box(self.width, self.height)
-            return self._cell(value_text, peak_text, picture, None, title="memory (GiB)", legend=legend, under=gauge)
+            return self._cell(value_text, peak_text, picture, None, title="memory (GiB)", legend=legend, under=gauge,
+                              keys=[used.key], scale=1 / 1024)
         return self._cell(value_text, peak_text, self._image(body, alt), used.top / 1024, title="memory (GiB)",
-                          legend=legend, under=gauge)
+                          legend=legend, under=gauge, keys=[used.key], scale=1 / 1024)
 
 
 def capacity_gauge(used: float | None, own: float | None, total: float | None, width: int) -> str:

@@ -11,9 +11,13 @@ the peak resident memory. When both counted their FLOPs on the same GPU model, t
 energy, the energy per sample (else per step, at the same batch size) is compared:
 "−38% energy per sample".
 
-A cell is only compared with an earlier run of the same cell: the same ``--label`` given by
-the user, or the same code. Two different cells have no ratio (a one-line evaluation against a
-24 s training cell said "wall time 290.4x faster", which meant nothing).
+By default a cell is only compared with an earlier run of the same cell: the same ``--label``
+given by the user, or the same code. Two different cells have no ratio unasked (a one-line
+evaluation against a 24 s training cell said "wall time 290.4x faster", which meant nothing).
+Variants the user names are compared when asked (``%gpuprofile history --vs fp32``): every other
+profiled cell against the latest run labelled so, like for like (time per sample when both know
+their batch size, else time per step at one batch size, else the wall time of cells without
+steps), in one sentence: "bf16 took 0.19× the time per step of fp32" (:func:`variant_sentence`).
 """
 
 from __future__ import annotations
@@ -141,6 +145,39 @@ def compare(earlier: Any, later: Any) -> Comparison:
     return Comparison(speed, b1, memory, c1, mfu, precisions, *_energy_pair(earlier, later))
 
 
+def like_for_like(earlier: Any, later: Any) -> tuple[float, float, str] | None:
+    """(earlier's, later's time, what it is per) for two variants: "sample" when both know their
+    samples/s (batch sizes may differ), "step" when both timed steps at one batch size (or both
+    unknown), "cell" (wall time) when neither has steps; None when they are not alike (steps of
+    different or half-known batch sizes, or one cell with steps and one without)."""
+    e0, e1 = measures(earlier), measures(later)
+    if e0.samples_per_s and e1.samples_per_s:
+        return 1 / e0.samples_per_s, 1 / e1.samples_per_s, "sample"
+    if e0.median_step_ms and e1.median_step_ms:
+        return (e0.median_step_ms, e1.median_step_ms, "step") if e0.batch_size == e1.batch_size else None
+    if e0.median_step_ms is None and e1.median_step_ms is None and e0.wall_s and e1.wall_s:
+        return e0.wall_s, e1.wall_s, "cell"
+    return None
+
+
+def _name(entry: Any, index: int) -> str:
+    label = getattr(entry, "label", "") or ""
+    return f'"{label}"' if label else f"#{index + 1}"
+
+
+def variant_sentence(earlier: Any, later: Any, earlier_index: int, later_index: int) -> str:
+    """One sentence: '"bf16" took 0.19× the time per step of "fp32".' (or why there is no ratio)."""
+    a, b = _name(earlier, earlier_index), _name(later, later_index)
+    alike = like_for_like(earlier, later)
+    if alike is None:
+        return f"{b} and {a} are not alike: steps at different or unknown batch sizes, or one without steps."
+    t0, t1, per = alike
+    what = "wall time" if per == "cell" else f"time per {per}"
+    ratio = t1 / t0
+    digits = 2 if ratio < 10 else 1
+    return f"{b} took {ratio:.{digits}f}× the {what} of {a}."
+
+
 def _energy_pair(earlier: Any, later: Any) -> tuple[float | None, str]:
     """(later / earlier, what was compared): joules per sample when both know it, else per
     step when both ran the same batch size; (None, "") when either measured no energy."""
@@ -195,6 +232,21 @@ class ProfileHistory:
         for i, run in enumerate(runs):
             out.append(next((j for j in range(i - 1, -1, -1) if run.same_cell(runs[j])), None))
         return tuple(out)
+
+    def baselines_vs(self, label: str) -> tuple[int | None, ...] | None:
+        """For each entry, the index of the latest run labelled ``label`` (None for that run
+        itself); None when no run has that label."""
+        with self._lock:
+            labels = [run.label or getattr(entry, "label", "") for entry, run in self._entries]
+        named = [i for i, x in enumerate(labels) if x == label.strip()]
+        if not named:
+            return None
+        base = named[-1]
+        return tuple(None if i == base else base for i in range(len(labels)))
+
+    def labels(self) -> list[str]:
+        with self._lock:
+            return [run.label or getattr(entry, "label", "") for entry, run in self._entries]
 
     def clear(self) -> None:
         with self._lock:

@@ -85,7 +85,7 @@ class TimeShares:
 @dataclass(frozen=True)
 class Verdict:
     # input-bound | sync-bound | compute-bound | memory-bound | on-cpu | cpu-only | output-bound | host-bound
-    # | multi-gpu | none
+    # | multi-gpu | multi-process (ranks that all trained on the CPU) | none
     kind: str
     headline: str
     reason: str
@@ -143,6 +143,7 @@ class HistoryReport(DisplayMixin):
 
     entries: tuple[CellProfile, ...]
     baselines: tuple[int | None, ...] = ()
+    versus: str = ""  # the label every other cell is compared with (``--vs``); "" for runs of one cell
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "entries", tuple(self.entries))
