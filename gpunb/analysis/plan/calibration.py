@@ -1,0 +1,30 @@
+"""What the plan adds for the GPU, and how far its estimates were from the GPU's own counters.
+
+Measured, not assumed: each figure names the recording it comes from
+(``benchmarks/results/``; ``benchmarks/plan_accuracy.py`` recomputes the error bands).
+
+- cuBLAS's workspace: torch allocates one per cuBLAS handle and stream through its caching
+  allocator (so ``memory_allocated`` counts it) and keeps it for the process. The step's thread
+  has one handle, autograd's device thread (the backward pass) another: two workspaces. 32 MiB
+  each on the H200 (torch 2.11, CUDA 13): with them the plan of the recorded MLP cell
+  (``h200_s4_run0_alloc_history_recording.json``) is 2 KiB from ``max_memory_allocated``
+  (1158792192 bytes); torch's default is smaller before Hopper (``CUBLAS_WORKSPACE_CONFIG``),
+  so 32 MiB errs high there.
+- the CUDA context and the libraries' own memory outside torch's allocator: 742 MiB on the H200
+  (NVML's per-process memory less ``memory_reserved``, ``h200x2_batch_fit_zoo_run1.json``).
+- the error band of the peak: the plan against ``max_memory_allocated`` of every recorded model
+  and batch (:data:`UNDER`, :data:`OVER`: the largest under- and over-estimate, as fractions).
+  A largest batch is planned with the capacity shrunk by :data:`UNDER` plus :data:`SAFETY`, so
+  an under-estimate as large as the worst one seen still trains.
+"""
+
+from __future__ import annotations
+
+MiB = 2**20
+CUBLAS_WORKSPACE_BYTES = 32 * MiB
+WORKSPACES = (CUBLAS_WORKSPACE_BYTES, CUBLAS_WORKSPACE_BYTES)  # the step's thread, autograd's device thread
+CONTEXT_BYTES = 778043392
+UNDER = 0.03  # the largest under-estimate of the peak seen in calibration
+OVER = 0.05  # the largest over-estimate
+SAFETY = 0.01  # on top of UNDER, for a largest batch
+CALIBRATED_ON = "H200, torch 2.11 (benchmarks/results/h200_s5_plan_calibration.json)"
