@@ -1,7 +1,10 @@
 """Run the user's step on stand-in tensors, twice, and record what it allocates.
 
 The first run is the step as a fresh process runs it (the optimizer makes its state there); the
-second is every later step (the state exists). Nothing trains: the parameters are fake tensors
+second is every later step (the state exists). When the forward pass allocates differently in
+the two (the step varies its shapes from call to call: sequence lengths, buckets), it runs again
+until the first run's allocations come round again, at most :data:`MAX_RUNS` times: the peak is
+the largest of them. Nothing trains: the parameters are fake tensors
 (:mod:`stand_ins`), and torch runs no kernel on a fake tensor. ``torch.compile`` is set to run
 eagerly while planning (``torch.compiler.set_stance("force_eager")``), so a compiled step is
 planned as its eager twin. What cannot run on fake tensors ends the plan with one sentence
@@ -19,6 +22,7 @@ from typing import Any
 
 from gpunb.analysis.fit.user_state import Reachable
 from gpunb.analysis.plan.recorder import (
+    FORWARD,
     GRADIENTS,
     OPTIMIZER,
     OPTIMIZER_STATE,
@@ -31,6 +35,7 @@ from gpunb.analysis.plan.recorder import (
 from gpunb.analysis.plan.stand_ins import Lent, lend
 
 RUNS = 2  # the first step (state made) and a steady one
+MAX_RUNS = 16  # when the forward's allocations change from call to call: until they come round again
 
 
 def _where(exc: BaseException, rec: Recorder) -> str:
@@ -151,8 +156,11 @@ def dry_run(torch: Any, step: Callable[[int], Any], batch_size: int, reach: Reac
                     if isinstance(v, torch.Tensor) and v.numel() > 1:
                         rec.adopt(v, OPTIMIZER_STATE)
         site_mode, alloc_mode = make_modes(torch, rec)
+        shapes: list[tuple[int, ...]] = []
         with _hooks(torch, rec, lent, reach.optimizers), _eager(torch):
-            for run in range(1, runs + 1):
+            run = 0
+            while run < runs or (run < MAX_RUNS and len(set(shapes)) > 1 and shapes[-1] != shapes[0]):
+                run += 1
                 rec.run, rec.phase = run, STEP
                 rec.marks.append(len(rec.events))
                 try:
@@ -161,6 +169,10 @@ def dry_run(torch: Any, step: Callable[[int], Any], batch_size: int, reach: Reac
                 except BaseException as exc:  # noqa: BLE001 (the user's step, on stand-ins: said in a sentence)
                     raise PlanError(explain(exc, rec)) from None
                 rec.end_run()
+                shapes.append(tuple(a.nbytes for is_alloc, a in rec.events[rec.marks[-1]:]
+                                    if is_alloc and a.phase == FORWARD))
+        if len(set(shapes)) > 1:
+            rec.varying = len(shapes)
     finally:
         lent.give_back()
     return rec

@@ -33,6 +33,8 @@ from gpunb.analysis.plan.replay import Replayed, fits_under, replay, sites_at_pe
 
 MAX_BATCH = 1 << 22
 _TRIES = 8  # plans per GPU while looking for its largest batch
+CLOSE = 50  # a largest batch within 1/CLOSE (2 %) of the limit is the answer
+CLOSE_ABOVE = 10  # ... and one that fits with the line saying at most 10 % more would (one plan less)
 
 __all__ = ["GpuAnswer", "StepPlan", "plan"]
 
@@ -87,9 +89,11 @@ def largest_batch(runs: _Runs, cap: int, slope: float, start: int,
     stopping at its limit).
 
     Each guess is the last planned batch moved along the line (``slope`` bytes per sample) to where
-    its reserved peak meets the cap; it is planned and replayed under the cap: one that fits raises
-    the floor, one that does not lowers the ceiling. Within 1 % (or a sample), the floor is the
-    answer: a batch that was planned to fit, never one that was not."""
+    its reserved peak meets the cap (2 % short of it, going up: near the cap the allocator's segments
+    make the line optimistic); it is planned and replayed under the cap: one that fits raises
+    the floor, one that does not lowers the ceiling. Within 2 % (or a sample), or fitting with the
+    line saying at most 10 % more would, the floor is the answer: a batch that was planned to fit,
+    never one that was not."""
     lo, hi = 0, max_batch + 1  # lo fits (0: nothing yet), hi does not
     guess = start
     for _ in range(_TRIES):
@@ -97,16 +101,17 @@ def largest_batch(runs: _Runs, cap: int, slope: float, start: int,
             lo = guess
         else:
             hi = guess
-        if hi - lo <= max(1, lo // 100):
+        if hi - lo <= max(1, lo // CLOSE):
             break
         r = runs.replayed(guess)
         target = guess + (cap - r.peak_reserved) / slope if slope > 0 else (guess * 2 if lo == guess else guess / 2)
-        if lo == guess:  # fits: the line says how much more would; within 1 % is the limit
-            if target < lo + max(1, lo // 100):
-                hi = min(hi, lo + max(1, lo // 100))
+        if lo == guess:  # fits: the line says how much more would; that close, it is the limit
+            if target < lo + max(1, lo // CLOSE_ABOVE):
+                hi = min(hi, lo + max(1, lo // CLOSE))
                 break
+            target -= (target - lo) / CLOSE + target / CLOSE
         else:
-            target = min(target, guess - max(1, guess // 100))
+            target = min(target, guess - max(1, guess // CLOSE))
         guess = int(min(max(math.floor(target), lo + 1), hi - 1))
         if hi - lo > 2 and (hi <= max_batch) and (guess <= lo or guess >= hi):
             guess = (lo + hi) // 2
@@ -119,6 +124,9 @@ def _notes(torch: Any, rec: Recorder, reach: Reachable) -> list[str]:
     if compiled:
         notes.append("the model is compiled with torch.compile: planned as it runs without compiling (compiled "
                      "kernels usually keep less, so the plan errs high)")
+    if rec.varying:
+        notes.append(f"the step's shapes change from call to call: {rec.varying} calls planned, the peak is the "
+                     "largest; a call longer than those needs more")
     if rec.items_read:
         notes.append(f"the step read {rec.items_read} value(s) from tensors (.item(), float(), a comparison); "
                      "stand-ins have no values, so 1 was used: a step whose shapes follow such a value is not "

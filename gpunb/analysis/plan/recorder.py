@@ -63,6 +63,7 @@ class Recorder:
     marks: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     items_read: int = 0  # .item() and friends the step's own code asked for
+    varying: int = 0  # runs made because the step's shapes changed from call to call (0: they did not)
     run: int = 0
     phase: str = BEFORE
     _site_index: dict[tuple[tuple[str, int, str], ...], int] = field(default_factory=dict)
