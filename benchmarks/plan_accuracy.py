@@ -138,7 +138,8 @@ def markdown(report: dict[str, Any]) -> str:
     gib = 2**30
     for r in report["peaks"]:
         out.append(f"| {r['model']} | {r['batch']} | {r['measured_steady'] / gib:.3f} GiB | "
-                   f"{r['planned_steady'] / gib:.3f} GiB | {r['err_steady']:+.1%} | {r['measured_step1'] / gib:.3f} GiB | "
+                   f"{r['planned_steady'] / gib:.3f} GiB | {r['err_steady']:+.1%} | "
+                   f"{r['measured_step1'] / gib:.3f} GiB | "
                    f"{r['planned_step1'] / gib:.3f} GiB | {r['err_step1']:+.1%} |")
     for key in ("err_steady", "err_step1", "err_peak"):
         s = report["summary"].get(key)
