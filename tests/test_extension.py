@@ -16,6 +16,7 @@ PUBLIC_API = [
     "load_ipython_extension",
     "memory",
     "monitor",
+    "plan",
     "profile",
     "trace_memory",
     "unload_ipython_extension",
@@ -44,6 +45,7 @@ PUBLIC_SIGNATURES = {
     "energy": "(*, price=None, carbon=None, forget=False, state=None)",
     "monitor": "(hz=None, window_s=120.0, device=None, *, frontend='auto')",  # None: the rate already running
     "trace_memory": "(label='', *, save=None, max_entries=None, show=None, namespace=None)",
+    "plan": "(step_fn, batch_size, gpus=None, *, model=None, optimizer=None)",
 }
 
 
@@ -60,7 +62,7 @@ def test_public_signatures_are_pinned():
 def test_the_api_twins_live_in_the_shells_layer():
     """They find the shell and display; the analysis layer below them only measures."""
     for name in ("check", "profile", "memory", "diagnose_oom", "fit_batch_size", "monitor", "energy",
-                 "trace_memory"):
+                 "trace_memory", "plan"):
         assert getattr(gpunb, name).__module__.startswith("gpunb.shells."), name
 
 

@@ -1,5 +1,5 @@
 """The public Python API, the twins of the magics: ``gpunb.check()``, ``gpunb.profile()``,
-``gpunb.memory()``, ``gpunb.diagnose_oom()``, ``gpunb.fit_batch_size()``, ``gpunb.energy()``
+``gpunb.memory()``, ``gpunb.diagnose_oom()``, ``gpunb.fit_batch_size()``, ``gpunb.plan()``, ``gpunb.energy()``
 (``gpunb.monitor()`` lives with its live output in :mod:`gpunb.shells.monitor`).
 
 Each is thin: it finds the IPython shell when there is one, hands the analysis layer what
@@ -247,6 +247,35 @@ def fit_batch_size(
     say = progress if callable(progress) else ProgressLine("gpunb %gpufit: ") if progress else None
     return fit(step_fn, start=start, max_batch=max_batch, margin=margin, device=device, steps=steps,
                tolerance=tolerance, max_trials=max_trials, progress=say)
+
+
+def plan(
+    step_fn: Callable[[int], Any],
+    batch_size: int,
+    gpus: Any = None,
+    *,
+    model: Any = None,
+    optimizer: Any = None,
+) -> Any:
+    """Predict ``step_fn(batch_size)``'s peak GPU memory without a GPU (``%gpuplan``).
+
+    The step runs twice on stand-in tensors (no GPU memory, no CUDA context; your model,
+    optimizer and random generators are given back as they were): every allocation is recorded
+    with its role and line, and replayed through a model of CUDA's caching allocator. Returns a
+    ``StepPlan``: the peak, where it is, the error band from calibration, and for each GPU in
+    ``gpus`` (names like ``"T4"``, ``"A100 80 GB"``, or sizes in GiB like ``24``; default a few
+    common ones) whether the batch fits and the largest batch that does. ``model``/``optimizer``:
+    when gpunb does not find them from the step. A step it cannot plan gives a StepPlan whose
+    ``problem`` says why.
+    """
+    from gpunb.analysis.memory.alloc_sites import shell_cell_numbers
+    from gpunb.analysis.plan.planner import plan as make_plan
+
+    if isinstance(gpus, (str, int, float)):
+        gpus = [gpus]
+    shell = current_shell()
+    numbers = shell_cell_numbers(getattr(shell, "compile", None)) if shell is not None else {}
+    return make_plan(step_fn, batch_size, gpus, model=model, optimizer=optimizer, cell_numbers=numbers)
 
 
 def set_tariff(*, price: str | None = None, carbon: str | None = None, forget: bool = False) -> str:

@@ -15,6 +15,7 @@ custom CUDA extension), CUDA asked for by name on a torch without CUDA, any erro
 from __future__ import annotations
 
 import contextlib
+import io
 import linecache
 import traceback
 from collections.abc import Callable, Iterator, Mapping
@@ -122,6 +123,20 @@ def _hooks(torch: Any, rec: Recorder, lent: Lent, optimizers: list[Any]) -> Iter
             h.remove()
 
 
+class _Quiet:
+    """What the step prints while it is planned (a loss of 1.0, the same line twice) is not shown."""
+
+    def __enter__(self) -> None:
+        self._out = contextlib.redirect_stdout(io.StringIO())
+        self._err = contextlib.redirect_stderr(io.StringIO())
+        self._out.__enter__()
+        self._err.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self._err.__exit__(*exc)
+        self._out.__exit__(*exc)
+
+
 def _eager(torch: Any) -> contextlib.AbstractContextManager[Any]:
     stance = getattr(getattr(torch, "compiler", None), "set_stance", None)
     if stance is None:
@@ -157,6 +172,7 @@ def dry_run(torch: Any, step: Callable[[int], Any], batch_size: int, reach: Reac
                         rec.adopt(v, OPTIMIZER_STATE)
         site_mode, alloc_mode = make_modes(torch, rec)
         shapes: list[tuple[int, ...]] = []
+        quiet = _Quiet()
         with _hooks(torch, rec, lent, reach.optimizers), _eager(torch):
             run = 0
             while run < runs or (run < MAX_RUNS and len(set(shapes)) > 1 and shapes[-1] != shapes[0]):
@@ -164,7 +180,7 @@ def dry_run(torch: Any, step: Callable[[int], Any], batch_size: int, reach: Reac
                 rec.run, rec.phase = run, STEP
                 rec.marks.append(len(rec.events))
                 try:
-                    with fake_mode, alloc_mode, site_mode:
+                    with quiet, fake_mode, alloc_mode, site_mode:
                         step(batch_size)
                 except BaseException as exc:  # noqa: BLE001 (the user's step, on stand-ins: said in a sentence)
                     raise PlanError(explain(exc, rec)) from None

@@ -36,7 +36,13 @@ _TRIES = 8  # plans per GPU while looking for its largest batch
 CLOSE = 50  # a largest batch within 1/CLOSE (2 %) of the limit is the answer
 CLOSE_ABOVE = 10  # ... and one that fits with the line saying at most 10 % more would (one plan less)
 
-__all__ = ["GpuAnswer", "StepPlan", "plan"]
+__all__ = ["GpuAnswer", "StepPlan", "last_plan", "plan"]
+_LAST: list[StepPlan] = []  # the last plan of this process that answered (%gpufit and the OOM doctor use it)
+
+
+def last_plan() -> StepPlan | None:
+    """The last plan of this process that answered, or None."""
+    return _LAST[-1] if _LAST else None
 
 
 def _step_name(step: Any) -> str:
@@ -97,24 +103,30 @@ def largest_batch(runs: _Runs, cap: int, slope: float, start: int,
     lo, hi = 0, max_batch + 1  # lo fits (0: nothing yet), hi does not
     guess = start
     for _ in range(_TRIES):
-        if runs.fits(guess, cap):
+        fits = runs.fits(guess, cap)
+        if fits:
             lo = guess
         else:
             hi = guess
         if hi - lo <= max(1, lo // CLOSE):
             break
         r = runs.replayed(guess)
-        target = guess + (cap - r.peak_reserved) / slope if slope > 0 else (guess * 2 if lo == guess else guess / 2)
-        if lo == guess:  # fits: the line says how much more would; that close, it is the limit
+        if lo > 0 and hi <= max_batch:  # the secant through the bracket: the line where it matters
+            rise = runs.replayed(hi).peak_reserved - runs.replayed(lo).peak_reserved
+            slope = rise / (hi - lo) if rise > 0 else slope
+        target = guess + (cap - r.peak_reserved) / slope if slope > 0 else math.inf if fits else guess / 2
+        if fits:  # the line says how much more would; that close, it is the limit
             if target < lo + max(1, lo // CLOSE_ABOVE):
                 hi = min(hi, lo + max(1, lo // CLOSE))
                 break
             target -= (target - lo) / CLOSE + target / CLOSE
         else:
             target = min(target, guess - max(1, guess // CLOSE))
-        guess = int(min(max(math.floor(target), lo + 1), hi - 1))
-        if hi - lo > 2 and (hi <= max_batch) and (guess <= lo or guess >= hi):
-            guess = (lo + hi) // 2
+        if lo > 0 and hi <= max_batch:  # bracketed: a guess at an edge moves too little, halve instead
+            edge = (hi - lo) / 8
+            if not lo + edge < target < hi - edge:
+                target = math.sqrt(lo * hi) if hi > 2 * lo else (lo + hi) / 2
+        guess = int(min(max(math.floor(target) if math.isfinite(target) else hi - 1, lo + 1), hi - 1))
     return lo, hi <= max_batch
 
 
@@ -145,7 +157,7 @@ def _notes(torch: Any, rec: Recorder, reach: Reachable) -> list[str]:
 def _trace(plan: StepPlan, rec: Recorder, r: Replayed, cell_numbers: Mapping[str, int]) -> MemoryTrace:
     return MemoryTrace(
         label=f"the plan of {plan.step_name}({plan.batch_size})", events=r.events, baseline_bytes=r.before_bytes,
-        end_bytes=r.end_allocated, peak_bytes=r.peak_allocated, peak_t=0.0,
+        end_bytes=r.end_allocated, peak_bytes=r.peak_allocated, peak_t=float(r.peak_index),
         peak_by_role={k: r.by_role.get(k, 0) for k in TRACE_ROLES},
         sites_at_peak=sites_at_peak(rec, r, cell_numbers), points=r.points, time_unit="event",
         notes=["planned on stand-in tensors, not measured: the timeline is the order of the planned allocations"])
@@ -220,4 +232,6 @@ def plan(step: Callable[[int], Any], batch_size: int, gpus: Sequence[str | float
     except PlanError as err:
         result.problem = str(err)
     result.seconds = time.perf_counter() - t0
+    if result.ok:
+        _LAST[:] = [result]
     return result

@@ -30,6 +30,7 @@ class Replayed:
     steady_reserved: int = 0
     end_allocated: int = 0
     peak_run: int = 1
+    peak_index: int = 0  # the event of the peak
     peak_alloc: Alloc | None = None  # the allocation that made the peak
     at_peak: list[Alloc] = field(default_factory=list)
     by_role: dict[str, int] = field(default_factory=dict)
@@ -124,7 +125,7 @@ def replay(rec: Recorder, *, workspaces: tuple[int, int]) -> Replayed:
         out.steady_reserved = max(p[1] for p in later)
         peak = max(range(len(run_peaks)), key=lambda r: (run_peaks[r][0], -r))
         out.peak_run = peak + 1
-        peak_i = max(run_peaks[peak][2], 0)
+        peak_i = out.peak_index = max(run_peaks[peak][2], 0)
         out.peak_alloc = events[peak_i][1] if events else None
         out.at_peak = _alive_at(events, peak_i)
         out.by_role = dict(zip(TRACE_ROLES, levels[peak_i], strict=True)) if levels else {}
