@@ -3,12 +3,13 @@
 Measured, not assumed: each figure names the recording it comes from
 (``benchmarks/results/``; ``benchmarks/plan_accuracy.py`` recomputes the error bands).
 
-- cuBLAS's workspace: torch allocates one per cuBLAS handle and stream through its caching
+- cuBLAS's workspaces: torch allocates one per cuBLAS handle and stream through its caching
   allocator (so ``memory_allocated`` counts it) and keeps it for the process. The step's thread
-  has one handle, autograd's device thread (the backward pass) another: two workspaces. 32 MiB
-  each on the H200 (torch 2.11, CUDA 13): with them the plan of the recorded MLP cell
-  (``h200_s4_run0_alloc_history_recording.json``) is 2 KiB from ``max_memory_allocated``
-  (1158792192 bytes); torch's default is smaller before Hopper (``CUBLAS_WORKSPACE_CONFIG``),
+  has one handle, autograd's device thread (the backward pass) another: two workspaces of 32 MiB
+  on the H200 (torch 2.11, CUDA 13), and 1 MiB more on the step's thread (cuBLASLt's, for a
+  matmul with a bias). With them the plan of the recorded MLP cell
+  (``h200_s4_run0_alloc_history_recording.json``) is 2 KiB from its ``max_memory_allocated``
+  (1158792192 bytes). torch's default is smaller before Hopper (``CUBLAS_WORKSPACE_CONFIG``),
   so 32 MiB errs high there.
 - the CUDA context and the libraries' own memory outside torch's allocator: 742 MiB on the H200
   (NVML's per-process memory less ``memory_reserved``, ``h200x2_batch_fit_zoo_run1.json``).
@@ -22,7 +23,9 @@ from __future__ import annotations
 
 MiB = 2**20
 CUBLAS_WORKSPACE_BYTES = 32 * MiB
-WORKSPACES = (CUBLAS_WORKSPACE_BYTES, CUBLAS_WORKSPACE_BYTES)  # the step's thread, autograd's device thread
+CUBLASLT_WORKSPACE_BYTES = 1 * MiB
+# made by the step's thread, by autograd's device thread
+WORKSPACES = ((CUBLAS_WORKSPACE_BYTES, CUBLASLT_WORKSPACE_BYTES), (CUBLAS_WORKSPACE_BYTES,))
 CONTEXT_BYTES = 778043392
 UNDER = 0.03  # the largest under-estimate of the peak seen in calibration
 OVER = 0.05  # the largest over-estimate

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import io
 import linecache
+import logging
 import traceback
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -124,15 +125,23 @@ def _hooks(torch: Any, rec: Recorder, lent: Lent, optimizers: list[Any]) -> Iter
 
 
 class _Quiet:
-    """What the step prints while it is planned (a loss of 1.0, the same line twice) is not shown."""
+    """What the step prints while it is planned (a loss of 1.0, the same line twice) is not shown,
+    nor the traceback torch's fake tensors log for an operator that failed (the plan says it in a
+    sentence)."""
+
+    _LOGGER = "torch._subclasses.fake_tensor"
 
     def __enter__(self) -> None:
         self._out = contextlib.redirect_stdout(io.StringIO())
         self._err = contextlib.redirect_stderr(io.StringIO())
         self._out.__enter__()
         self._err.__enter__()
+        log = logging.getLogger(self._LOGGER)
+        self._level, self._disabled = log.level, log.disabled
+        log.disabled = True
 
     def __exit__(self, *exc: Any) -> None:
+        logging.getLogger(self._LOGGER).disabled = self._disabled
         self._err.__exit__(*exc)
         self._out.__exit__(*exc)
 

@@ -47,7 +47,7 @@ def last_plan() -> StepPlan | None:
 
 def _step_name(step: Any) -> str:
     name = getattr(step, "__qualname__", None) or getattr(step, "__name__", None) or type(step).__name__
-    return str(name)
+    return str(name).rsplit("<locals>.", 1)[-1]  # a function defined in a function: its own name
 
 
 def _where(rec: Recorder, r: Replayed, cell_numbers: Mapping[str, int]) -> str:
@@ -82,7 +82,17 @@ class _Runs:
         return self.replays[batch]
 
     def fits(self, batch: int, cap: int) -> bool:
-        return fits_under(self.rec(batch), calibration.WORKSPACES, cap)
+        """Planned to fit; a batch the step cannot run at (BatchNorm at batch 1) counts as not fitting."""
+        try:
+            return fits_under(self.rec(batch), calibration.WORKSPACES, cap)
+        except PlanError:
+            return False
+
+    def replayed_or_none(self, batch: int) -> Replayed | None:
+        try:
+            return self.replayed(batch)
+        except PlanError:
+            return None
 
 
 def _effective_cap(gpu: Gpu) -> int:
@@ -110,9 +120,13 @@ def largest_batch(runs: _Runs, cap: int, slope: float, start: int,
             hi = guess
         if hi - lo <= max(1, lo // CLOSE):
             break
-        r = runs.replayed(guess)
-        if lo > 0 and hi <= max_batch:  # the secant through the bracket: the line where it matters
-            rise = runs.replayed(hi).peak_reserved - runs.replayed(lo).peak_reserved
+        r = runs.replayed_or_none(guess)
+        if r is None:  # the step cannot run at this batch: halve towards what is known
+            guess = max(lo + 1, (lo + hi) // 2) if lo else max(1, guess // 2)
+            continue
+        known = runs.replayed_or_none(hi) if lo > 0 and hi <= max_batch else None
+        if known is not None:  # the secant through the bracket: the line where it matters
+            rise = known.peak_reserved - runs.replayed(lo).peak_reserved
             slope = rise / (hi - lo) if rise > 0 else slope
         target = guess + (cap - r.peak_reserved) / slope if slope > 0 else math.inf if fits else guess / 2
         if fits:  # the line says how much more would; that close, it is the limit

@@ -17,6 +17,7 @@ from gpunb.analysis.memory.alloc_timeline import BACKWARD_MARK, _downsample
 from gpunb.analysis.plan.allocator import AllocatorModel, Block, OutOfMemory, round_size
 from gpunb.analysis.plan.recorder import BACKWARD, BEFORE, Alloc, Recorder
 
+Workspaces = tuple[tuple[int, ...], tuple[int, ...]]  # made by the step's thread, by autograd's device thread
 WORKSPACE_SITE = -2  # an Alloc.site that is no line of the user's: cuBLAS's workspace
 _ROLE_INDEX = {r: i for i, r in enumerate(TRACE_ROLES)}
 
@@ -46,7 +47,7 @@ class Replayed:
         return max(self.first_reserved, self.steady_reserved)
 
 
-def with_workspaces(rec: Recorder, workspaces: tuple[int, int]) -> tuple[list[tuple[bool, Alloc]], list[int]]:
+def with_workspaces(rec: Recorder, workspaces: Workspaces) -> tuple[list[tuple[bool, Alloc]], list[int]]:
     """The events with cuBLAS's workspaces put where torch makes them, and the runs' marks moved with
     them: ``workspaces[0]`` at the first run's start (the step's thread), ``workspaces[1]`` at its
     backward pass's first event (autograd's device thread has a cuBLAS handle and workspace of its own)."""
@@ -58,14 +59,14 @@ def with_workspaces(rec: Recorder, workspaces: tuple[int, int]) -> tuple[list[tu
     end = marks[1] if len(marks) > 1 else len(events)
     backward = next((i for i in range(first, end) if events[i][1].phase == BACKWARD), None)
     inserts = [(first, workspaces[0])] + ([(backward, workspaces[1])] if backward is not None else [])
-    for at, nbytes in sorted(inserts, reverse=True):
-        if nbytes > 0:
+    for at, sizes in sorted(inserts, key=lambda e: -e[0]):
+        for nbytes in reversed(sizes):
             events.insert(at, (True, Alloc(nbytes, WORKSPACE_SITE, BEFORE, "", "other", 1)))
             marks = [m if m <= at else m + 1 for m in marks]
     return events, marks
 
 
-def fits_under(rec: Recorder, workspaces: tuple[int, int], cap_bytes: int) -> bool:
+def fits_under(rec: Recorder, workspaces: Workspaces, cap_bytes: int) -> bool:
     """Whether every run of the step gets its memory under ``cap_bytes`` reserved by torch."""
     events, _ = with_workspaces(rec, workspaces)
     model = AllocatorModel(cap_bytes)
@@ -81,7 +82,7 @@ def fits_under(rec: Recorder, workspaces: tuple[int, int], cap_bytes: int) -> bo
     return True
 
 
-def replay(rec: Recorder, *, workspaces: tuple[int, int]) -> Replayed:
+def replay(rec: Recorder, *, workspaces: Workspaces) -> Replayed:
     events, marks = with_workspaces(rec, workspaces)
     model = AllocatorModel()
     blocks: dict[int, tuple[Block | None, int]] = {}
@@ -146,7 +147,7 @@ def _alive_at(events: list[tuple[bool, Alloc]], index: int) -> list[Alloc]:
 def site_label(rec: Recorder, alloc: Alloc, cell_numbers: Mapping[str, int]) -> tuple[str, tuple[str, ...]]:
     """The user's line of an allocation, as ``%%gpumem --trace`` labels it."""
     if alloc.site == WORKSPACE_SITE:
-        return "cuBLAS workspace (kept by torch for the process)", ()
+        return "cuBLAS workspaces (kept by torch for the process)", ()
     if alloc.phase == BEFORE and alloc.site < 0:
         return f"before the step: {alloc.role}", ()
     frames = rec.sites[alloc.site] if 0 <= alloc.site < len(rec.sites) else ()
