@@ -53,7 +53,7 @@ def make(opt_name: str = "adamw", width: int = 256, **opt_kw):
 # -- what the plan says -------------------------------------------------------------------------
 
 def test_roles_lines_and_the_first_step():
-    model, opt, step = make()
+    model, _opt, step = make()
     p = plan(step, 512, gpu_list=[with_cap("cap", 256 * MiB)])
     assert p.ok, p.problem
     params = sum(t.numel() * 4 for t in model.parameters())
@@ -138,7 +138,7 @@ def _problem(step, **kw):
 
 
 def test_a_data_dependent_shape_is_said():
-    model, opt, _ = make()
+    model, _opt, _ = make()
 
     def step(bs):
         x = torch.randn(bs, 64)
@@ -148,10 +148,10 @@ def test_a_data_dependent_shape_is_said():
 
 
 def test_an_operator_without_a_shape_function_is_said():
-    lib = torch.library.Library("gpunb_plan_test", "FRAGMENT")  # noqa: TID251
+    lib = torch.library.Library("gpunb_plan_test", "FRAGMENT")
     lib.define("opaque(Tensor x) -> Tensor")
     lib.impl("opaque", lambda x: x * 2, "CPU")
-    model, opt, _ = make()
+    model, _opt, _ = make()
 
     def step(bs):
         h = torch.ops.gpunb_plan_test.opaque(torch.randn(bs, 64))
@@ -176,7 +176,7 @@ def test_no_model_found_is_said():
 
 
 def test_a_tensor_outside_the_model_that_requires_grad_stops_the_plan():
-    model, opt, _ = make()
+    model, _opt, _ = make()
     extra = torch.zeros(8, requires_grad=True)
 
     def step(bs):
@@ -283,7 +283,7 @@ def test_an_interrupt_at_any_operation_leaves_everything_as_it_was(at):
 def test_the_largest_batch_fits_and_a_little_more_does_not():
     """Planned under the capacity shrunk by the calibration's worst under-estimate: it fits there,
     and the search closed in (the line's 2 % aim and a 5 % stop leave it at most ~10 % low)."""
-    model, opt, step = make("adamw", 512)
+    _model, _opt, step = make("adamw", 512)
     cap = 512 * MiB
     p = plan(step, 64, gpu_list=[with_cap("cap", cap)])
     best = p.gpus[0].largest_batch
@@ -317,7 +317,7 @@ def test_gpus_by_name_or_size(spec, name):
 
 @pytest.mark.parametrize("spec", ["X99", "", "-3", 0, 10**6])
 def test_an_unknown_gpu_names_the_known_ones(spec):
-    with pytest.raises(ValueError, match="T4|between"):
+    with pytest.raises(ValueError, match=r"T4|between"):
         gpu_named(spec)
 
 
@@ -334,7 +334,7 @@ def ip():
 
 
 def test_the_magic_plans_and_keeps_the_result(ip, capsys):
-    model, opt, step = make()
+    _model, _opt, step = make()
     ip.user_ns.update(step=step)
     ip.run_line_magic("gpuplan", "step --batch 32 --gpu T4 --gpu 24 -o p")
     p = ip.user_ns["p"]
