@@ -162,9 +162,10 @@ def _notes(torch: Any, rec: Recorder, reach: Reachable) -> list[str]:
         if kinds & {"Dropout", "Dropout1d", "Dropout2d", "Dropout3d"}:
             notes.append("dropout keeps a 1-byte mask per element on a GPU and a full-size one on the CPU the "
                          "plan ran on: counted as the CPU's (errs high)")
-        if kinds & {"Conv1d", "Conv2d", "Conv3d", "ConvTranspose2d"}:
-            notes.append("cuDNN's convolution workspaces are not counted (they depend on the algorithm cuDNN "
-                         "picks on the GPU; usually small next to the activations)")
+    if rec.benchmark_bytes:
+        notes.append("torch.backends.cudnn.benchmark is on: cuDNN takes the fastest algorithm whatever its "
+                     "workspace; planned as the largest convolution output through the backward pass (as measured "
+                     "on an H200), another GPU may pick otherwise")
     return notes
 
 

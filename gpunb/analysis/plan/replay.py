@@ -8,6 +8,7 @@ at the step's first matrix product and kept by torch for the process (it is coun
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -15,10 +16,11 @@ from gpunb.analysis.memory.alloc_records import TRACE_ROLES, AllocSite, Timeline
 from gpunb.analysis.memory.alloc_sites import site_of
 from gpunb.analysis.memory.alloc_timeline import BACKWARD_MARK, _downsample
 from gpunb.analysis.plan.allocator import AllocatorModel, Block, OutOfMemory, round_size
-from gpunb.analysis.plan.recorder import BACKWARD, BEFORE, Alloc, Recorder
+from gpunb.analysis.plan.recorder import BACKWARD, BEFORE, TEMPORARIES, Alloc, Recorder
 
 Workspaces = tuple[tuple[int, ...], tuple[int, ...]]  # made by the step's thread, by autograd's device thread
-WORKSPACE_SITE = -2  # an Alloc.site that is no line of the user's: cuBLAS's workspace
+WORKSPACE_SITE = -2  # an Alloc.site that is no line of the user's: cuBLAS's workspaces
+BENCHMARK_SITE = -3  # ... cuDNN's benchmark-mode workspace
 _ROLE_INDEX = {r: i for i, r in enumerate(TRACE_ROLES)}
 
 
@@ -63,7 +65,26 @@ def with_workspaces(rec: Recorder, workspaces: Workspaces) -> tuple[list[tuple[b
         for nbytes in reversed(sizes):
             events.insert(at, (True, Alloc(nbytes, WORKSPACE_SITE, BEFORE, "", "other", 1)))
             marks = [m if m <= at else m + 1 for m in marks]
+    if rec.benchmark_bytes:
+        events, marks = _benchmark_workspace(events, marks, rec.benchmark_bytes)
     return events, marks
+
+
+def _benchmark_workspace(events: list[tuple[bool, Alloc]], marks: list[int],
+                         nbytes: int) -> tuple[list[tuple[bool, Alloc]], list[int]]:
+    """cuDNN's benchmark-mode workspace, held from each run's first backward event to its last."""
+    bounds = [*marks, len(events)]
+    out: list[tuple[bool, Alloc]] = events[: bounds[0]]
+    new_marks = []
+    for run, (a, b) in enumerate(itertools.pairwise(bounds), start=1):
+        new_marks.append(len(out))
+        chunk = events[a:b]
+        back = [i for i, (_, e) in enumerate(chunk) if e.phase == BACKWARD]
+        if back:
+            ws = Alloc(nbytes, BENCHMARK_SITE, BACKWARD, "", TEMPORARIES, run)
+            chunk = [*chunk[: back[0]], (True, ws), *chunk[back[0]: back[-1] + 1], (False, ws), *chunk[back[-1] + 1:]]
+        out += chunk
+    return out, new_marks
 
 
 def fits_under(rec: Recorder, workspaces: Workspaces, cap_bytes: int) -> bool:
@@ -148,6 +169,8 @@ def site_label(rec: Recorder, alloc: Alloc, cell_numbers: Mapping[str, int]) -> 
     """The user's line of an allocation, as ``%%gpumem --trace`` labels it."""
     if alloc.site == WORKSPACE_SITE:
         return "cuBLAS workspaces (kept by torch for the process)", ()
+    if alloc.site == BENCHMARK_SITE:
+        return "cuDNN's workspace in benchmark mode (torch.backends.cudnn.benchmark)", ()
     if alloc.phase == BEFORE and alloc.site < 0:
         return f"before the step: {alloc.role}", ()
     frames = rec.sites[alloc.site] if 0 <= alloc.site < len(rec.sites) else ()
