@@ -41,7 +41,7 @@ PUBLIC_SIGNATURES = {
     "memory": "(*, free=(), top=20, all_devices=False, namespace=None, shell=None, nvml=None)",
     "diagnose_oom": "(exc=None, *, release=False, namespace=None, nvml=None)",
     "fit_batch_size": "(step_fn, *, start=2, max_batch=None, margin=0.0, device=None, steps=50, tolerance=0.05, "
-                      "max_trials=6, progress=True)",
+                      "max_trials=6, progress=True, plan=True)",
     "energy": "(*, price=None, carbon=None, forget=False, state=None)",
     "monitor": "(hz=None, window_s=120.0, device=None, *, frontend='auto')",  # None: the rate already running
     "trace_memory": "(label='', *, save=None, max_entries=None, show=None, namespace=None)",

@@ -229,6 +229,7 @@ def fit_batch_size(
     tolerance: float = 0.05,
     max_trials: int = 6,
     progress: Callable[[str], None] | bool | None = True,
+    plan: bool = True,
 ) -> BatchFit:
     """The largest batch size ``step_fn(batch_size)`` trains with on this GPU (``%gpufit``).
 
@@ -239,14 +240,22 @@ def fit_batch_size(
     limit. ``margin`` keeps that fraction of the memory free on top. The trials train the
     model; the optimizers' own state is put back afterwards.
     ``progress``: True shows one line that updates in place (printed lines outside IPython),
-    a function receives each line, False/None shows nothing.
+    a function receives each line, False/None shows nothing. ``plan``: start the search at the
+    largest batch ``gpunb.plan`` finds for this GPU (fewer trials; no GPU memory used to plan).
     Note: this resets torch's peak-memory counters of the device.
     """
     from gpunb.analysis.fit.search import fit_batch_size as fit
 
     say = progress if callable(progress) else ProgressLine("gpunb %gpufit: ") if progress else None
+    planner = None
+    if plan:
+        from gpunb.analysis.plan.planner import largest_under
+
+        def planner(capacity: int) -> int | None:
+            return largest_under(step_fn, capacity, start=max(8, start))
+
     return fit(step_fn, start=start, max_batch=max_batch, margin=margin, device=device, steps=steps,
-               tolerance=tolerance, max_trials=max_trials, progress=say)
+               tolerance=tolerance, max_trials=max_trials, progress=say, planner=planner)
 
 
 def plan(

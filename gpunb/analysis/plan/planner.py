@@ -36,7 +36,7 @@ _TRIES = 8  # plans per GPU while looking for its largest batch
 CLOSE = 50  # a largest batch within 1/CLOSE (2 %) of the limit is the answer
 CLOSE_ABOVE = 10  # ... and one that fits with the line saying at most 10 % more would (one plan less)
 
-__all__ = ["GpuAnswer", "StepPlan", "last_plan", "plan"]
+__all__ = ["GpuAnswer", "StepPlan", "largest_under", "last_plan", "plan"]
 _LAST: list[StepPlan] = []  # the last plan of this process that answered (%gpufit and the OOM doctor use it)
 
 
@@ -250,3 +250,14 @@ def plan(step: Callable[[int], Any], batch_size: int, gpus: Sequence[str | float
     if result.ok:
         _LAST[:] = [result]
     return result
+
+
+def largest_under(step: Callable[[int], Any], capacity_bytes: int, start: int = 8) -> int | None:
+    """The largest batch planned to fit ``capacity_bytes`` of torch's allocator (``%gpufit`` starts its
+    search there); None when the step cannot be planned."""
+    from gpunb.analysis.plan.gpus import with_cap
+
+    result = plan(step, max(1, start), gpu_list=[with_cap("this GPU", capacity_bytes)])
+    if not result.ok or not result.gpus:
+        return None
+    return result.gpus[0].largest_batch or None
