@@ -363,3 +363,23 @@ def test_the_html_escapes_and_renders():
     assert "gpunb plan" in html and "<table" in html and "Lines alive at the peak" in html
     d = p.to_dict()
     assert d["headline"] == p.headline and d["gpus"][0]["name"] == "T4"
+
+
+def test_the_oom_doctor_quotes_the_plan_for_how_much_of_the_batch_fits():
+    from gpunb.analysis.memory.oom import diagnose
+
+    _, _, step = make("adamw", 512)
+    p = plan(step, 256, gpus=["T4"])
+    # a T4: 14.75 GiB, this process 13.50 GiB of which torch 12.80 GiB (0.70 GiB not torch's)
+    message = ("CUDA out of memory. Tried to allocate 4.00 GiB. GPU 0 has a total capacity of 14.75 GiB of which "
+               "1.20 GiB is free. Including non-PyTorch memory, this process has 13.50 GiB memory in use. Of the "
+               "allocated memory 12.70 GiB is allocated by PyTorch, and 100.00 MiB is reserved by PyTorch but "
+               "unallocated.")
+    batch = 10 * p.gpus[0].largest_batch
+    d = diagnose(message=message, batch_size=("bs", batch), last_plan=p, allocator_conf="")
+    small = next(f for f in d.fixes if f.title == "Use a smaller batch")
+    expected = p.largest_batch_for(int(14.75 * 2**30), int(13.50 * 2**30) - int(12.70 * 2**30) - 100 * 2**20)
+    assert f"bs = {batch} → at most ≈{expected}, planned by gpunb.plan(step)" in small.reason
+    assert 0.8 * p.gpus[0].largest_batch <= expected <= 1.25 * p.gpus[0].largest_batch  # the line, near the plan
+    without = diagnose(message=message, batch_size=("bs", batch), allocator_conf="")
+    assert "planned by" not in next(f for f in without.fixes if f.title == "Use a smaller batch").reason

@@ -195,6 +195,7 @@ def diagnose_oom(exc: BaseException | None = None, *, release: bool = False, nam
     from gpunb.analysis.fit.search import last_fit
     from gpunb.analysis.memory.oom import gather_readings
     from gpunb.analysis.memory.oom_message import find_oom
+    from gpunb.analysis.plan.planner import last_plan
 
     exc = exc if exc is not None else getattr(sys, "last_value", None)
     shell = current_shell()
@@ -215,7 +216,7 @@ def diagnose_oom(exc: BaseException | None = None, *, release: bool = False, nam
         return handle_oom(shell, exc, keep=keep_traceback(kernel_state(shell)))
     if namespace is None and shell is not None:
         namespace = shell.user_ns
-    return gather_readings(exc, namespace=namespace, nvml=nvml, last_fit=last_fit())
+    return gather_readings(exc, namespace=namespace, nvml=nvml, last_fit=last_fit(), last_plan=last_plan())
 
 
 def fit_batch_size(

@@ -144,6 +144,18 @@ def largest_batch(runs: _Runs, cap: int, slope: float, start: int,
     return lo, hi <= max_batch
 
 
+def _top_line(result: StepPlan, runs: _Runs) -> None:
+    """The line through the two largest batches planned: the peak is convex in the batch size (at small
+    ones the optimizer step can set it), so for a batch beyond them this line is the one to read."""
+    points = sorted((b, r.peak_reserved) for b, r in runs.replays.items())
+    if len(points) < 2:
+        return
+    (b1, y1), (b2, y2) = points[-2], points[-1]
+    if y2 > y1:
+        result.per_sample_reserved_bytes = (y2 - y1) / (b2 - b1)
+        result.line_batch, result.line_reserved_bytes = b2, y2
+
+
 def _notes(torch: Any, rec: Recorder, reach: Reachable) -> list[str]:
     notes = []
     compiled = [m for m in reach.modules if type(m).__name__ == "OptimizedModule"]
@@ -231,6 +243,7 @@ def plan(step: Callable[[int], Any], batch_size: int, gpus: Sequence[str | float
         other = 2 * int(batch_size)
         r2 = runs.replayed(other)
         slope = (r2.peak_reserved - r.peak_reserved) / (other - int(batch_size))
+        result.per_sample_reserved_bytes = slope if slope > 0 else None
         result.per_sample_bytes = (r2.peak_allocated - r.peak_allocated) / (other - int(batch_size))
         result.batches_planned = (int(batch_size), other)
         answers = []
@@ -244,6 +257,7 @@ def plan(step: Callable[[int], Any], batch_size: int, gpus: Sequence[str | float
                                      exact))
         result.gpus = tuple(answers)
         result.batches_planned = tuple(sorted(runs.runs))
+        _top_line(result, runs)
     except PlanError as err:
         result.problem = str(err)
     result.seconds = time.perf_counter() - t0

@@ -44,6 +44,9 @@ class StepPlan(DisplayMixin):
     peak_where: str = ""  # "line 7, the backward of `attn`"
     peak_by_role: dict[str, int] = field(default_factory=dict)
     per_sample_bytes: float | None = None  # the peak's growth per sample (from two planned batches)
+    per_sample_reserved_bytes: float | None = None  # the reserved peak's, between the two largest planned batches
+    line_batch: int = 0  # the largest planned batch, where that line starts
+    line_reserved_bytes: int = 0  # its reserved peak
     gpus: tuple[GpuAnswer, ...] = ()
     trace: MemoryTrace | None = None  # by line and role, %%gpumem --trace's record
     notes: list[str] = field(default_factory=list)  # what could not be modelled
@@ -85,6 +88,19 @@ class StepPlan(DisplayMixin):
             return f"{head}: {fit}; not even batch 1 fits there"
         more = "" if g.largest_exact else " or more"
         return f"{head}: {fit}; the largest batch on {_a(g.name)} is ≈ {g.largest_batch}{more}"
+
+    def largest_batch_for(self, total_bytes: int, non_torch_bytes: int | None = None) -> int | None:
+        """The largest batch the plan's line says fits a GPU of ``total_bytes`` of which ``non_torch_bytes``
+        are not torch's (None: the plan's context), allowing for the band (the OOM doctor quotes it;
+        the GPUs of ``gpus`` were planned, not read off a line)."""
+        slope = self.per_sample_reserved_bytes or self.per_sample_bytes
+        if not self.ok or not slope or slope <= 0:
+            return None
+        torch_bytes = total_bytes - (self.context_bytes if non_torch_bytes is None else non_torch_bytes)
+        start, at = (self.line_batch, self.line_reserved_bytes) if self.line_batch else (self.batch_size,
+                                                                                           self.peak_reserved_bytes)
+        room = torch_bytes / (1 + self.band_under + 0.01) - at
+        return max(0, int(start + room // slope))
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
