@@ -57,8 +57,10 @@ def plan_text(p: StepPlan) -> str:
         return f"gpunb plan of {p.step_name}({p.batch_size}): {p.headline}"
     lines = [f"gpunb plan of {p.step_name}({p.batch_size}): {p.headline}", band_line(p)]
     if p.gpus:
-        lines.append(f"  {'GPU':<14}{'usable':>11}  {'batch ' + str(p.batch_size):<28}largest batch")
-        lines += [f"  {n:<14}{u:>11}  {now:<28}{best}" for n, u, now, best in gpu_rows(p)]
+        rows = gpu_rows(p)
+        w = max(len(f"batch {p.batch_size}"), *(len(r[2]) for r in rows)) + 2
+        lines.append(f"  {'GPU':<14}{'usable':>11}  {'batch ' + str(p.batch_size):<{w}}largest batch")
+        lines += [f"  {n:<14}{u:>11}  {now:<{w}}{best}" for n, u, now, best in rows]
     if p.trace is not None:
         lines += trace_text(p.trace).splitlines()[1:]
     lines += detail_lines(p)
