@@ -74,8 +74,6 @@ def explain(exc: BaseException, rec: Recorder) -> str:
         return (f"the step asks for CUDA by name{where}, which this torch (built without CUDA) cannot do even on "
                 "stand-in tensors: choose the device with `'cuda' if torch.cuda.is_available() else 'cpu'` and "
                 "plan again")
-    if isinstance(exc, KeyboardInterrupt):
-        return "the plan was interrupted; your model and optimizer are as they were"
     return f"the step raised {name}{where} while planning on stand-in tensors: {text}"
 
 
@@ -191,6 +189,8 @@ def dry_run(torch: Any, step: Callable[[int], Any], batch_size: int, reach: Reac
                 try:
                     with quiet, fake_mode, alloc_mode, site_mode:
                         step(batch_size)
+                except KeyboardInterrupt:
+                    raise  # the whole plan stops (the model is given back below)
                 except BaseException as exc:  # noqa: BLE001 (the user's step, on stand-ins: said in a sentence)
                     raise PlanError(explain(exc, rec)) from None
                 rec.end_run()

@@ -105,8 +105,9 @@ def largest_batch(runs: _Runs, cap: int, slope: float, start: int,
     stopping at its limit).
 
     Each guess is the last planned batch moved along the line (``slope`` bytes per sample) to where
-    its reserved peak meets the cap (2 % short of it, going up: near the cap the allocator's segments
-    make the line optimistic); it is planned and replayed under the cap: one that fits raises
+    its allocated peak meets the cap (2 % short of it, going up: near the cap the allocator's segments
+    take some room; the reserved peak is no guide, the allocator gives back its cache under a cap);
+    it is planned and replayed under the cap: one that fits raises
     the floor, one that does not lowers the ceiling. Within 2 % (or a sample), or fitting with the
     line saying at most 10 % more would, the floor is the answer: a batch that was planned to fit,
     never one that was not."""
@@ -126,16 +127,17 @@ def largest_batch(runs: _Runs, cap: int, slope: float, start: int,
             continue
         known = runs.replayed_or_none(hi) if lo > 0 and hi <= max_batch else None
         if known is not None:  # the secant through the bracket: the line where it matters
-            rise = known.peak_reserved - runs.replayed(lo).peak_reserved
+            rise = known.peak_allocated - runs.replayed(lo).peak_allocated
             slope = rise / (hi - lo) if rise > 0 else slope
-        target = guess + (cap - r.peak_reserved) / slope if slope > 0 else math.inf if fits else guess / 2
+        target = guess + (cap - r.peak_allocated) / slope if slope > 0 else math.inf if fits else guess / 2
         if fits:  # the line says how much more would; that close, it is the limit
             if target < lo + max(1, lo // CLOSE_ABOVE):
                 hi = min(hi, lo + max(1, lo // CLOSE))
                 break
             target -= (target - lo) / CLOSE + target / CLOSE
-        else:
-            target = min(target, guess - max(1, guess // CLOSE))
+        elif target >= guess - max(1, guess // CLOSE):  # the line says it fits: the allocator's layout did not
+            target = (lo + hi) / 2 if lo else guess / 2
+        # (else: the line says by how much it did not fit)
         if lo > 0 and hi <= max_batch:  # bracketed: a guess at an edge moves too little, halve instead
             edge = (hi - lo) / 8
             if not lo + edge < target < hi - edge:
@@ -251,8 +253,7 @@ def plan(step: Callable[[int], Any], batch_size: int, gpus: Sequence[str | float
             cap = _effective_cap(gpu)
             spare = gpu.usable_bytes - int(r.peak_reserved * (1 + calibration.UNDER))
             fits = runs.fits(int(batch_size), cap)
-            best, exact = largest_batch(runs, cap, slope if slope > 0 else result.per_sample_bytes or 0.0,
-                                        int(batch_size), max_batch)
+            best, exact = largest_batch(runs, cap, result.per_sample_bytes or 0.0, int(batch_size), max_batch)
             answers.append(GpuAnswer(gpu.name, gpu.usable_bytes, gpu.total_bytes, gpu.source, fits, spare, best,
                                      exact))
         result.gpus = tuple(answers)
@@ -260,6 +261,8 @@ def plan(step: Callable[[int], Any], batch_size: int, gpus: Sequence[str | float
         _top_line(result, runs)
     except PlanError as err:
         result.problem = str(err)
+    except KeyboardInterrupt:
+        result.problem = "the plan was interrupted; your model, optimizer and random generators are as they were"
     result.seconds = time.perf_counter() - t0
     if result.ok:
         _LAST[:] = [result]

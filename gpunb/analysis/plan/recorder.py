@@ -84,7 +84,6 @@ class Recorder:
     module_stack: list[str] = field(default_factory=list)
     module_names: dict[int, str] = field(default_factory=dict)  # id(module) -> dotted name
     param_modules: dict[int, str] = field(default_factory=dict)  # id(stand-in parameter) -> its module's name
-    guarded: set[int] = field(default_factory=set)  # ids of the user's real parameters
     device_rewrite: Any = None  # the stand-ins' device, when CUDA names must be read as it
 
     # -- sites --------------------------------------------------------------------------------------
@@ -154,12 +153,9 @@ class Recorder:
             alloc.role = role
 
     def end_run(self) -> None:
-        """Storages the run's frames still hold that Python frees late (a cycle) are left as they are:
-        what is alive after the step is what the next step starts with."""
+        """What is alive after a run is what the next one starts with (a storage in a reference cycle
+        is freed when Python collects it, as on a GPU)."""
         self.phase = STEP
-
-    def live_allocs(self) -> list[Alloc]:
-        return [a for ref, a in self._live.values() if ref() is not None]
 
 
 def _flat_tensors(obj: Any, torch: Any) -> list[Any]:

@@ -38,7 +38,6 @@ class Lent:
     owner_values: list[tuple[Any, str, Any]] = field(default_factory=list)
     params: list[Any] = field(default_factory=list)  # the fake parameters
     buffers: list[Any] = field(default_factory=list)
-    real_ids: set[int] = field(default_factory=set)
     fake_ids: set[int] = field(default_factory=set)
     module_names: dict[int, str] = field(default_factory=dict)
     param_modules: dict[int, str] = field(default_factory=dict)  # id(stand-in parameter) -> its module
@@ -134,7 +133,6 @@ def _swap_modules(lent: Lent, mode: Any, modules: list[Any]) -> None:
                         fake = lent.stand_in(mode, real)
                         lent.buffers.append(fake)
                     lent.fake_of[id(real)] = fake
-                    lent.real_ids.add(id(real))
                     lent.fake_ids.add(id(fake))
                     lent.slots.append((slots, key, real))
                     slots[key] = fake
