@@ -35,6 +35,12 @@ ZOO_TRUTH = HERE / "results" / "h200x2_batch_fit_zoo_run1.json"
 TIMED = ("resnet50", "vit_b16", "gpt2_small")
 
 
+def _fresh(torch: Any) -> None:
+    """What a fresh process starts with (the recording runs each model in one): a model that sets
+    ``cudnn.benchmark`` must not leave it set for the next."""
+    torch.backends.cudnn.benchmark = False
+
+
 def _planned(torch: Any, name: str, batch: int) -> dict[str, Any]:
     import plan_zoo
 
@@ -43,6 +49,7 @@ def _planned(torch: Any, name: str, batch: int) -> dict[str, Any]:
     from gpunb.analysis.plan.dry_run import dry_run
     from gpunb.analysis.plan.replay import replay
 
+    _fresh(torch)
     model = plan_zoo.build(name, "cpu")
     t0 = time.perf_counter()
     rec = dry_run(torch, model.step, batch, find_reachable(torch, model.step))
@@ -95,6 +102,7 @@ def largest(torch: Any, models: set[str]) -> list[dict[str, Any]]:
         if models and name not in models:
             continue
         cap = int(entry["cap_bytes"])
+        _fresh(torch)
         model = plan_zoo.build(name, "cpu")
         start = plan_zoo.BATCHES[name][0]
         t0 = time.perf_counter()
@@ -115,6 +123,7 @@ def timing(torch: Any) -> list[dict[str, Any]]:
 
     rows = []
     for name in TIMED:
+        _fresh(torch)
         model = plan_zoo.build(name, "cpu")
         t0 = time.perf_counter()
         result = plan(model.step, 64)
