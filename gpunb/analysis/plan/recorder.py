@@ -30,7 +30,6 @@ note, and a real tensor read by the step counts as the batch it would be on the 
 
 from __future__ import annotations
 
-import os
 import sys
 import weakref
 from collections.abc import Callable, Mapping
@@ -45,7 +44,7 @@ PARAMETERS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, TEMPORARIES = (
     "parameters", "gradients", "optimizer state", "activations", "temporaries")
 FORWARD, BACKWARD, OPTIMIZER, STEP, BEFORE = "forward", "backward", "optimizer step", "step", "before the step"
 _USER_FRAMES = 6  # the user's frames kept per site (innermost first)
-_GPUNB = str(Path(__file__).resolve().parents[2]) + os.sep
+_RUNNER = str(Path(__file__).with_name("dry_run.py"))  # (gpunb's other frames, the modes', are library frames)
 
 
 class PlanError(Exception):
@@ -100,7 +99,7 @@ class Recorder:
         f = sys._getframe(2)
         while f is not None and len(frames) < _USER_FRAMES:
             path = f.f_code.co_filename
-            if path.startswith(_GPUNB):  # the plan that called the step: the frames above are not the step's
+            if path == _RUNNER:  # the plan that called the step: the frames above are not the step's
                 break
             if not self._is_library(path):
                 frames.append((path, f.f_lineno, f.f_code.co_name))
