@@ -383,3 +383,32 @@ def test_the_oom_doctor_quotes_the_plan_for_how_much_of_the_batch_fits():
     assert 0.8 * p.gpus[0].largest_batch <= expected <= 1.25 * p.gpus[0].largest_batch  # the line, near the plan
     without = diagnose(message=message, batch_size=("bs", batch), allocator_conf="")
     assert "planned by" not in next(f for f in without.fixes if f.title == "Use a smaller batch").reason
+
+
+@pytest.mark.parametrize("loss_kind", ["cross_entropy", "mse", "sum"])
+def test_every_allocation_of_the_step_has_a_line_of_the_users(loss_kind):
+    """Forward, backward (also of nodes made inside a composite op like cross_entropy) and the
+    optimizer step: each allocation names a line of the step's code, none 'no Python stack'."""
+    from gpunb.analysis.fit.user_state import find_reachable
+    from gpunb.analysis.plan.dry_run import dry_run
+    from gpunb.analysis.plan.recorder import BEFORE
+
+    model, opt, _ = make("adamw")
+
+    def step(bs):
+        out = model(torch.randn(bs, 64))
+        if loss_kind == "cross_entropy":
+            loss = torch.nn.functional.cross_entropy(out, torch.randint(0, 8, (bs,)))
+        elif loss_kind == "mse":
+            loss = torch.nn.functional.mse_loss(out, torch.zeros_like(out))
+        else:
+            loss = out.sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+    rec = dry_run(torch, step, 16, find_reachable(torch, step))
+    made = [a for is_alloc, a in rec.events if is_alloc and a.phase != BEFORE]
+    assert made and all(a.site >= 0 for a in made), [(a.phase, a.nbytes) for a in made if a.site < 0]
+    files = {rec.sites[a.site][0]["filename"] for a in made}
+    assert files == {__file__}
