@@ -412,3 +412,12 @@ def test_every_allocation_of_the_step_has_a_line_of_the_users(loss_kind):
     assert made and all(a.site >= 0 for a in made), [(a.phase, a.nbytes) for a in made if a.site < 0]
     files = {rec.sites[a.site][0]["filename"] for a in made}
     assert files == {__file__}
+
+
+@pytest.mark.parametrize("step,batch,words", [(None, 8, "must be a function"), ("make", 0, "whole number"),
+                                              ("make", 2.5, "whole number"), ("make", True, "whole number")])
+def test_bad_arguments_get_a_sentence(step, batch, words):
+    if step == "make":
+        step = make()[2]
+    p = plan(step, batch, gpus=[1])
+    assert not p.ok and words in p.problem

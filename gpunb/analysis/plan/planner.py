@@ -211,9 +211,17 @@ def plan(step: Callable[[int], Any], batch_size: int, gpus: Sequence[str | float
     find. Returns a :class:`StepPlan`; a step that cannot be planned gives one with ``problem``.
     """
     t0 = time.perf_counter()
-    result = StepPlan(step_name=_step_name(step), batch_size=int(batch_size), calibrated_on=calibration.CALIBRATED_ON,
-                      band_under=calibration.UNDER, band_over=calibration.OVER,
-                      context_bytes=calibration.CONTEXT_BYTES)
+    whole = isinstance(batch_size, int) and not isinstance(batch_size, bool)
+    result = StepPlan(step_name=_step_name(step), batch_size=batch_size if whole else 0,
+                      calibrated_on=calibration.CALIBRATED_ON, band_under=calibration.UNDER,
+                      band_over=calibration.OVER, context_bytes=calibration.CONTEXT_BYTES)
+    if not callable(step):
+        result.problem = (f"the step must be a function of the batch size, got {type(step).__name__}: define "
+                          "`def step(batch_size): ...` (one training step) and pass `step`")
+        return result
+    if not whole or batch_size < 1:
+        result.problem = f"the batch size must be a whole number of 1 or more, got {batch_size!r}"
+        return result
     targets = list(gpu_list or []) + [gpu_named(g) for g in (gpus or ())]
     if not targets:
         targets = [gpu_named(g) for g in COMMON]
