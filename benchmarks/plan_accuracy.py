@@ -1,9 +1,10 @@
 """How close ``%gpuplan`` comes to the GPU, planned on this CPU: the peak, the largest batch, the time.
 
 1. **Peak**: every (model, batch) that ``plan_calibration_record.py`` measured on a GPU
-   (``results/h200_s5_plan_calibration.json``, else ``h200_s5_plan_calibration_run32.json``) is planned here, on stand-in tensors, and the
-   plan's ``max_memory_allocated`` of the first step and of the steady steps is compared with
-   the GPU's. Goal: median |error| <= 5 %, worst <= 10 %, no under-estimate beyond 3 %.
+   (``results/h200_s5_plan_calibration.json``, else ``h200_s5_plan_calibration_run32.json``) is
+   planned here, on stand-in tensors, and the plan's ``max_memory_allocated`` of the first step and
+   of the steady steps is compared with the GPU's. Goal: median |error| <= 5 %, worst <= 10 %,
+   no under-estimate beyond 3 %.
 2. **Largest batch**: for each model of the batch-fit zoo, the largest batch planned to fit its
    cap (``set_per_process_memory_fraction``) against the largest that trained 50 steps in a fresh
    process on the H200 (``results/h200x2_batch_fit_zoo_run1.json``). Goal: never above.
