@@ -24,8 +24,7 @@ class PlanMagics(Magics):
     @argument("--batch", type=whole_number(1), default=None, metavar="N", help="The batch size to plan, 1 or more.")
     @argument("--gpu", action="append", default=None, metavar="NAME|GiB",
               help="A GPU to answer for, by name (T4, L4, A10, V100, RTX 3090, RTX 4090, A100, A100-80GB, L40S, "
-                   "H100, H200) or by its memory in GiB (e.g. 24); repeat for more (default: T4, L4, A100 40 GB, "
-                   "H100 80 GB).")
+                   "H100, H200) or by its memory in GiB (e.g. 24); repeat for more (default: T4, L4, A100 80 GB).")
     @output_option("the StepPlan result")
     @line_magic
     def gpuplan(self, line: str = "") -> None:

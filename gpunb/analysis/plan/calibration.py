@@ -29,7 +29,10 @@ CUBLASLT_WORKSPACE_BYTES = 1 * MiB
 # made by the step's thread, by autograd's device thread
 WORKSPACES = ((CUBLAS_WORKSPACE_BYTES, CUBLASLT_WORKSPACE_BYTES), (CUBLAS_WORKSPACE_BYTES,))
 CONTEXT_BYTES = 799014912
-UNDER = 0.03  # the largest under-estimate of the peak seen in calibration
-OVER = 0.05  # the largest over-estimate
+# The plan against the H200 (benchmarks/plan_accuracy.py on h200_s5_plan_calibration_run32.json, 33
+# steps of 11 models): the peak's median error 0.6 %, 28 of 33 within 3 %; the MLPs with wide fp32
+# layers (the zoo's mlp and accumulate) peaked 3-15 % above the plan, not yet explained.
+UNDER = 0.15  # the largest under-estimate of the peak seen in calibration (mlp at batch 4096)
+OVER = 0.04  # the largest over-estimate (bf16_lm's first step)
 SAFETY = 0.01  # on top of UNDER, for a largest batch
 CALIBRATED_ON = "H200, torch 2.11 (benchmarks/results/h200_s5_plan_calibration_run32.json)"

@@ -50,7 +50,7 @@ _TABLE: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     ("H100 80 GB", 81559, ("h100", "h100-80gb", "h10080gb")),
     ("H200", 143771, ("h200",)),
 )
-COMMON = ("T4", "L4", "A100 40 GB", "H100 80 GB")  # shown when no GPU is named
+COMMON = ("T4", "L4", "A100 80 GB")  # shown when no GPU is named: 16, 24 and 80 GB
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(gib|gb|g)?\s*$", re.IGNORECASE)
 
 

@@ -33,7 +33,7 @@ from gpunb.analysis.plan.replay import Replayed, fits_under, replay, sites_at_pe
 
 MAX_BATCH = 1 << 22
 _TRIES = 8  # plans per GPU while looking for its largest batch
-CLOSE = 50  # a largest batch within 1/CLOSE (2 %) of the limit is the answer
+CLOSE = 20  # a largest batch within 1/CLOSE (5 %) of the limit is the answer
 CLOSE_ABOVE = 10  # ... and one that fits with the line saying at most 10 % more would (one plan less)
 
 __all__ = ["GpuAnswer", "StepPlan", "largest_under", "last_plan", "plan"]
@@ -100,7 +100,7 @@ def _effective_cap(gpu: Gpu) -> int:
 
 
 def largest_batch(runs: _Runs, cap: int, slope: float, start: int,
-                  max_batch: int = MAX_BATCH) -> tuple[int, bool]:
+                  max_batch: int = MAX_BATCH, known: int = 0, slope_down: float | None = None) -> tuple[int, bool]:
     """(the largest batch planned to fit under ``cap``, whether the search closed in on it rather than
     stopping at its limit).
 
@@ -108,11 +108,11 @@ def largest_batch(runs: _Runs, cap: int, slope: float, start: int,
     its allocated peak meets the cap (2 % short of it, going up: near the cap the allocator's segments
     take some room; the reserved peak is no guide, the allocator gives back its cache under a cap);
     it is planned and replayed under the cap: one that fits raises
-    the floor, one that does not lowers the ceiling. Within 2 % (or a sample), or fitting with the
+    the floor, one that does not lowers the ceiling. Within 5 % (or a sample), or fitting with the
     line saying at most 10 % more would, the floor is the answer: a batch that was planned to fit,
     never one that was not."""
-    lo, hi = 0, max_batch + 1  # lo fits (0: nothing yet), hi does not
-    guess = start
+    lo, hi = known, max_batch + 1  # lo fits (``known``: it fitted a smaller memory), hi does not
+    guess = max(start, known + 1) if known < max_batch else known
     for _ in range(_TRIES):
         fits = runs.fits(guess, cap)
         if fits:
@@ -125,11 +125,14 @@ def largest_batch(runs: _Runs, cap: int, slope: float, start: int,
         if r is None:  # the step cannot run at this batch: halve towards what is known
             guess = max(lo + 1, (lo + hi) // 2) if lo else max(1, guess // 2)
             continue
-        known = runs.replayed_or_none(hi) if lo > 0 and hi <= max_batch else None
-        if known is not None:  # the secant through the bracket: the line where it matters
-            rise = known.peak_allocated - runs.replayed(lo).peak_allocated
+        upper = runs.replayed_or_none(hi) if lo > 0 and hi <= max_batch else None
+        if upper is not None:  # the secant through the bracket: the line where it matters
+            rise = upper.peak_allocated - runs.replayed(lo).peak_allocated
             slope = rise / (hi - lo) if rise > 0 else slope
-        target = guess + (cap - r.peak_allocated) / slope if slope > 0 else math.inf if fits else guess / 2
+        # up from a fit, the allocated peak's line (the cache is given back under a cap); down from a
+        # failure, the reserved peak's (what the allocator held: the need, with room to spare)
+        need, rate = (r.peak_allocated, slope) if fits else (r.peak_reserved, slope_down or slope)
+        target = guess + (cap - need) / rate if rate > 0 else math.inf if fits else guess / 2
         if fits:  # the line says how much more would; that close, it is the limit
             if target < lo + max(1, lo // CLOSE_ABOVE):
                 hi = min(hi, lo + max(1, lo // CLOSE))
@@ -256,15 +259,17 @@ def plan(step: Callable[[int], Any], batch_size: int, gpus: Sequence[str | float
         result.per_sample_reserved_bytes = slope if slope > 0 else None
         result.per_sample_bytes = (r2.peak_allocated - r.peak_allocated) / (other - int(batch_size))
         result.batches_planned = (int(batch_size), other)
-        answers = []
-        for gpu in targets:
+        answers: dict[int, GpuAnswer] = {}
+        best = 0
+        for i in sorted(range(len(targets)), key=lambda j: targets[j].usable_bytes):  # what fits less fits more
+            gpu = targets[i]
             cap = _effective_cap(gpu)
             spare = gpu.usable_bytes - int(r.peak_reserved * (1 + calibration.UNDER))
             fits = runs.fits(int(batch_size), cap)
-            best, exact = largest_batch(runs, cap, result.per_sample_bytes or 0.0, int(batch_size), max_batch)
-            answers.append(GpuAnswer(gpu.name, gpu.usable_bytes, gpu.total_bytes, gpu.source, fits, spare, best,
-                                     exact))
-        result.gpus = tuple(answers)
+            best, exact = largest_batch(runs, cap, result.per_sample_bytes or 0.0, int(batch_size), max_batch,
+                                        known=best, slope_down=result.per_sample_reserved_bytes)
+            answers[i] = GpuAnswer(gpu.name, gpu.usable_bytes, gpu.total_bytes, gpu.source, fits, spare, best, exact)
+        result.gpus = tuple(answers[i] for i in range(len(targets)))
         result.batches_planned = tuple(sorted(runs.runs))
         _top_line(result, runs)
     except PlanError as err:
