@@ -21,6 +21,7 @@ _LAZY = {
     "memory": "gpunb.shells.api:memory",
     "diagnose_oom": "gpunb.shells.api:diagnose_oom",
     "fit_batch_size": "gpunb.shells.api:fit_batch_size",
+    "plan": "gpunb.shells.api:plan",
     "energy": "gpunb.shells.api:energy",
     "trace_memory": "gpunb.shells.trace_api:trace_memory",
 }

@@ -48,6 +48,8 @@ CAPABILITY_USES: dict[str, frozenset[str]] = {
     "monitor": frozenset({"energy"}),  # energy since the monitor started
     "energy": frozenset(),  # the GPUs' energy over a window, its price
     "leaks": frozenset({"memory"}),  # memory that grows every step, its holder named by the census
+    # a planned step: the trace record and line folding (memory), what a step reaches (fit)
+    "plan": frozenset({"memory", "fit"}),
 }
 # analysis/<module>.py beside the capabilities: small pieces every capability may use; they
 # import no capability.

@@ -16,6 +16,7 @@ PUBLIC_API = [
     "load_ipython_extension",
     "memory",
     "monitor",
+    "plan",
     "profile",
     "trace_memory",
     "unload_ipython_extension",
@@ -40,10 +41,11 @@ PUBLIC_SIGNATURES = {
     "memory": "(*, free=(), top=20, all_devices=False, namespace=None, shell=None, nvml=None)",
     "diagnose_oom": "(exc=None, *, release=False, namespace=None, nvml=None)",
     "fit_batch_size": "(step_fn, *, start=2, max_batch=None, margin=0.0, device=None, steps=50, tolerance=0.05, "
-                      "max_trials=6, progress=True)",
+                      "max_trials=6, progress=True, plan=True)",
     "energy": "(*, price=None, carbon=None, forget=False, state=None)",
     "monitor": "(hz=None, window_s=120.0, device=None, *, frontend='auto')",  # None: the rate already running
     "trace_memory": "(label='', *, save=None, max_entries=None, show=None, namespace=None)",
+    "plan": "(step_fn, batch_size, gpus=None, *, model=None, optimizer=None)",
 }
 
 
@@ -60,7 +62,7 @@ def test_public_signatures_are_pinned():
 def test_the_api_twins_live_in_the_shells_layer():
     """They find the shell and display; the analysis layer below them only measures."""
     for name in ("check", "profile", "memory", "diagnose_oom", "fit_batch_size", "monitor", "energy",
-                 "trace_memory"):
+                 "trace_memory", "plan"):
         assert getattr(gpunb, name).__module__.startswith("gpunb.shells."), name
 
 

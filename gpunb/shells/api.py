@@ -1,5 +1,5 @@
 """The public Python API, the twins of the magics: ``gpunb.check()``, ``gpunb.profile()``,
-``gpunb.memory()``, ``gpunb.diagnose_oom()``, ``gpunb.fit_batch_size()``, ``gpunb.energy()``
+``gpunb.memory()``, ``gpunb.diagnose_oom()``, ``gpunb.fit_batch_size()``, ``gpunb.plan()``, ``gpunb.energy()``
 (``gpunb.monitor()`` lives with its live output in :mod:`gpunb.shells.monitor`).
 
 Each is thin: it finds the IPython shell when there is one, hands the analysis layer what
@@ -195,6 +195,7 @@ def diagnose_oom(exc: BaseException | None = None, *, release: bool = False, nam
     from gpunb.analysis.fit.search import last_fit
     from gpunb.analysis.memory.oom import gather_readings
     from gpunb.analysis.memory.oom_message import find_oom
+    from gpunb.analysis.plan.planner import last_plan
 
     exc = exc if exc is not None else getattr(sys, "last_value", None)
     shell = current_shell()
@@ -215,7 +216,7 @@ def diagnose_oom(exc: BaseException | None = None, *, release: bool = False, nam
         return handle_oom(shell, exc, keep=keep_traceback(kernel_state(shell)))
     if namespace is None and shell is not None:
         namespace = shell.user_ns
-    return gather_readings(exc, namespace=namespace, nvml=nvml, last_fit=last_fit())
+    return gather_readings(exc, namespace=namespace, nvml=nvml, last_fit=last_fit(), last_plan=last_plan())
 
 
 def fit_batch_size(
@@ -229,6 +230,7 @@ def fit_batch_size(
     tolerance: float = 0.05,
     max_trials: int = 6,
     progress: Callable[[str], None] | bool | None = True,
+    plan: bool = True,
 ) -> BatchFit:
     """The largest batch size ``step_fn(batch_size)`` trains with on this GPU (``%gpufit``).
 
@@ -239,14 +241,51 @@ def fit_batch_size(
     limit. ``margin`` keeps that fraction of the memory free on top. The trials train the
     model; the optimizers' own state is put back afterwards.
     ``progress``: True shows one line that updates in place (printed lines outside IPython),
-    a function receives each line, False/None shows nothing.
+    a function receives each line, False/None shows nothing. ``plan``: start the search at the
+    largest batch ``gpunb.plan`` finds for this GPU (fewer trials; no GPU memory used to plan).
     Note: this resets torch's peak-memory counters of the device.
     """
     from gpunb.analysis.fit.search import fit_batch_size as fit
 
     say = progress if callable(progress) else ProgressLine("gpunb %gpufit: ") if progress else None
+    planner = None
+    if plan:
+        from gpunb.analysis.plan.planner import largest_under
+
+        def planner(capacity: int) -> int | None:
+            return largest_under(step_fn, capacity, start=max(8, start))
+
     return fit(step_fn, start=start, max_batch=max_batch, margin=margin, device=device, steps=steps,
-               tolerance=tolerance, max_trials=max_trials, progress=say)
+               tolerance=tolerance, max_trials=max_trials, progress=say, planner=planner)
+
+
+def plan(
+    step_fn: Callable[[int], Any],
+    batch_size: int,
+    gpus: Any = None,
+    *,
+    model: Any = None,
+    optimizer: Any = None,
+) -> Any:
+    """Predict ``step_fn(batch_size)``'s peak GPU memory without a GPU (``%gpuplan``).
+
+    The step runs twice on stand-in tensors (no GPU memory, no CUDA context; your model,
+    optimizer and random generators are given back as they were): every allocation is recorded
+    with its role and line, and replayed through a model of CUDA's caching allocator. Returns a
+    ``StepPlan``: the peak, where it is, the error band from calibration, and for each GPU in
+    ``gpus`` (names like ``"T4"``, ``"A100 80 GB"``, or sizes in GiB like ``24``; default a few
+    common ones) whether the batch fits and the largest batch that does. ``model``/``optimizer``:
+    when gpunb does not find them from the step. A step it cannot plan gives a StepPlan whose
+    ``problem`` says why.
+    """
+    from gpunb.analysis.memory.alloc_sites import shell_cell_numbers
+    from gpunb.analysis.plan.planner import plan as make_plan
+
+    if isinstance(gpus, (str, int, float)):
+        gpus = [gpus]
+    shell = current_shell()
+    numbers = shell_cell_numbers(getattr(shell, "compile", None)) if shell is not None else {}
+    return make_plan(step_fn, batch_size, gpus, model=model, optimizer=optimizer, cell_numbers=numbers)
 
 
 def set_tariff(*, price: str | None = None, carbon: str | None = None, forget: bool = False) -> str:

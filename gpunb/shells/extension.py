@@ -24,6 +24,7 @@ FEATURES: tuple[str, ...] = (
     "gpunb.shells.oom_hook",
     "gpunb.shells.mem_magic",
     "gpunb.shells.fit_magic",
+    "gpunb.shells.plan_magic",
     "gpunb.shells.energy_magic",
 )
 

@@ -77,6 +77,7 @@ def handle_oom(shell: Any, exc: BaseException, *, before_ids: dict[str, int] | N
     cell's blocks are still alive."""
     from gpunb.analysis.fit.search import last_fit
     from gpunb.analysis.memory.oom import gather_readings
+    from gpunb.analysis.plan.planner import last_plan
     from gpunb.readings.nvml import default_session
     from gpunb.readings.torch_state import cuda_initialized, imported_torch
 
@@ -88,13 +89,14 @@ def handle_oom(shell: Any, exc: BaseException, *, before_ids: dict[str, int] | N
     with default_session().budget(DOCTOR_NVML_BUDGET_S, "the OOM doctor"):
         try:
             diagnosis = gather_readings(exc, namespace=ns, output_history=oh if isinstance(oh, dict) else None,
-                                        before_ids=before_ids, devices=devices, last_fit=last_fit())
+                                        before_ids=before_ids, devices=devices, last_fit=last_fit(),
+                                        last_plan=last_plan())
         # whatever the readings met (a namespace object raising CancelledError on attribute access,
         # say), the memory is still given back below and the cell's reply still goes out
         except BaseException as err:  # noqa: BLE001
             from gpunb.analysis.memory.oom import diagnose
 
-            diagnosis = diagnose(exc, last_fit=last_fit())
+            diagnosis = diagnose(exc, last_fit=last_fit(), last_plan=last_plan())
             diagnosis.notes.append(f"the notebook's memory could not be read ({_describe(err)}); this "
                                    "diagnosis uses the error message only")
         if history is not None and cuda:

@@ -9,6 +9,7 @@ from gpunb.views import (  # noqa: F401  (they register)
     fit_view,
     memory_view,
     oom_view,
+    plan_view,
     profile_view,
     ranks_view,
     session_energy_view,

@@ -245,10 +245,18 @@ BEYOND = (1 - SAFETY) / GOAL - 1  # 7.8 %
 
 
 def next_trial(trials: list[Trial], *, capacity: int, start: int, max_batch: int | None,
-               tolerance: float = 0.05, max_trials: int = 6) -> tuple[int, str] | None:
-    """The next batch size to try and why, or ``None`` when the search is done."""
+               tolerance: float = 0.05, max_trials: int = 6, planned: int | None = None) -> tuple[int, str] | None:
+    """The next batch size to try and why, or ``None`` when the search is done. ``planned``: the
+    largest batch ``gpunb.plan`` found for this capacity; the search starts there and one step
+    above it (a plan errs low), then goes on as from any two trials."""
     if len(trials) >= max_trials:
         return None
+    if planned is not None and planned >= 1 and all(t.purpose in PLANNED for t in trials):
+        top = max_batch if max_batch is not None else math.inf
+        if not trials:
+            return int(min(planned, top)), PLANNED[0]
+        if len(trials) == 1 and trials[0].fits and min(planned * (1 + 2 * tolerance), top) > planned:
+            return int(min(planned * (1 + 2 * tolerance), top)), PLANNED[1]
     if not trials:
         return start, "probe"
     bad = sorted(t.batch for t in trials if not t.fits)
@@ -363,9 +371,12 @@ def _candidate(trials: list[Trial], fitting: list[Trial], opt: Line, *, capacity
     return goal, purpose
 
 
+PLANNED = ("planned", "above the plan")  # the purposes of the trials a plan chose
+
+
 def search(run: Callable[[int, str, int], Trial], *, capacity: int, start: int, max_batch: int | None,
            margin: float = 0.0, tolerance: float = 0.05, max_trials: int = 6,
-           progress: Callable[[str], None] | None = None) -> BatchFit:
+           progress: Callable[[str], None] | None = None, planned: int | None = None) -> BatchFit:
     """Drive :func:`next_trial` with a ``run(batch, purpose, index) -> Trial`` measurer.
     ``capacity`` is what the step may use (already less any margin)."""
     trials: list[Trial] = []
@@ -382,7 +393,7 @@ def search(run: Callable[[int, str, int], Trial], *, capacity: int, start: int, 
 
     while True:
         step = next_trial(trials, capacity=capacity, start=start, max_batch=max_batch,
-                          tolerance=tolerance, max_trials=max_trials)
+                          tolerance=tolerance, max_trials=max_trials, planned=planned)
         if step is None:
             break
         batch, purpose = step
@@ -456,11 +467,14 @@ def fit_with_memory(step_fn: Callable[[int], Any], memory: DeviceMemory, *, capa
                     max_batch: int | None = None, margin: float = 0.0, steps: int = 50, tolerance: float = 0.05,
                     max_trials: int = 6, progress: Callable[[str], None] | None = None,
                     nvml_bytes: Callable[[], int | None] | None = None,
-                    host_available: Callable[[], int | None] | None = None) -> BatchFit:
+                    host_available: Callable[[], int | None] | None = None,
+                    planner: Callable[[int], int | None] | None = None) -> BatchFit:
     """The search on any :class:`~gpunb.analysis.fit.trial.DeviceMemory` (a CUDA device, or the
     simulated one of the CPU tests and of ``benchmarks/batch_fit_zoo.py --smoke``). Each trial
-    starts as a fresh process would; the optimizers' own state is put back at the end."""
+    starts as a fresh process would; the optimizers' own state is put back at the end.
+    ``planner(capacity)``: the largest batch a plan says fits (``gpunb.plan``), where the search starts."""
     usable = int(capacity * (1 - margin))
+    planned = _ask(planner, usable)
     fresh = FreshStart(memory.torch, host_available or (lambda: None), memory.device)
     # before anything runs: the model, its optimizers, schedulers, scalers, RNGs and modes as they are
     saved = UserState.capture(memory.torch, step_fn, host_available=host_available or (lambda: None))
@@ -471,7 +485,7 @@ def fit_with_memory(step_fn: Callable[[int], Any], memory: DeviceMemory, *, capa
 
     try:
         result = search(run, capacity=usable, start=start, max_batch=max_batch, margin=margin, tolerance=tolerance,
-                        max_trials=max_trials, progress=progress)
+                        max_trials=max_trials, progress=progress, planned=planned)
     finally:
         # after a normal fit, an error in the step or a Ctrl-C: every saved thing goes back, a
         # second Ctrl-C waits until it has (both restores hold SIGINT back)
@@ -486,9 +500,22 @@ def fit_with_memory(step_fn: Callable[[int], Any], memory: DeviceMemory, *, capa
     result.notes.extend(saved.notes)
     if margin:
         result.notes.append(f"{margin * 100:.0f} % of {capacity / GiB:.2f} GiB kept free (--margin)")
+    if planned:
+        result.notes.append(f"started at batch {planned}, the largest a plan of the step said fits (gpunb.plan)")
     if result.ok:
         _LAST[:] = [result]
     return result
+
+
+def _ask(planner: Callable[[int], int | None] | None, capacity: int) -> int | None:
+    """The planned batch, or None: a plan that fails only means the usual start."""
+    if planner is None:
+        return None
+    try:
+        planned = planner(capacity)
+    except Exception:  # noqa: BLE001 (the search does not need it)
+        return None
+    return planned if isinstance(planned, int) and planned >= 1 else None
 
 
 def fit_batch_size(
@@ -502,6 +529,7 @@ def fit_batch_size(
     tolerance: float = 0.05,
     max_trials: int = 6,
     progress: Callable[[str], None] | None = None,
+    planner: Callable[[int], int | None] | None = None,
 ) -> BatchFit:
     """The largest batch size ``step_fn(batch_size)`` trains with on this GPU (``%gpufit``).
 
@@ -513,7 +541,8 @@ def fit_batch_size(
     fraction of the memory free on top (for inputs larger than the step's, or other
     programs). The trials train the model: they run real optimizer steps; the optimizers'
     own state is set aside on the host and put back afterwards. ``progress`` is called with a
-    line of text as each trial starts and ends. Note: this resets torch's peak-memory
+    line of text as each trial starts and ends. ``planner(capacity)`` gives the batch to start
+    at (the shell passes ``gpunb.plan``'s largest batch). Note: this resets torch's peak-memory
     counters of the device.
     """
     if not callable(step_fn):
@@ -561,7 +590,7 @@ def fit_batch_size(
         result = fit_with_memory(step_fn, memory, capacity=capacity, start=start, max_batch=max_batch,
                                  margin=float(margin), steps=steps, tolerance=tolerance, max_trials=max_trials,
                                  progress=say, nvml_bytes=_nvml_process_bytes(torch, index),
-                                 host_available=ram_available_bytes)
+                                 host_available=ram_available_bytes, planner=planner)
     result.device = str(torch.device("cuda", index))
     result.notes[:0] = notes
     if say is not None:

@@ -49,8 +49,29 @@ class FitSummary(Protocol):
     def capacity_bytes(self) -> int | None: ...
 
 
+class PlanSummary(Protocol):
+    """What the doctor quotes of a ``gpunb.plan`` result (``plan.records.StepPlan`` has it); passed in
+    by the caller, as the last fit is."""
+
+    @property
+    def step_name(self) -> str: ...
+    def largest_batch_for(self, total_bytes: int, non_torch_bytes: int | None = None) -> int | None: ...
+
+
 def gib(n: int | None) -> str:
     return units.gib(n, digits=2)
+
+
+def _planned(plan: PlanSummary | None, budget: tuple[int, int | None] | None) -> tuple[int, str] | None:
+    """(the largest batch the plan says fits this GPU, the plan's step), or None. ``budget``: the
+    GPU's memory and what of it is not torch's (None: not known, the plan allows for a context)."""
+    if plan is None or budget is None:
+        return None
+    try:
+        best = plan.largest_batch_for(*budget)
+    except Exception:  # noqa: BLE001 (a quote the diagnosis can do without)
+        return None
+    return (best, plan.step_name) if best else None
 
 
 def _frac(part: int | None, whole: int | None) -> float | None:
@@ -70,9 +91,11 @@ def diagnose(
     allocator_conf: str | None = None,
     batch_size: tuple[str, int] | None = None,
     last_fit: FitSummary | None = None,
+    last_plan: PlanSummary | None = None,
 ) -> OomDiagnosis:
     """Diagnose from readings (all optional except the exception or its message).
-    ``last_fit``: this kernel's last ``%gpufit`` result, quoted in the batch-size fix.
+    ``last_fit``: this kernel's last ``%gpufit`` result, quoted in the batch-size fix; ``last_plan``:
+    its last ``%gpuplan``, whose line in the batch size says how much of the batch fits.
 
     ``census`` should name the live tensors (namespace and the failed cell's frames,
     source ``EXCEPTION`` or another label that is not the namespace/output history).
@@ -184,7 +207,8 @@ def diagnose(
                    opt_state=opt_state, allocated=allocated, leftover_entries=leftover_entries,
                    fp32_params=fp32_params if census is not None and on_gpu else None, others=others,
                    expandable_on=expandable_on, batch_size=batch_size, gives=gives, sufficient=sufficient,
-                   last_fit=last_fit)
+                   last_fit=last_fit, last_plan=last_plan,
+                   budget=(allowed, 0) if allowed is not None else (total, m.non_torch_bytes) if total else None)
     notes = []
     if census is not None and census.skipped_count:
         notes.append(census.skipped_note())
@@ -226,7 +250,8 @@ def _fixes(causes: list[Cause], *, needed: int | None, requested: int | None, fr
            leftover_entries: list[Any], fp32_params: bool | None, others: list[OtherProcess],
            expandable_on: bool, batch_size: tuple[str, int] | None = None,
            gives: dict[str, int | None] | None = None, sufficient: dict[str, bool | None] | None = None,
-           last_fit: FitSummary | None = None) -> list[Advice]:
+           last_fit: FitSummary | None = None, last_plan: PlanSummary | None = None,
+           budget: tuple[int, int | None] | None = None) -> list[Advice]:
     """The fixes, each with the memory it would save here, ranked: the one thing that can work for
     a request larger than the GPU; for a working-set failure the batch size, bf16 autocast and
     activation checkpointing; then by whether the saving covers the shortfall, and its size."""
@@ -296,7 +321,8 @@ def _fixes(causes: list[Cause], *, needed: int | None, requested: int | None, fr
         _working_set_fixes(add, causes, short=short, requested=requested, allocated=allocated,
                            fixed=params + grads + opt_state + sum(e.nbytes for e in leftover_entries),
                            fp32_params=fp32_params, batch_size=batch_size, last_fit=last_fit,
-                           group=1 if causes and causes[0].code == WORKING_SET else 2)
+                           group=1 if causes and causes[0].code == WORKING_SET else 2,
+                           planned=_planned(last_plan, budget))
     if grads:
         add("Drop gradients between steps (set_to_none)",
             f"{gib(grads)} of gradients were alive during the failing step",
@@ -312,7 +338,8 @@ def _fixes(causes: list[Cause], *, needed: int | None, requested: int | None, fr
 
 def _working_set_fixes(add: Any, causes: list[Cause], *, short: int | None, requested: int | None,
                        allocated: int | None, fixed: int, fp32_params: bool | None,
-                       batch_size: tuple[str, int] | None, group: int, last_fit: FitSummary | None) -> None:
+                       batch_size: tuple[str, int] | None, group: int, last_fit: FitSummary | None,
+                       planned: tuple[int, str] | None = None) -> None:
     """Smaller batch, gradient accumulation, bf16 autocast, activation checkpointing, with savings from
     the working set measured at the failure: what torch had allocated beyond the model, its
     gradients, optimizer state and leftovers (activations and temporaries of this batch), plus the
@@ -323,7 +350,14 @@ def _working_set_fixes(add: Any, causes: list[Cause], *, short: int | None, requ
     at_least = "" if allocated is not None else "at least "
     fits = None if need is None or short is None or need <= 0 else max(0.0, 1.0 - short / need)
     reason = ""
-    if need is not None and short is not None:
+    if planned is not None and batch_size is not None and batch_size[1] > planned[0] >= 1:
+        # the plan's own line in the batch size: what the working set at the failure cannot say
+        where, value = batch_size
+        share = planned[0] / value
+        reason = (f"at most ≈{share * 100:.0f} % of the batch fits ({where} = {value} → at most ≈{planned[0]}, "
+                  f"planned by gpunb.plan({planned[1]}))")
+        fits = share
+    elif need is not None and short is not None:
         reason = f"this batch's activations and temporaries needed {at_least}{gib(need)} and {gib(short)} was missing"
         if fits:
             reason += f": at most ≈{fits * 100:.0f} % of the batch fits"
@@ -403,6 +437,7 @@ def gather_readings(
     before_ids: dict[str, int] | None = None,
     devices: set[str] | None = None,
     last_fit: FitSummary | None = None,
+    last_plan: PlanSummary | None = None,
 ) -> OomDiagnosis:
     """Read torch, NVML and ``namespace`` (the notebook's variables, given by the caller) now,
     then :func:`diagnose`."""
@@ -442,7 +477,7 @@ def gather_readings(
             others = name_holders(tuple(OtherProcess(p.pid, p.used_bytes if isinstance(p.used_bytes, int) else None,
                                                      p.name) for p in own.others))
     diagnosis = diagnose(exc, torch_memory=torch_mem, census=census, other_processes=others,
-                         this_process_bytes=mine, batch_size=hint, last_fit=last_fit)
+                         this_process_bytes=mine, batch_size=hint, last_fit=last_fit, last_plan=last_plan)
     if own is not None and own.children_bytes:
         diagnosis.notes.append(f"this kernel's child processes (DataLoader workers, ranks) hold "
                                f"{gib(own.children_bytes)} of this GPU")
