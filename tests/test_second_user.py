@@ -389,27 +389,21 @@ def test_a_trace_next_to_the_notebook_is_written_through_a_private_directory(tmp
     assert sorted(os.listdir(notebook)) == sorted([wanted.name, wanted.name + ".tmp"])  # no staging left
 
 
-def test_a_read_only_notebook_directory_falls_back_to_a_private_temp_directory(tmp_path, monkeypatch):
+def test_a_notebook_directory_that_cannot_take_it_falls_back_to_a_private_temp_directory(tmp_path, monkeypatch):
     import tempfile
 
     from gpunb.analysis.steps import trace_file
 
-    real = tempfile.mkdtemp
-
-    def mkdtemp(*args, dir=None, **kwargs):
-        if dir is not None:  # the notebook's directory is read-only (root would write anyway)
-            raise PermissionError(13, "Permission denied")
-        return real(*args, dir=str(tmp_path / "tmp"), **kwargs)
-
     (tmp_path / "tmp").mkdir()
-    monkeypatch.setattr(trace_file.tempfile, "mkdtemp", mkdtemp)
+    (tmp_path / "a-file").write_text("not a folder")  # the notebook's folder cannot be made (root writes anywhere)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     save = TorchLikeSave()
-    path, size, note = trace_file.write_trace(save, tmp_path / "nb" / "t.pt.trace.json")
+    path, size, note = trace_file.write_trace(save, tmp_path / "a-file" / "nb" / "t.pt.trace.json")
     assert save.saved == 1 and path and size
     assert os.path.dirname(path).startswith(str(tmp_path / "tmp" / "gpunb-trace-"))
     assert oct(os.stat(os.path.dirname(path)).st_mode & 0o777) == "0o700"
     assert oct(os.stat(path).st_mode & 0o777) == "0o600"
-    assert "private temp directory" in note and "Permission denied" in note and "nb is not writable" in note
+    assert "private temp directory" in note and "Not a directory" in note and "a-file/nb" in note
 
 
 def test_a_trace_that_torch_could_not_write_reports_the_real_error_and_no_path(tmp_path):
