@@ -256,9 +256,12 @@ class GuardedFolder:
         """Put ``data`` at ``name`` here in one step (a reader sees the old file or the new one):
         written as a new file inside a private folder of gpunb's own, then renamed into place
         (a rename replaces a planted link itself, never writes through it)."""
-        with self.private_folder(".gpunb-write-") as staging:
+        staging = self.private_folder(".gpunb-write-")
+        try:
             size = staging.write_new(name, data, mode=mode)
             staging.place(name, self, name, replace=True)
+        finally:
+            staging.remove()
         return size
 
     def private_folder(self, prefix: str) -> GuardedFolder:
