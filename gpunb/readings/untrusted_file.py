@@ -250,7 +250,10 @@ class GuardedFolder:
             self._unlink_quietly(name)
             if isinstance(exc, OSError):
                 raise NotWritten(f"{full} was not written ({exc.strerror or exc}); nothing was left behind") from None
-            raise
+            if isinstance(exc, Exception):  # e.g. pickle's own errors: a note, not a traceback
+                raise NotWritten(f"{full} was not written ({type(exc).__name__}: {exc}); "
+                                 "nothing was left behind") from None
+            raise  # an interrupt stays an interrupt (the file is gone)
 
     def replace(self, name: str, data: bytes, *, mode: int = 0o600) -> int:
         """Put ``data`` at ``name`` here in one step (a reader sees the old file or the new one):
