@@ -244,11 +244,13 @@ def test_a_symlink_planted_at_a_records_temporary_name_is_never_followed(tmp_pat
     channel = tmp_path / "channel"
     channel.mkdir(mode=0o700)
     victim = _victim(tmp_path)
-    (channel / f".rank-1.json.{os.getpid()}.{threading.get_ident()}.tmp").symlink_to(victim)
+    planted = f".rank-1.json.{os.getpid()}.{threading.get_ident()}.tmp"  # the name the writer once used
+    (channel / planted).symlink_to(victim)
     writer = ChannelWriter(str(channel), identity(os.stat(channel)))
     assert writer.write("rank-1.json", '{"pid": 1}')
     assert victim.read_text() == "the victim's own data"
-    assert os.listdir(channel) == ["rank-1.json"] and (channel / "rank-1.json").read_text() == '{"pid": 1}'
+    assert sorted(os.listdir(channel)) == sorted([planted, "rank-1.json"])
+    assert (channel / "rank-1.json").read_text() == '{"pid": 1}'
     assert oct(os.stat(channel / "rank-1.json").st_mode & 0o777) == "0o600"
 
 

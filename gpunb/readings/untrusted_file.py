@@ -172,10 +172,14 @@ class GuardedFolder:
     untrusted folder can still take a new file written through a private folder of gpunb's own
     (:meth:`private_folder`, :meth:`place`), never a file read back from it."""
 
-    def __init__(self, fd: int, name: str, *, owns_name: str = "", parent: GuardedFolder | None = None) -> None:
+    def __init__(self, fd: int, name: str, *, owns_name: str = "", parent: GuardedFolder | None = None,
+                 borrowed: bool = False) -> None:
         self.fd = fd
         self.name = name
+        self._borrowed = borrowed  # the caller's descriptor: close() leaves it open
         st = os.fstat(fd)
+        # only this user can add, rename or remove entries: a temporary name here is safe
+        self.private = not private_problem(st, name)
         self.identity = (st.st_dev, st.st_ino)
         self.problem = folder_problem(st, name)
         uid = my_uid()
@@ -202,9 +206,14 @@ class GuardedFolder:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @classmethod
+    def borrow(cls, fd: int, name: str) -> GuardedFolder:
+        """A folder the caller already opened and checked (the rank channel); not closed here."""
+        return cls(fd, name, borrowed=True)
+
     def close(self) -> None:
         fd, self.fd = self.fd, -1
-        if fd >= 0:
+        if fd >= 0 and not self._borrowed:
             os.close(fd)
 
     def path_of(self, name: str) -> str:
@@ -255,10 +264,30 @@ class GuardedFolder:
                                  "nothing was left behind") from None
             raise  # an interrupt stays an interrupt (the file is gone)
 
+    def make_private(self, name: str) -> None:
+        """Make the regular file ``name`` here 0600 (opened without following a link)."""
+        fd = os.open(name, _OPEN_FLAGS, dir_fd=self.fd)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise NotWritten(f"{os.path.join(self.name, name)} is not a regular file")
+            os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)
+
     def replace(self, name: str, data: bytes, *, mode: int = 0o600) -> int:
         """Put ``data`` at ``name`` here in one step (a reader sees the old file or the new one):
-        written as a new file inside a private folder of gpunb's own, then renamed into place
-        (a rename replaces a planted link itself, never writes through it)."""
+        written as a new file, then renamed into place (a rename replaces a planted link itself,
+        never writes through it). In a folder only this user can change the new file sits
+        beside the old one; elsewhere it is written inside a private folder of gpunb's own."""
+        if self.private:
+            tmp = f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+            size = self.write_new(tmp, data, mode=mode)
+            try:
+                os.replace(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+            except OSError as exc:
+                self._unlink_quietly(tmp)
+                raise NotWritten(f"{os.path.join(self.name, name)} was not replaced ({exc.strerror or exc})") from None
+            return size
         staging = self.private_folder(".gpunb-write-")
         try:
             size = staging.write_new(name, data, mode=mode)

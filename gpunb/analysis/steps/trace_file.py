@@ -27,7 +27,6 @@ from pathlib import Path
 from gpunb.readings.untrusted_file import GuardedFolder, NotWritten
 
 PREFIX = "gpunb-trace-"
-_READ_NO_LINK = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 def _private_folder(where: Path | str) -> tuple[GuardedFolder | None, GuardedFolder | None, str]:
@@ -53,11 +52,7 @@ def _finish(staging: GuardedFolder, name: str) -> int:
     st = staging.lstat(name)
     if not stat.S_ISREG(st.st_mode) or (hasattr(os, "getuid") and st.st_uid != os.getuid()):
         raise OSError(f"{name} is not a regular file of this user's")
-    fd = os.open(name, _READ_NO_LINK, dir_fd=staging.fd)
-    try:
-        os.fchmod(fd, 0o600)
-    finally:
-        os.close(fd)
+    staging.make_private(name)
     return st.st_size
 
 
