@@ -149,7 +149,7 @@ def test_only_loopback_or_the_kernels_own_host(tmp_path, listener):
     assert link and link.url == f"http://127.0.0.1:{port}" and seen == []
     c = tmp_path / f"kernel-{KERNEL_ID}.json"
     c.write_text(json.dumps({"ip": "198.51.100.7"}))  # a kernel that listens on that host itself
-    plant(tmp_path, "http://198.51.100.7:8888/", os.getpid(), token=TOKEN)
+    plant(tmp_path, f"http://198.51.100.7:{port}/", os.getpid(), token=TOKEN)  # (a port this user holds)
     assert ss.find_server(connection_file=str(c), runtime_dir=str(tmp_path), parent_pid=os.getpid())
 
 

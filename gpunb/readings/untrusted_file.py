@@ -47,6 +47,13 @@ def read_bytes(path: str | os.PathLike[str], *, dir_fd: int | None = None, max_b
     """The content of the regular file ``path`` (relative to ``dir_fd`` when given). Never
     follows a symlink, never blocks on a FIFO or device, never reads past ``max_bytes``;
     ``owned``: the file must also be this user's and writable by nobody else."""
+    return read_bytes_stat(path, dir_fd=dir_fd, max_bytes=max_bytes, owned=owned)[0]
+
+
+def read_bytes_stat(path: str | os.PathLike[str], *, dir_fd: int | None = None, max_bytes: int = MAX_BYTES,
+                    owned: bool = False) -> tuple[bytes, os.stat_result]:
+    """:func:`read_bytes` and the ``fstat`` of the descriptor it read (when the file was written:
+    ``st_mtime``), with no race between the two."""
     name = os.fspath(path)
     try:
         fd = os.open(name, _OPEN_FLAGS, dir_fd=dir_fd)
@@ -75,7 +82,7 @@ def read_bytes(path: str | os.PathLike[str], *, dir_fd: int | None = None, max_b
         data = b"".join(chunks)
         if len(data) > max_bytes:
             raise Untrusted(f"{name} grew past {max_bytes} bytes while being read")
-        return data
+        return data, st
     except OSError as exc:
         raise Untrusted(f"{name} could not be read ({exc.strerror or exc})") from None
     finally:
@@ -92,7 +99,13 @@ def _is_link(name: str, dir_fd: int) -> bool:
 def read_json(path: str | os.PathLike[str], *, dir_fd: int | None = None, max_bytes: int = MAX_BYTES,
               owned: bool = False, expect: type = dict) -> Any:
     """:func:`read_bytes`, parsed as JSON whose top level is an ``expect`` (a dict by default)."""
-    data = read_bytes(path, dir_fd=dir_fd, max_bytes=max_bytes, owned=owned)
+    return read_json_stat(path, dir_fd=dir_fd, max_bytes=max_bytes, owned=owned, expect=expect)[0]
+
+
+def read_json_stat(path: str | os.PathLike[str], *, dir_fd: int | None = None, max_bytes: int = MAX_BYTES,
+                   owned: bool = False, expect: type = dict) -> tuple[Any, os.stat_result]:
+    """:func:`read_json` and the file's ``fstat`` (:func:`read_bytes_stat`)."""
+    data, st = read_bytes_stat(path, dir_fd=dir_fd, max_bytes=max_bytes, owned=owned)
     name = os.fspath(path)
     try:
         value = json.loads(data)
@@ -100,7 +113,7 @@ def read_json(path: str | os.PathLike[str], *, dir_fd: int | None = None, max_by
         raise Untrusted(f"{name} is not valid JSON (half-written, or not gpunb's)") from None
     if not isinstance(value, expect):
         raise Untrusted(f"{name} holds a JSON {type(value).__name__}, not the {expect.__name__} gpunb expects")
-    return value
+    return value, st
 
 
 def check_private_dir(path: str | os.PathLike[str], *, strict_mode: int | None = None) -> str:
