@@ -15,6 +15,8 @@ import sys
 import threading
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 from gpunb.readings import server_sessions as ss
 from gpunb.readings import untrusted_file
@@ -434,11 +436,40 @@ def test_a_trace_that_torch_could_not_write_reports_the_real_error_and_no_path(t
     (["python", "-W", "SECRET"], ""),
     (["python", "-u", "-m", "torch.distributed.run", "--token", "SECRET"], "-m torch.distributed.run"),
     (["python", "-c", "SECRET"], "-c"),
+    (["python", "-RW", "SECRET", "train.py"], "train.py"),  # issue 31: combined short flags
+    (["python", "-xW", "SECRET", "train.py"], "train.py"),
+    (["python", "-uxRX", "SECRET", "train.py"], "train.py"),
+    (["python", "-Z", "SECRET", "train.py"], ""),  # a letter gpunb does not know: no script named
 ])
 def test_the_script_shown_for_a_process_never_carries_an_options_value(cmdline, shown):
     from gpunb.readings.process_facts import _script
 
     assert _script(cmdline) == shown
+
+
+_FLAGS = "bBdEhiIOPqRsSuvVx"
+
+
+@settings(max_examples=300, deadline=None)
+@given(groups=hst.lists(hst.tuples(hst.text(_FLAGS, max_size=3), hst.sampled_from(["W", "X", ""]),
+                                   hst.booleans()), max_size=4),
+       tail=hst.sampled_from([["train.py"], ["-m", "pkg.mod"], []]))
+def test_no_combination_of_short_flags_shows_an_options_value(groups, tail):
+    """The class behind ``-RW SECRET``: flags combined in one argument, a value option among them
+    (its value glued on or in the next argument), in any order; the secret never shows."""
+    from gpunb.readings.process_facts import _script
+
+    args = []
+    for flags, value_option, glued in groups:
+        if value_option and glued:
+            args.append(f"-{flags}{value_option}SECRET")
+        elif value_option:
+            args += [f"-{flags}{value_option}", "SECRET"]
+        elif flags:
+            args.append(f"-{flags}")
+    shown = _script(["python", *args, *tail])
+    assert "SECRET" not in shown
+    assert shown == {"train.py": "train.py", "-m": "-m pkg.mod"}.get(tail[0] if tail else "", "")
 
 
 def test_control_characters_in_a_notebook_path_never_reach_the_metrics_text():
