@@ -219,3 +219,40 @@ def test_the_fd_path_follows_the_folder_not_its_name(tmp_path):
     assert (tmp_path / "b" / "x").read_text() == "here" and os.listdir(tmp_path / "a") == []
     with pytest.raises(ValueError, match="plain file name"), GuardedFolder.open(tmp_path) as folder:
         folder.path_of("../x")
+
+
+@needs_root
+def test_the_attack_against_torchs_real_profiler_export_writes_nothing_through_the_link(monkeypatch):
+    """The same attack with torch's own ``export_chrome_trace`` (CPU profiler): the attacker swaps
+    the staging folder for his link right before torch is handed its path."""
+    torch = pytest.importorskip("torch")
+    import gpunb
+
+    with reachable_folder() as base:
+        folder, victim, own = _scene(base, 0o770)
+        real_path_of = GuardedFolder.path_of
+        swapped = []
+
+        def path_of(self, name):
+            if self.name.startswith(str(folder / ".gpunb-trace-")):
+                swapped.append(as_attacker(lambda: _swap_staging_for_link(folder, own, victim)))
+            return real_path_of(self, name)
+
+        monkeypatch.setattr(GuardedFolder, "path_of", path_of)
+        torch.manual_seed(0)
+        model = torch.nn.Linear(64, 8)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        x = torch.randn(16, 64)
+        with gpunb.profile(record=False, show=False, ops=True, trace_dir=folder) as p:
+            for _ in range(9):
+                loss = model(x).pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        assert swapped == [True]
+        assert victim.read_text() == VICTIM
+        o = p.result.ops
+        assert o.trace_path.startswith(str(folder)) and o.trace_bytes > 0
+        got = os.lstat(o.trace_path)
+        assert stat.S_ISREG(got.st_mode) and stat.S_IMODE(got.st_mode) == 0o600 and got.st_uid == os.getuid()
+        assert "traceEvents" in Path(o.trace_path).read_text()
