@@ -256,3 +256,46 @@ def test_the_attack_against_torchs_real_profiler_export_writes_nothing_through_t
         got = os.lstat(o.trace_path)
         assert stat.S_ISREG(got.st_mode) and stat.S_IMODE(got.st_mode) == 0o600 and got.st_uid == os.getuid()
         assert "traceEvents" in Path(o.trace_path).read_text()
+
+
+@needs_root
+@settings(max_examples=80, deadline=None)
+@given(folder_mode=st.sampled_from(MODES), attackers_folder=st.booleans(), attackers_file=st.booleans(),
+       file_mode=st.sampled_from([0o600, 0o644, 0o664, 0o666]),
+       kind=st.sampled_from(["regular", "link-to-mine", "fifo", "folder", "hardlink-of-mine"]))
+def test_a_file_is_read_back_only_from_a_place_no_one_else_controls(folder_mode, attackers_folder, attackers_file,
+                                                                    file_mode, kind):
+    """Reading, generated: the folder's mode and owner, the file's owner, mode and kind. The file
+    is read only when the folder is this user's (or root's) and others cannot rename in it, and
+    the file is a regular file of this user's that nobody else can write; otherwise a sentence
+    naming the file says why. Nothing blocks (a FIFO), nothing follows a link."""
+    from gpunb.readings.untrusted_file import Untrusted
+
+    with reachable_folder() as base:
+        folder, _, _ = _scene(base, folder_mode, ATTACKER_UID if attackers_folder else 0)
+        mine = Path(base) / "mine.json"
+        mine.write_text('{"a": 1}')
+        target = folder / "f.json"
+        if kind == "regular":
+            target.write_text('{"a": 1}')
+            os.chmod(target, file_mode)
+            if attackers_file:
+                os.chown(target, ATTACKER_UID, ATTACKER_GID)
+        elif kind == "link-to-mine":
+            os.symlink(mine, target)
+        elif kind == "fifo":
+            os.mkfifo(target)
+        elif kind == "folder":
+            target.mkdir()
+        else:
+            os.link(mine, target)
+        trusted_folder = not attackers_folder and (not folder_mode & 0o022 or folder_mode & stat.S_ISVTX)
+        readable = trusted_folder and (kind == "hardlink-of-mine" or (
+            kind == "regular" and not attackers_file and not file_mode & 0o022))
+        with GuardedFolder.open(folder) as guarded:
+            try:
+                got = guarded.read_json("f.json")
+            except Untrusted as exc:
+                assert not readable and ("f.json" in str(exc) or str(folder) in str(exc))
+            else:
+                assert readable and got == {"a": 1}
