@@ -1,15 +1,24 @@
-"""Reading a file another process could have written: the one way gpunb does it.
+"""The one guarded place for the file system: every file gpunb writes, and every file it reads
+from a place another user may write, goes through here (``tests/test_file_access_guard.py``
+fails on a file-system call elsewhere that its allow-list does not name with a reason).
 
-gpunb reads files it did not necessarily write itself: the peak cache (``matmul_peaks.json``,
-possibly in a shared ``GPUNB_CACHE_DIR``), Jupyter's ``jpserver-*.json`` (a runtime directory
-may be shared, mode 1777), and worker ``rank-*.json`` records. Any of them may be a symlink to
-something else, a FIFO that blocks a plain ``open()`` forever, a huge file, another user's
-file, or JSON of the wrong shape. Here such a file is opened without following symlinks and
-without blocking, checked with ``fstat`` on the open descriptor (no race between the check and
-the read), read up to a size cap, and parsed; anything wrong raises :class:`Untrusted` with a
-sentence that names the file and the cause. Callers turn that into one note, never a traceback.
+Reading. gpunb reads files it did not necessarily write itself: the peak cache
+(``matmul_peaks.json``, possibly in a shared ``GPUNB_CACHE_DIR``), Jupyter's ``jpserver-*.json``
+(a runtime directory may be shared, mode 1777), worker ``rank-*.json`` records. Any of them may
+be a symlink, a FIFO that blocks a plain ``open()`` forever, a huge file, another user's file,
+or JSON of the wrong shape. Such a file is opened without following symlinks and without
+blocking, checked with ``fstat`` on the open descriptor (no race between the check and the
+read), read up to a size cap, and parsed; numbers are checked finite and in range
+(:func:`in_range`). Anything wrong raises :class:`Untrusted` with a sentence naming the file
+and the cause; callers turn that into one note, never a traceback.
+
+Writing (:class:`GuardedFolder`). A folder is opened once, by descriptor, and every name is
+looked up relative to it: renaming the folder (or one above it) changes nothing. New files are
+``O_CREAT | O_EXCL | O_NOFOLLOW``, 0600, and removed when the write fails. In a folder others can
+write without the sticky bit they can rename anything, even a folder gpunb made there, so files
+are staged in a private folder opened by descriptor, a library that takes only a path gets
+``/proc/self/fd/<fd>/<name>``, and nothing is read back from such a folder.
 """
-
 from __future__ import annotations
 
 import json
@@ -211,7 +220,11 @@ class GuardedFolder:
             fd = os.open(name, _DIR_FLAGS)
         except OSError as exc:
             raise NotWritten(f"{name} cannot be opened as a folder ({exc.strerror or exc})") from None
-        return cls(fd, name)
+        try:
+            return cls(fd, name)
+        except BaseException:
+            os.close(fd)
+            raise
 
     def __enter__(self) -> GuardedFolder:
         return self
