@@ -40,6 +40,7 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("readings/process_facts.py", "read_ppid", "open"): PROC,
     ("readings/process_facts.py", "_boot_time", "open"): PROC,
     ("readings/process_facts.py", "_read", "open"): PROC,
+    ("readings/server_trust.py", "_listeners", "open"): PROC + " (/proc/net/tcp: who listens on a port)",
     ("readings/torch_build.py", "_version_file_assignments", "Path.read_text"):
         "reads torch/version.py inside the installed torch package (parsed by ast, never run)",
     ("testing/fake_nvml.py", "load_trace", "Path.read_text"): PACKAGED,
