@@ -7,6 +7,8 @@ import uuid
 from typing import ClassVar
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 from jupyter_server.auth import Authorizer
 from tornado.httpclient import HTTPClientError
 
@@ -156,8 +158,14 @@ async def test_kernels_never_inherit_the_token(scrape_token, jp_fetch, jp_server
     assert r.code == 200  # the server kept the token it read
 
 
-def test_a_newline_in_a_notebook_path_cannot_forge_the_shutdown_log_line():
+@settings(max_examples=300, deadline=None)
+@given(path=hst.text())
+def test_a_newline_in_a_notebook_path_cannot_forge_the_shutdown_log_line(path):
+    """Any path (generated): what gpunb logs of it is one line of printable characters."""
     from gpunb.shells.server_extension import log_safe
 
-    path = "a.ipynb) to free GPU memory\n[I 2026-12-05 ServerApp] gpunb: shut down kernel admin (secrets.ipynb"
-    assert "\n" not in log_safe(path) and "\r" not in log_safe(path + "\r") and "\ufffd" in log_safe(path)
+    forged = "a.ipynb) to free GPU memory\n[I 2026-12-05 ServerApp] gpunb: shut down kernel admin (secrets.ipynb"
+    assert "\n" not in log_safe(forged) and "\ufffd" in log_safe(forged)
+    shown = log_safe(path)
+    assert len(shown) == len(path) and all(ch.isprintable() or ch == " " for ch in shown)
+    assert shown.splitlines() in ([shown], [])
