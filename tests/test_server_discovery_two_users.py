@@ -175,3 +175,16 @@ def test_the_listener_table_is_read_as_the_kernel_writes_it(tmp_path):
     assert "held by uid 1001" in server_trust.port_problem(8888, tables=(str(table),)) or me == 1001
     assert "nothing listens on port 8889" in server_trust.port_problem(8889, tables=(str(table),))  # established only
     assert server_trust.port_problem(8888, tables=(str(tmp_path / "none"),)) == ""  # no /proc/net: not judged
+
+
+@needs_root
+def test_a_server_that_died_after_it_was_found_gets_no_more_requests_once_its_port_is_taken(attackers_listener):
+    """Found while alive, asked every few seconds after: each request checks the PID and the port
+    again, so a listener another user put on the dead server's port gets nothing."""
+    _, port, requests = attackers_listener
+    link = ss.ServerLink(f"http://127.0.0.1:{port}/", TOKEN, os.getpid(), KERNEL_ID, "parent process")
+    sessions = ss.ServerSessions(find=lambda: link)  # the real request (get_json)
+    reading = sessions.refresh()
+    assert not reading and f"was not asked: port {port} is held by uid {ATTACKER_UID}" in reading.reason
+    time.sleep(0.2)
+    assert requests() == []

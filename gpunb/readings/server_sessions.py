@@ -273,6 +273,15 @@ def find_server(
     return NoServer(f"none of the {len(servers)} running Jupyter server(s) here runs this kernel{why}")
 
 
+def link_problem(link: ServerLink) -> str:
+    """Why ``link`` may no longer lead to this user's server ('' when it does), checked again
+    before every request: the server may have died after it was found, and another user may
+    hold its PID or its port by now."""
+    if link.server_pid is not None and (problem := process_problem(link.server_pid, float("inf"))):
+        return problem
+    return port_problem(urllib.parse.urlsplit(link.url).port)
+
+
 # -- requests -------------------------------------------------------------------------------
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -287,7 +296,10 @@ _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedi
 
 
 def get_json(link: ServerLink, path: str, timeout_s: float, opener: Any = None) -> Any:
-    """GET ``<server>/<path>`` with the server's token; the JSON body, or :class:`ServerError`."""
+    """GET ``<server>/<path>`` with the server's token; the JSON body, or :class:`ServerError`.
+    The server's PID and port are checked first, every time (:func:`link_problem`)."""
+    if problem := link_problem(link):  # the server died since; its PID or port may be another user's now
+        raise ServerError(f"the Jupyter server at {link.url} was not asked: {problem}")
     request = urllib.request.Request(link.url + path, headers={"Accept": "application/json"})
     if link.token:
         request.add_header("Authorization", f"token {link.token}")
