@@ -189,3 +189,11 @@ def test_figures_from_the_test_stand_ins_say_fake_in_json_and_metrics(monkeypatc
     assert families["gpunb_fake_backend"].samples[0].value == 1.0
     monkeypatch.setenv("GPUNB_FAKE_NVIDIA_DEVICES", "/tmp/x")
     assert report(fake_gpu(clock), clock).fake == ("fake NVML", "GPUNB_FAKE_NVIDIA_DEVICES")
+
+
+def test_a_kernel_shows_fake_when_its_server_answers_from_test_stand_ins():
+    data = {"t_unix": NOW, "fake": True, "fake_sources": ["GPUNB_FAKE_NVML"],
+            "gpus": [{"index": 1, "processes": [_idle_row(40 * 60, 70 * 3600).to_dict()]}]}
+    lines = holder_lines(ServerReading(data, kernel_id="k-train", url="http://127.0.0.1:8888/"), 1)
+    assert lines[0].startswith("fake: these figures come from gpunb's test stand-ins (GPUNB_FAKE_NVML)")
+    assert lines[1].startswith("lesson3.ipynb held GPU 1 idle")
