@@ -6,6 +6,7 @@ tests/simulated_alloc_history.py); tests/gpu/test_memtrace_gpu.py checks the sam
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import re
@@ -327,3 +328,45 @@ def test_save_is_said_with_its_size_at_a_glance(cells, tmp_path):
     again.start()
     kept = again.stop()
     assert not kept.saved_path and any("already exists" in n for n in kept.notes)
+
+
+@contextlib.contextmanager
+def _full_disk():
+    """A folder on a filesystem with almost no room: a real tmpfs of 16 KiB where this may mount
+    (root: CI), else None (the fake write below stands in)."""
+    import subprocess
+    import tempfile
+
+    where = tempfile.mkdtemp(prefix="gpunb-full-")
+    mounted = os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", where],
+                                                   capture_output=True).returncode == 0
+    try:
+        yield where if mounted else None
+    finally:
+        if mounted:
+            subprocess.run(["umount", where], capture_output=True)
+        os.rmdir(where)
+
+
+def test_a_save_on_a_full_disk_leaves_no_partial_file_and_a_note_not_an_exception(cells, tmp_path, monkeypatch):
+    """Issue 31: a full disk raised OSError out of the traced cell and left half a pickle."""
+    import errno
+
+    from gpunb.readings import alloc_history
+
+    with _full_disk() as full:
+        if full is None:  # no tmpfs to fill: the pickle's write fails half-way instead
+            full = str(tmp_path)
+
+            def half_then_full(obj, f):
+                f.write(b"\x80\x04half a pickle")
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+            monkeypatch.setattr(alloc_history.pickle, "dump", half_then_full)
+        path = os.path.join(full, "snap.pickle")
+        session = TraceSession(torch=recorded_torch(), namespace={}, cell_numbers=lambda: cells, save_path=path)
+        session.start()
+        trace = session.stop()  # never raises
+        assert not trace.saved_path and trace.saved_bytes is None
+        assert any("No space left on device" in n and "nothing was left behind" in n for n in trace.notes)
+        assert os.listdir(full) == []

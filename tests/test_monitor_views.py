@@ -260,3 +260,14 @@ def test_two_gpus_one_lost():
     assert all(list(svg_of(i).iter(SVG + "path")) for i in drawn)
     assert words(page).count("no reading") >= 4
     assert "GPU 1 is lost" in page
+
+
+def test_the_monitor_says_fake_when_test_stand_ins_answer():
+    from gpunb.views.monitor_layout import panel_notes
+
+    s = Sampler(NvmlSession(scenario("h200")), hz=2.0)
+    assert s.fake == ("fake NVML",)
+    s.tick()
+    w = s.window(10.0)
+    assert monitor_text(w).startswith("fake GPU readings (fake NVML)")
+    assert panel_notes(w.notes, [], w.fake)[0].startswith("fake: these figures come from gpunb's test stand-ins")

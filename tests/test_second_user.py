@@ -15,6 +15,8 @@ import sys
 import threading
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 from gpunb.readings import server_sessions as ss
 from gpunb.readings import untrusted_file
@@ -149,7 +151,7 @@ def test_only_loopback_or_the_kernels_own_host(tmp_path, listener):
     assert link and link.url == f"http://127.0.0.1:{port}" and seen == []
     c = tmp_path / f"kernel-{KERNEL_ID}.json"
     c.write_text(json.dumps({"ip": "198.51.100.7"}))  # a kernel that listens on that host itself
-    plant(tmp_path, "http://198.51.100.7:8888/", os.getpid(), token=TOKEN)
+    plant(tmp_path, f"http://198.51.100.7:{port}/", os.getpid(), token=TOKEN)  # (a port this user holds)
     assert ss.find_server(connection_file=str(c), runtime_dir=str(tmp_path), parent_pid=os.getpid())
 
 
@@ -244,11 +246,13 @@ def test_a_symlink_planted_at_a_records_temporary_name_is_never_followed(tmp_pat
     channel = tmp_path / "channel"
     channel.mkdir(mode=0o700)
     victim = _victim(tmp_path)
-    (channel / f".rank-1.json.{os.getpid()}.{threading.get_ident()}.tmp").symlink_to(victim)
+    planted = f".rank-1.json.{os.getpid()}.{threading.get_ident()}.tmp"  # the name the writer once used
+    (channel / planted).symlink_to(victim)
     writer = ChannelWriter(str(channel), identity(os.stat(channel)))
     assert writer.write("rank-1.json", '{"pid": 1}')
     assert victim.read_text() == "the victim's own data"
-    assert os.listdir(channel) == ["rank-1.json"] and (channel / "rank-1.json").read_text() == '{"pid": 1}'
+    assert sorted(os.listdir(channel)) == sorted([planted, "rank-1.json"])
+    assert (channel / "rank-1.json").read_text() == '{"pid": 1}'
     assert oct(os.stat(channel / "rank-1.json").st_mode & 0o777) == "0o600"
 
 
@@ -389,27 +393,21 @@ def test_a_trace_next_to_the_notebook_is_written_through_a_private_directory(tmp
     assert sorted(os.listdir(notebook)) == sorted([wanted.name, wanted.name + ".tmp"])  # no staging left
 
 
-def test_a_read_only_notebook_directory_falls_back_to_a_private_temp_directory(tmp_path, monkeypatch):
+def test_a_notebook_directory_that_cannot_take_it_falls_back_to_a_private_temp_directory(tmp_path, monkeypatch):
     import tempfile
 
     from gpunb.analysis.steps import trace_file
 
-    real = tempfile.mkdtemp
-
-    def mkdtemp(*args, dir=None, **kwargs):
-        if dir is not None:  # the notebook's directory is read-only (root would write anyway)
-            raise PermissionError(13, "Permission denied")
-        return real(*args, dir=str(tmp_path / "tmp"), **kwargs)
-
     (tmp_path / "tmp").mkdir()
-    monkeypatch.setattr(trace_file.tempfile, "mkdtemp", mkdtemp)
+    (tmp_path / "a-file").write_text("not a folder")  # the notebook's folder cannot be made (root writes anywhere)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     save = TorchLikeSave()
-    path, size, note = trace_file.write_trace(save, tmp_path / "nb" / "t.pt.trace.json")
+    path, size, note = trace_file.write_trace(save, tmp_path / "a-file" / "nb" / "t.pt.trace.json")
     assert save.saved == 1 and path and size
     assert os.path.dirname(path).startswith(str(tmp_path / "tmp" / "gpunb-trace-"))
     assert oct(os.stat(os.path.dirname(path)).st_mode & 0o777) == "0o700"
     assert oct(os.stat(path).st_mode & 0o777) == "0o600"
-    assert "private temp directory" in note and "Permission denied" in note and "nb is not writable" in note
+    assert "private temp directory" in note and "Not a directory" in note and "a-file/nb" in note
 
 
 def test_a_trace_that_torch_could_not_write_reports_the_real_error_and_no_path(tmp_path):
@@ -438,11 +436,40 @@ def test_a_trace_that_torch_could_not_write_reports_the_real_error_and_no_path(t
     (["python", "-W", "SECRET"], ""),
     (["python", "-u", "-m", "torch.distributed.run", "--token", "SECRET"], "-m torch.distributed.run"),
     (["python", "-c", "SECRET"], "-c"),
+    (["python", "-RW", "SECRET", "train.py"], "train.py"),  # issue 31: combined short flags
+    (["python", "-xW", "SECRET", "train.py"], "train.py"),
+    (["python", "-uxRX", "SECRET", "train.py"], "train.py"),
+    (["python", "-Z", "SECRET", "train.py"], ""),  # a letter gpunb does not know: no script named
 ])
 def test_the_script_shown_for_a_process_never_carries_an_options_value(cmdline, shown):
     from gpunb.readings.process_facts import _script
 
     assert _script(cmdline) == shown
+
+
+_FLAGS = "bBdEhiIOPqRsSuvVx"
+
+
+@settings(max_examples=300, deadline=None)
+@given(groups=hst.lists(hst.tuples(hst.text(_FLAGS, max_size=3), hst.sampled_from(["W", "X", ""]),
+                                   hst.booleans()), max_size=4),
+       tail=hst.sampled_from([["train.py"], ["-m", "pkg.mod"], []]))
+def test_no_combination_of_short_flags_shows_an_options_value(groups, tail):
+    """The class behind ``-RW SECRET``: flags combined in one argument, a value option among them
+    (its value glued on or in the next argument), in any order; the secret never shows."""
+    from gpunb.readings.process_facts import _script
+
+    args = []
+    for flags, value_option, glued in groups:
+        if value_option and glued:
+            args.append(f"-{flags}{value_option}SECRET")
+        elif value_option:
+            args += [f"-{flags}{value_option}", "SECRET"]
+        elif flags:
+            args.append(f"-{flags}")
+    shown = _script(["python", *args, *tail])
+    assert "SECRET" not in shown
+    assert shown == {"train.py": "train.py", "-m": "-m pkg.mod"}.get(tail[0] if tail else "", "")
 
 
 def test_control_characters_in_a_notebook_path_never_reach_the_metrics_text():

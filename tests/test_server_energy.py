@@ -157,3 +157,43 @@ def test_the_service_adds_the_energy_on_its_nvml_thread():
     finally:
         service.close()
     assert rows_by_pid(r)[100].energy_j == pytest.approx((counter_j(fake, 4.0) - counter_j(fake, 1.0)) / 3)
+
+
+def test_a_kernels_energy_says_it_is_a_share_and_whose_processes_moved_it():
+    """Issue 31: another user's process on the same GPU takes part of every interval's energy;
+    the kernel's row says with whom its share was split (other users' processes named)."""
+    clock = Clock()
+    fake = fake_gpu(clock)
+    ledger = KernelEnergyLedger()
+    ledger.account(report(fake, clock))
+    clock.t = 11.0
+    rows = rows_by_pid(ledger.account(report(fake, clock)))
+    lesson = rows[100].energy_shared_with
+    assert lesson.startswith("split equally with 2 other processes on this GPU: ")
+    bob = rows[300]
+    assert f"(PID {bob.pid}" in lesson and "kernel k-train" in lesson
+    assert "its share of a GPU others also use: split equally with 2" in idle_energy_line(rows[100], NOW + 11.0)
+    clock.t = 21.0
+    alone = fake_gpu(clock, pids=(100,))
+    ledger = KernelEnergyLedger()
+    ledger.account(report(alone, Clock()))
+    shared = rows_by_pid(ledger.account(report(alone, clock)))[100].energy_shared_with
+    assert shared == "split equally with 1 other process on this GPU: a process (PID 412, user not visible)"
+
+
+def test_figures_from_the_test_stand_ins_say_fake_in_json_and_metrics(monkeypatch):
+    clock = Clock()
+    r = report(fake_gpu(clock), clock)  # the recorded fake NVML: a recording, not this machine
+    assert r.to_dict()["fake"] is True and r.to_dict()["fake_sources"] == ["fake NVML"]
+    families = {f.name: f for f in text_string_to_metric_families(metrics_text(r)[0].decode())}
+    assert families["gpunb_fake_backend"].samples[0].value == 1.0
+    monkeypatch.setenv("GPUNB_FAKE_NVIDIA_DEVICES", "/tmp/x")
+    assert report(fake_gpu(clock), clock).fake == ("fake NVML", "GPUNB_FAKE_NVIDIA_DEVICES")
+
+
+def test_a_kernel_shows_fake_when_its_server_answers_from_test_stand_ins():
+    data = {"t_unix": NOW, "fake": True, "fake_sources": ["GPUNB_FAKE_NVML"],
+            "gpus": [{"index": 1, "processes": [_idle_row(40 * 60, 70 * 3600).to_dict()]}]}
+    lines = holder_lines(ServerReading(data, kernel_id="k-train", url="http://127.0.0.1:8888/"), 1)
+    assert lines[0].startswith("fake: these figures come from gpunb's test stand-ins (GPUNB_FAKE_NVML)")
+    assert lines[1].startswith("lesson3.ipynb held GPU 1 idle")

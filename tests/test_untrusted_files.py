@@ -184,3 +184,62 @@ def test_time_is_bounded_for_a_huge_cache(cache):
     t0 = time.perf_counter()
     assert "more than" in peak_cache.lookup_noted(UUID)[1]
     assert time.perf_counter() - t0 < 0.5
+
+
+# -- the peak cache's numbers: generated (issue 31: a 400-digit integer raised OverflowError in
+# %gpumonitor and at a profiled cell's end; a planted 1e30 TFLOP/s was believed) ------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as hst  # noqa: E402
+
+_ANY_NUMBER = hst.one_of(
+    hst.integers(min_value=-(10**400), max_value=10**400),
+    hst.floats(allow_nan=False, allow_infinity=False),
+    hst.sampled_from([10**400, -(10**400), 1e30, 1e308, 0, -1, True, False, 790.0, 20_000.0, 20_000.5]),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(bf16=_ANY_NUMBER, h2d=_ANY_NUMBER, pid=_ANY_NUMBER)
+def test_no_planted_number_raises_or_is_believed_out_of_range(tmp_path_factory, monkeypatch, bf16, h2d, pid):
+    folder = tmp_path_factory.mktemp("cache")
+    path = folder / peak_cache.FILE_NAME
+    monkeypatch.setattr(peak_cache, "cache_file", lambda environ=None: path)
+    path.write_text(json.dumps({UUID: {"name": "NVIDIA H200", "tflops": {"bf16": bf16}, "copy_gbps": {"h2d": h2d},
+                                       "measured_at": "x", "pid": pid, "torch_version": ""}}))
+    peak_cache.forget_this_process()
+    peaks, note = peak_cache.lookup_noted(UUID)  # never raises
+    if peaks is None:
+        assert "ignored" in note and str(path) in note
+        return
+    for value in (*peaks.tflops.values(), *peaks.copy_gbps.values()):
+        assert isinstance(value, float) and 0 < value <= peak_cache.MAX_TFLOPS
+    assert peaks.tflops.get("bf16", 1.0) <= peak_cache.MAX_TFLOPS
+    assert peaks.copy_gbps.get("h2d", 1.0) <= peak_cache.MAX_COPY_GBPS
+
+
+def test_a_400_digit_peak_costs_the_monitor_and_a_profiled_cell_nothing(cache, fake_nvml):
+    import gpunb
+
+    huge = "9" * 400
+    text = json.dumps({UUID: {"name": "H200", "tflops": {"bf16": 1.5}, "copy_gbps": {"h2d": 2.5}, "pid": 1,
+                              "measured_at": "", "torch_version": ""}})
+    cache.write_text(text.replace("1.5", huge).replace("2.5", huge))
+    assert peak_cache.lookup(UUID) is None  # what the monitor's PCIe limit lines read (traffic.py)
+    assert "ignored" in peak_cache.lookup_noted(UUID)[1]
+    with gpunb.profile(record=False, show=False) as p:
+        sum(range(1000))
+    assert p.result is not None  # the cell's end read the cache and went on
+
+
+def test_a_cache_another_user_can_move_is_not_believed(tmp_path, monkeypatch):
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    monkeypatch.setattr(peak_cache, "cache_file", lambda environ=None: folder / peak_cache.FILE_NAME)
+    (folder / peak_cache.FILE_NAME).write_text(json.dumps(GOOD))
+    peak_cache.forget_this_process()
+    os.chmod(folder, 0o777)  # no sticky bit: anyone could have put this file there
+    peaks, note = peak_cache.lookup_noted(UUID)
+    assert peaks is None and "without the sticky bit" in note
+    os.chmod(folder, 0o700)
+    assert peak_cache.lookup_noted(UUID)[0].tflops == {"bf16": 790.0}

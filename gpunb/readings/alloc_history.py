@@ -19,6 +19,8 @@ import pickle
 from dataclasses import dataclass
 from typing import Any
 
+from gpunb.readings.untrusted_file import GuardedFolder, NotWritten
+
 # Events kept for one traced cell, and while the OOM doctor's history is armed: a training
 # step of a small model is a few hundred events; 100 000 holds hundreds of steps and stays
 # under ~100 MB of host memory.
@@ -109,21 +111,15 @@ def arm(torch: Any, max_entries: int = ARMED_MAX_ENTRIES) -> HistoryRecording:
     return rec
 
 
-_NEW_FILE = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
-
-
 def save_snapshot(snapshot: dict[str, Any], path: str | os.PathLike[str]) -> int:
     """Write ``snapshot`` as the pickle memory_viz opens (what ``_dump_snapshot`` writes); returns its
-    size in bytes. The file must be new (``O_EXCL``: never an existing file, never through a symlink
-    someone planted in a shared directory such as /tmp), readable by this user only (0600).
-    Raises ``ValueError`` with a sentence naming the cause and the fix."""
+    size in bytes. The file must be new (``O_EXCL``: never an existing file, never through a link
+    someone planted in a shared directory such as /tmp), readable by this user only (0600), made
+    through the guarded folder (``untrusted_file.GuardedFolder``): a write that fails half-way (a
+    full disk) leaves no partial file. Raises ``ValueError`` with a sentence naming the cause."""
     target = os.fspath(path)
     try:
-        fd = os.open(target, _NEW_FILE, 0o600)
-    except FileExistsError:
-        raise ValueError(f"{target} already exists: choose a new file name (gpunb never overwrites a file)") from None
-    except OSError as exc:
-        raise ValueError(f"cannot create {target}: {exc.strerror or exc}") from None
-    with os.fdopen(fd, "wb") as f:
-        pickle.dump(snapshot, f)
-        return f.tell()
+        with GuardedFolder.open(os.path.dirname(target) or ".") as folder:
+            return folder.write_new(os.path.basename(target), lambda f: pickle.dump(snapshot, f))
+    except NotWritten as exc:
+        raise ValueError(str(exc)) from None

@@ -12,25 +12,28 @@ File: ``$GPUNB_CACHE_DIR/matmul_peaks.json``, else ``$XDG_CACHE_HOME/gpunb/...``
 ``~/.cache/gpunb/...``. A file that cannot be read or written is no error: the figures of
 this process are still used, and a profile without them names only the datasheet peak.
 
-The file may sit in a directory another user controls (a shared ``GPUNB_CACHE_DIR``), so it is
-read as untrusted (``untrusted_file``: no symlinks, no FIFOs, at most 256 KiB, schema-checked):
-a bad file or entry is ignored and :func:`lookup_noted` says why in one sentence. Writes go
-through a 0600 temporary file in the same directory that is removed when the write fails (a
-full disk leaves nothing behind).
+The file may sit in a directory another user controls (a shared ``GPUNB_CACHE_DIR``), so it goes
+through the one guarded place (``untrusted_file.GuardedFolder``): it is believed only when it is
+this user's and nobody else can write it or its folder (a folder others can write needs the
+sticky bit), read without following links or blocking on a FIFO, at most 256 KiB, every entry
+type- and range-checked (a figure another user planted, 1e30 TFLOP/s or a 400-digit integer,
+is ignored, never raised as ``OverflowError``). A bad file or entry is ignored and
+:func:`lookup_noted` says why in one sentence; no reader raises into a cell or a monitor
+thread. Writes go through a 0600 file in a private folder, renamed into place, removed when the
+write fails (a full disk leaves nothing behind).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpunb.readings.untrusted_file import Untrusted, is_number, read_json
+from gpunb.readings.untrusted_file import GuardedFolder, NotWritten, Untrusted, in_range
 
 FILE_NAME = "matmul_peaks.json"
 MAX_BYTES = 256 * 1024  # one entry per GPU is ~200 bytes
@@ -38,6 +41,13 @@ PRECISIONS = ("bf16", "tf32", "fp32")  # what the probe measures (cuda_probe_scr
 # Copies of pinned host memory the probe times (cuda_probe_script.copy_bandwidth): the result's key
 # -> the direction kept here. The monitor draws them as its PCIe charts' limit lines.
 COPY_KEYS = {"pinned_gbps": "h2d", "pinned_d2h_gbps": "d2h"}
+# What a figure may be. The H200's dense bf16 datasheet peak is 989 TFLOP/s (measured 790 here);
+# 20,000 leaves room for GPUs to come and refuses a planted 1e30. Pinned copies: PCIe 6 x16 is
+# 128 GB/s, NVLink-C2C 900 GB/s; 10,000 GB/s is past both.
+MAX_TFLOPS = 20_000.0
+MAX_COPY_GBPS = 10_000.0
+MAX_TEXT = 256  # a GPU's name, a time, a torch version
+MAX_PID = 2**31 - 1
 
 _this_process: dict[str, MeasuredPeaks] = {}  # uuid -> peaks measured by this process's checks
 
@@ -81,11 +91,21 @@ def cache_file(environ: Mapping[str, str] | None = None) -> Path:
 
 
 def _read_file(path: Path) -> dict[str, Any]:
-    """The cache's entries; raises :class:`Untrusted` when the file is not a cache file."""
+    """The cache's entries; raises :class:`Untrusted` when the file is not a cache file this user
+    wrote in a folder only this user can change."""
     if not os.path.lexists(path):
         return {}
-    data: dict[str, Any] = read_json(path, max_bytes=MAX_BYTES)
+    try:
+        folder = GuardedFolder.open(path.parent)
+    except NotWritten as exc:
+        raise Untrusted(str(exc)) from None
+    with folder:
+        data: dict[str, Any] = folder.read_json(path.name, max_bytes=MAX_BYTES, owned=True)
     return data
+
+
+def _figure(value: object, high: float) -> bool:
+    return in_range(value, 0.0, high) and value != 0
 
 
 def _entry(uuid: str, raw: object) -> MeasuredPeaks | None:
@@ -93,13 +113,13 @@ def _entry(uuid: str, raw: object) -> MeasuredPeaks | None:
     if not isinstance(raw, dict) or not isinstance(raw.get("tflops", {}), dict) \
             or not isinstance(raw.get("copy_gbps", {}), dict):
         return None
-    tflops = {p: float(v) for p, v in raw.get("tflops", {}).items() if p in PRECISIONS and is_number(v) and v > 0}
+    tflops = {p: float(v) for p, v in raw.get("tflops", {}).items() if p in PRECISIONS and _figure(v, MAX_TFLOPS)}
     copy = {d: float(v) for d, v in raw.get("copy_gbps", {}).items()
-            if d in COPY_KEYS.values() and is_number(v) and 0 < v < 10_000}
+            if d in COPY_KEYS.values() and _figure(v, MAX_COPY_GBPS)}
     pid = raw.get("pid", -1)
     text = {k: raw.get(k, "") for k in ("name", "measured_at", "torch_version")}
-    if not (tflops or copy) or not (isinstance(pid, int) and not isinstance(pid, bool)) \
-            or not all(isinstance(v, str) for v in text.values()):
+    if not (tflops or copy) or not (isinstance(pid, int) and in_range(pid, -MAX_PID, MAX_PID)) \
+            or not all(isinstance(v, str) and len(v) <= MAX_TEXT for v in text.values()):
         return None
     return MeasuredPeaks(uuid, text["name"], tflops, text["measured_at"], pid, text["torch_version"], copy)
 
@@ -113,10 +133,10 @@ def remember(uuid: str, name: str, result: Mapping[str, object], *, torch_versio
     tflops: dict[str, float] = {}
     for p in PRECISIONS:
         value = result.get(f"{p}_tflops")
-        if isinstance(value, (int, float)) and value > 0:
-            tflops[p] = float(value)
-    copy_gbps = {direction: float(v) for key, direction in COPY_KEYS.items()
-                 if isinstance(v := (copy or {}).get(key), (int, float)) and not isinstance(v, bool) and v > 0}
+        if _figure(value, MAX_TFLOPS):
+            tflops[p] = float(value)  # type: ignore[arg-type]
+    copy_gbps = {direction: float(v) for key, direction in COPY_KEYS.items()  # type: ignore[arg-type]
+                 if _figure(v := (copy or {}).get(key), MAX_COPY_GBPS)}
     if not uuid or not (tflops or copy_gbps):
         return None
     peaks = MeasuredPeaks(uuid, name, tflops, time.strftime("%Y-%m-%d %H:%M"), os.getpid(), torch_version,
@@ -124,33 +144,19 @@ def remember(uuid: str, name: str, result: Mapping[str, object], *, torch_versio
     _this_process[_norm(uuid)] = peaks
     path = cache_file(environ)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            data = _read_file(path)
-        except Untrusted:  # replaced below by this process's good entry
-            data = {}
-        data[uuid] = {"name": name, "tflops": tflops, "measured_at": peaks.measured_at, "pid": peaks.pid,
-                      "torch_version": torch_version, "copy_gbps": copy_gbps}
-        _write_atomically(path, json.dumps(data, indent=1, sort_keys=True))
-    except OSError:
+        with GuardedFolder.open(path.parent, create=True) as folder:
+            if folder.problem:  # a file there would not be believed: do not leave one
+                return peaks
+            try:
+                data = _read_file(path)
+            except Untrusted:  # replaced below by this process's good entry
+                data = {}
+            data[uuid] = {"name": name, "tflops": tflops, "measured_at": peaks.measured_at, "pid": peaks.pid,
+                          "torch_version": torch_version, "copy_gbps": copy_gbps}
+            folder.replace(path.name, json.dumps(data, indent=1, sort_keys=True).encode())
+    except (NotWritten, OSError):
         pass
     return peaks
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """Replace ``path`` by ``text`` through a 0600 temporary file (``mkstemp``: never a file that
-    exists, never through a symlink), removed when anything fails."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".matmul_peaks-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def lookup(uuid: str | None, environ: Mapping[str, str] | None = None) -> MeasuredPeaks | None:
@@ -166,6 +172,13 @@ def lookup_noted(uuid: str | None, environ: Mapping[str, str] | None = None) -> 
     own = _this_process.get(_norm(uuid))
     if own is not None:
         return own, ""
+    try:
+        return _from_file(uuid, environ)
+    except Exception as exc:  # noqa: BLE001 (a figure costs the MFU line, never a cell or the monitor)
+        return None, f"the measured-peak cache was ignored ({type(exc).__name__}: {exc})"
+
+
+def _from_file(uuid: str, environ: Mapping[str, str] | None) -> tuple[MeasuredPeaks | None, str]:
     path = cache_file(environ)
     fix = f"run %gpucheck to measure again, or delete {path}"
     try:

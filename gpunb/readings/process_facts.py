@@ -88,7 +88,9 @@ def nvidia_files(pid: int, proc_root: str = "/proc") -> tuple[str, ...] | None:
 # Python's options that take a value (the next argument, or the rest of the same one): the value
 # may be a secret (``-W ignore:SECRET``), never a script name.
 _VALUE_OPTIONS = ("W", "X")
-_FLAG_LETTERS = set("bBdEhiIOPqsSuvV")
+# Every single-letter option of CPython 3.10-3.14 that takes no value (``python --help``). A letter
+# not here may take a value gpunb cannot tell apart from a script: then no script is named.
+_FLAG_LETTERS = set("bBdEhiIOPqRsSuvVx?")
 
 
 def _script(cmdline: list[str]) -> str:
@@ -120,7 +122,7 @@ def _script(cmdline: list[str]) -> str:
                     skip = not letters[j + 1:]  # "-W x": the value is the next argument
                     break
                 if letter not in _FLAG_LETTERS:
-                    break
+                    return ""  # an option gpunb does not know: its value could be anything
             continue
         if arg.startswith("-"):
             continue

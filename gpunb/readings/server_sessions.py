@@ -4,8 +4,9 @@ gpunb's server extension) which notebook holds each GPU process.
 How a kernel finds its server: a running Jupyter server writes ``jpserver-<pid>.json``
 (url, token, pid) into its runtime directory, the same directory that holds the kernel's
 connection file ``kernel-<id>.json``. The server that owns this kernel is the one whose PID
-is the kernel's parent process (a local kernel is the server's child); failing that, the
-one whose ``/api/kernels/<id>`` knows this kernel id. VS Code's own kernels, terminal
+is among the kernel's ancestors (a local kernel is the server's child, or its grandchild when
+a wrapper such as ``bash -c "... ipykernel ..."`` started it); only when none is, the one whose
+``/api/kernels/<id>`` knows this kernel id. VS Code's own kernels, terminal
 IPython and Colab have no such server: then there is nothing to ask, and callers fall back
 to PIDs.
 
@@ -17,9 +18,11 @@ background thread). Requests bypass HTTP proxies: the token must go to the serve
 What is trusted (docs/security.md): a runtime directory may be shared (mode 1777 on some
 hubs), so a ``jpserver-*.json`` counts only when this user owns it and nobody else can write it
 or its directory; it is read as untrusted (``untrusted_file``: no symlinks, FIFOs or huge files,
-fields type-checked); its URL must be loopback (or the host this kernel's connection file
-names); the token sent is the file's own, never ``JUPYTERHUB_API_TOKEN``; redirects are not
-followed.
+fields type-checked); its process must be this user's, alive, and no younger than the file, and
+every socket on its port this user's (``server_trust``: a dead server's PID or port taken over
+by another user gets nothing); its URL must be loopback (or the host this kernel's connection
+file names); the token sent is the file's own, never ``JUPYTERHUB_API_TOKEN``; redirects are
+not followed.
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpunb.readings.untrusted_file import Untrusted, check_private_dir, read_json
+from gpunb.readings.server_trust import ancestors, port_problem, process_problem
+from gpunb.readings.untrusted_file import Untrusted, check_private_dir, read_json, read_json_stat
 
 API_PATH = "gpunb/api/gpus"
 FIND_TIMEOUT_S = 0.5  # per server asked "is this kernel yours?"
@@ -57,7 +61,7 @@ class ServerLink:
     token: str
     server_pid: int | None
     kernel_id: str
-    found_by: str  # "parent process" or "kernel listed by the server"
+    found_by: str  # "parent process", "ancestor process" or "kernel listed by the server"
 
 
 @dataclass(frozen=True)
@@ -151,13 +155,18 @@ def _server_files(dirs: list[Path], allowed_hosts: tuple[str, ...] = (), notes: 
         for name in names:
             seen.add(d / name)
             try:
-                info = read_json(d / name, owned=True, max_bytes=MAX_SERVER_FILE_BYTES)
+                info, st = read_json_stat(d / name, owned=True, max_bytes=MAX_SERVER_FILE_BYTES)
             except Untrusted as exc:
                 notes.append(f"ignored: {exc}")
                 continue
             found = _server_file(str(d / name), info, allowed_hosts, notes)
-            if found is not None and _alive(found.pid):
-                out.append(found)
+            if found is None:
+                continue
+            problem = process_problem(found.pid, st.st_mtime) or port_problem(urllib.parse.urlsplit(found.url).port)
+            if problem:
+                notes.append(f"ignored: {d / name}: {problem}")
+                continue
+            out.append(found)
     return out
 
 
@@ -194,18 +203,6 @@ def _loopback(host: str) -> bool:
         return False
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, another user's
-        return True
-    except (OSError, OverflowError, ValueError):
-        return False
-    return True
-
-
 def _runtime_dirs(connection_file: str | None, runtime_dir: str | None) -> list[Path]:
     dirs = []
     if connection_file:
@@ -240,9 +237,11 @@ def find_server(
     opener: Any = None,
 ) -> ServerLink | NoServer:
     """The server that runs this kernel, or why none was found. Only a server file this user
-    wrote is believed, and its token goes only to a local URL (see ``_server_files``); a file
-    without a token (a JupyterHub single-user server) gets no credential at all: gpunb never
-    sends ``JUPYTERHUB_API_TOKEN`` to a URL a file names."""
+    wrote for a live server of this user's is believed, and its token goes only to a local URL
+    whose port this user holds (see ``_server_files``); the server is looked for among the
+    kernel's ancestors (from ``parent_pid`` up) before any server is asked about this kernel; a
+    file without a token (a JupyterHub single-user server) gets no credential at all: gpunb
+    never sends ``JUPYTERHUB_API_TOKEN`` to a URL a file names."""
     connection_file = connection_file or kernel_connection_file()
     if not connection_file:
         return NoServer("this is not a Jupyter kernel (terminal IPython or plain Python): no server to ask")
@@ -256,11 +255,13 @@ def find_server(
     why = f" ({'; '.join(notes[:2])})" if notes else ""
     if not servers:
         return NoServer(f"no running Jupyter server was found in the runtime directory (jpserver-*.json){why}")
-    parent_pid = os.getppid() if parent_pid is None else parent_pid
-    for found in servers:
-        if found.pid == parent_pid:
-            return ServerLink(found.url, found.token, found.pid, kernel_id, "parent process")
-    for found in servers:  # not our parent (a kernel started by a wrapper): ask who knows our id
+    lineage = ancestors(os.getppid() if parent_pid is None else parent_pid)
+    by_pid = {found.pid: found for found in servers}
+    for pid in lineage:  # nearest first: the parent, then (a kernel started by a wrapper) further up
+        if (found := by_pid.get(pid)) is not None:
+            how = "parent process" if pid == lineage[0] else "ancestor process"
+            return ServerLink(found.url, found.token, found.pid, kernel_id, how)
+    for found in servers:  # no ancestor (a kernel started elsewhere): ask who knows our id
         if not found.token:
             continue  # nothing to prove it is ours, and no login to ask with
         link = ServerLink(found.url, found.token, found.pid, kernel_id, "kernel listed by the server")
@@ -270,6 +271,15 @@ def find_server(
             continue
         return link
     return NoServer(f"none of the {len(servers)} running Jupyter server(s) here runs this kernel{why}")
+
+
+def link_problem(link: ServerLink) -> str:
+    """Why ``link`` may no longer lead to this user's server ('' when it does), checked again
+    before every request: the server may have died after it was found, and another user may
+    hold its PID or its port by now."""
+    if link.server_pid is not None and (problem := process_problem(link.server_pid, float("inf"))):
+        return problem
+    return port_problem(urllib.parse.urlsplit(link.url).port)
 
 
 # -- requests -------------------------------------------------------------------------------
@@ -286,7 +296,10 @@ _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedi
 
 
 def get_json(link: ServerLink, path: str, timeout_s: float, opener: Any = None) -> Any:
-    """GET ``<server>/<path>`` with the server's token; the JSON body, or :class:`ServerError`."""
+    """GET ``<server>/<path>`` with the server's token; the JSON body, or :class:`ServerError`.
+    The server's PID and port are checked first, every time (:func:`link_problem`)."""
+    if problem := link_problem(link):  # the server died since; its PID or port may be another user's now
+        raise ServerError(f"the Jupyter server at {link.url} was not asked: {problem}")
     request = urllib.request.Request(link.url + path, headers={"Accept": "application/json"})
     if link.token:
         request.add_header("Authorization", f"token {link.token}")

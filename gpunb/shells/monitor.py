@@ -353,7 +353,7 @@ class Monitor(DisplayMixin):
             sampler.gpu_series(self.devices),
             nvml=sampler.status,
             gpu_count=len(sampler.gpus),
-            notes=panel_notes(tuple(sampler.notes), self.messages),
+            notes=panel_notes(tuple(sampler.notes), self.messages, getattr(sampler, "fake", ())),
             caption_text=caption(self._state(), hz=sampler.hz, seconds=self.window_s,
                                  started_unix=sampler.started_unix, t_last=panel.t_last),
             clock_text=clock_time(sampler.started_unix, panel.t_last),

@@ -32,6 +32,7 @@ from tornado.escape import json_encode
 from gpunb.analysis.holders.gpus import HoldersReport
 from gpunb.shells import scrape_token
 from gpunb.shells.server_service import GpuReportService, Refusal
+from gpunb.views.metrics_view import clean_label as log_safe  # control characters -> U+FFFD
 from gpunb.views.metrics_view import metrics_text
 
 AUTH_RESOURCE = "gpunb"
@@ -118,7 +119,8 @@ class ShutdownHandler(_GpunbHandler):
             result = await self.service.shutdown_idle_kernel(kernel_id, confirm=body.get("confirm"), force=force)
         except Refusal as refusal:
             return self._refuse(refusal)
-        self.log.info("gpunb: shut down kernel %s (%s) to free GPU memory", kernel_id, result.path or "no notebook")
+        self.log.info("gpunb: shut down kernel %s (%s) to free GPU memory", log_safe(kernel_id),
+                      log_safe(result.path or "no notebook"))  # a newline in a path cannot forge a log line
         self.finish(json_encode(result.to_dict()))
 
 
@@ -139,10 +141,11 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
         token, warning = scrape_token.load()
     except scrape_token.ScrapeTokenError as exc:
         token, warning = None, ""
-        serverapp.log.error("gpunb: %s", exc)
+        serverapp.log.error("gpunb: %s", log_safe(exc))
+    scrape_token.forget_environment()  # the kernels this server starts never inherit the token
     web_app.settings[SCRAPE_TOKEN_KEY] = token
     if warning:
-        serverapp.log.warning("gpunb: %s", warning)
+        serverapp.log.warning("gpunb: %s", log_safe(warning))
     if token is not None:
         serverapp.log.info("gpunb: a scrape-only token opens %sgpunb/metrics (and nothing else)",
                            web_app.settings["base_url"])

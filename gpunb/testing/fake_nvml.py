@@ -32,6 +32,8 @@ from typing import Any
 
 import pynvml as _real  # constants and error classes only; no NVML call is made
 
+from gpunb.readings.untrusted_file import Untrusted, read_bytes
+
 TRACE_PATH = Path(__file__).with_name("h200_trace.json")
 # Two H200s on an NVSwitch board: NVLink per link, field values, P2P status and topology of
 # each pair, and the NCCL all-reduce figures, from benchmarks/results/h200x2_record.json.
@@ -39,6 +41,7 @@ NVLINK_PAIR_PATH = Path(__file__).with_name("h200x2_nvlink.json")
 # The H200's energy counter, power and PCIe throughput through idle, a bf16 matmul burst and
 # pinned copies (2026-12-01, scripts/record_energy_links.py).
 ENERGY_PATH = Path(__file__).with_name("h200_energy_links.json")
+PROCESSES_FILE_MAX_BYTES = 64 << 20  # GPUNB_FAKE_NVML_PROCESSES: 60,000 rows are ~6 MiB
 
 
 def load_trace() -> dict:
@@ -114,9 +117,10 @@ class FakeGpu:
             cached = self._file_cache
             if cached is not None and cached[0] == key:  # parsed once per version of the file:
                 return cached[1]  # a driver lists 60,000 processes faster than json parses them
-            with open(self.processes_file) as f:
-                rows = json.load(f)
-        except (OSError, ValueError):  # not written yet, or being written
+            # a test hook another user could aim at a file of theirs: read it as untrusted (this
+            # user's, not writable by others, no link, size-capped)
+            rows = json.loads(read_bytes(self.processes_file, owned=True, max_bytes=PROCESSES_FILE_MAX_BYTES))
+        except (OSError, ValueError, Untrusted):  # not written yet, being written, or not this user's
             return []
         rows = rows if isinstance(rows, list) else []
         self._file_cache = (key, rows)

@@ -55,6 +55,10 @@ class ReportCollector:
         up = _gauge("gpunb_nvml_up", "1 when NVML answered (the NVIDIA driver is reachable), else 0.", ())
         up.add_metric([], 1.0 if r.nvml_ok else 0.0)
         yield up
+        fake = _gauge("gpunb_fake_backend", "1 when gpunb's test stand-ins (GPUNB_FAKE_*) answer instead of the "
+                      "driver: every figure here is then a recording, not this machine.", ())
+        fake.add_metric([], 1.0 if r.fake else 0.0)
+        yield fake
 
         per_gpu = {
             "memory_total_bytes": ("gpunb_gpu_memory_total_bytes", "Total GPU memory (NVML).", 1),
@@ -86,8 +90,10 @@ class ReportCollector:
                           "Energy the GPU used since the NVIDIA driver loaded (NVML's energy counter).", GPU_LABELS)
         kernel_energy = _counter("gpunb_kernel_gpu_energy_joules",
                                  "A kernel's share of the GPU's energy while it held the GPU, since this server "
-                                 "first saw it: split equally among the holders NVML listed at both ends of each "
-                                 "interval between two reports.", GPU_LABELS + KERNEL_LABELS)
+                                 "first saw it: split equally among every process NVML listed on the GPU at both "
+                                 "ends of each interval between two reports, other users' processes included, so "
+                                 "another user's load on the same GPU moves it (the JSON API's "
+                                 "energy_shared_with names them).", GPU_LABELS + KERNEL_LABELS)
         idle_energy = _gauge("gpunb_kernel_gpu_idle_energy_joules",
                              "A kernel's share of the GPU's energy in its current idle stretch (0 again once it "
                              "runs code).", GPU_LABELS + KERNEL_LABELS)

@@ -18,6 +18,7 @@ from typing import Any
 from gpunb.analysis.energy.tariff import Tariff
 from gpunb.analysis.monitor.series import GpuSeries, Window
 from gpunb.readings.gpu import CLOCK_EVENT_REASONS, SLOWDOWN_BITS
+from gpunb.readings.test_hooks import fake_note
 from gpunb.views import chart
 from gpunb.views.chart import DIM, SMALL
 from gpunb.views.holders_view import holders_html, holders_text
@@ -252,9 +253,11 @@ def caption(state: str, *, hz: float, seconds: float, started_unix: float | None
     return f"gpunb monitor · {state} · {hz:g} Hz · {shown}"
 
 
-def panel_notes(window_notes: Sequence[str], messages: Sequence[str]) -> list[str]:
-    """The caller's messages (a clamped rate) and the sampler's last notes (faults)."""
-    return [m for m in messages if not m.startswith("No GPU to show")] + list(window_notes[-5:])
+def panel_notes(window_notes: Sequence[str], messages: Sequence[str], fake: tuple[str, ...] = ()) -> list[str]:
+    """That the figures are a recording (test stand-ins), first; the caller's messages (a clamped
+    rate) and the sampler's last notes (faults)."""
+    marked = [fake_note(fake)] if fake else []
+    return marked + [m for m in messages if not m.startswith("No GPU to show")] + list(window_notes[-5:])
 
 
 def monitor_html(window: Window, *, state: str = "live", messages: Sequence[str] = (),
@@ -273,7 +276,7 @@ def monitor_html(window: Window, *, state: str = "live", messages: Sequence[str]
         window.gpus,
         nvml=window.nvml,
         gpu_count=window.gpu_count,
-        notes=panel_notes(window.notes, messages),
+        notes=panel_notes(window.notes, messages, window.fake),
         caption_text=caption(state, hz=window.hz, seconds=window.seconds, started_unix=window.started_unix,
                              t_last=t_last),
         clock_text=clock_time(window.started_unix, t_last),
@@ -288,7 +291,7 @@ def monitor_text(window: Window, holders: Mapping[int, Sequence[str]] | None = N
     """One line per GPU (and who holds its memory) plus the host, for terminal IPython and
     ``text/plain``."""
     holders = holders or {}
-    lines = []
+    lines = [f"fake GPU readings ({', '.join(window.fake)}): a recording, not this machine"] if window.fake else []
     for g in window.gpus:
         c = g.columns
         util, used, own = _latest(c["util_pct"]), _latest(c["mem_used_mib"]), _latest(c["mem_own_mib"])

@@ -7,6 +7,8 @@ import uuid
 from typing import ClassVar
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 from jupyter_server.auth import Authorizer
 from tornado.httpclient import HTTPClientError
 
@@ -118,7 +120,52 @@ def test_a_weak_or_unsafe_scrape_token_is_refused_with_the_fix(tmp_path):
     f.chmod(0o622)
     with pytest.raises(st.ScrapeTokenError, match="writable by other users"):
         st.load({"GPUNB_METRICS_TOKEN_FILE": str(f)})
-    f.chmod(0o644)
+    f.chmod(0o644)  # issue 31: readable by others was accepted with a warning
+    with pytest.raises(st.ScrapeTokenError, match=r"readable by other users.*chmod 600"):
+        st.load({"GPUNB_METRICS_TOKEN_FILE": str(f)})
+    f.chmod(0o600)
     token, warning = st.load({"GPUNB_METRICS_TOKEN_FILE": str(f)})
-    assert token == SCRAPE.encode() and "chmod 600" in warning
+    assert token == SCRAPE.encode() and warning == ""
     assert not st.matches(token, "Basic " + SCRAPE) and st.matches(token, "bearer " + SCRAPE)
+
+
+def test_under_jupyterhub_a_shared_token_variable_is_refused_and_a_per_user_file_works(tmp_path):
+    """Issue 31: one GPUNB_METRICS_TOKEN in the hub's spawner environment was every user's."""
+    from gpunb.shells import scrape_token as st
+
+    hub = {"JUPYTERHUB_API_TOKEN": "hub", "GPUNB_METRICS_TOKEN": SCRAPE}
+    with pytest.raises(st.ScrapeTokenError, match=r"refused under JupyterHub.*its own token file"):
+        st.load(hub)
+    f = tmp_path / "gpunb-metrics-token"
+    f.write_text(SCRAPE)
+    f.chmod(0o600)
+    assert st.load({**hub, "GPUNB_METRICS_TOKEN_FILE": str(f)})[0] == SCRAPE.encode()
+
+
+async def test_kernels_never_inherit_the_token(scrape_token, jp_fetch, jp_serverapp, monkeypatch):
+    """The variables leave the server's environment when the extension loads: a kernel started
+    afterwards (its environment is a copy of the server's) cannot read the token."""
+    import os
+
+    from tests.server.conftest import run_in_kernel, start_session
+
+    assert "GPUNB_METRICS_TOKEN_FILE" not in os.environ and "GPUNB_METRICS_TOKEN" not in os.environ
+    session = await start_session(jp_fetch, "user.ipynb")
+    out = await run_in_kernel(jp_serverapp, session["kernel"]["id"],
+                              "import os; print(sorted(k for k in os.environ if k.startswith('GPUNB_METRICS')))")
+    assert out.strip() == "[]"
+    r = await jp_fetch("gpunb", "metrics", headers={"Authorization": f"Bearer {scrape_token}"})
+    assert r.code == 200  # the server kept the token it read
+
+
+@settings(max_examples=300, deadline=None)
+@given(path=hst.text())
+def test_a_newline_in_a_notebook_path_cannot_forge_the_shutdown_log_line(path):
+    """Any path (generated): what gpunb logs of it is one line of printable characters."""
+    from gpunb.shells.server_extension import log_safe
+
+    forged = "a.ipynb) to free GPU memory\n[I 2026-12-05 ServerApp] gpunb: shut down kernel admin (secrets.ipynb"
+    assert "\n" not in log_safe(forged) and "\ufffd" in log_safe(forged)
+    shown = log_safe(path)
+    assert len(shown) == len(path) and all(ch.isprintable() or ch == " " for ch in shown)
+    assert shown.splitlines() in ([shown], [])

@@ -25,6 +25,7 @@ from gpunb.readings.gpu import GpuInfo, clock_event_names, read_info, read_proce
 from gpunb.readings.nvml import NvmlSession, Unavailable, is_available
 from gpunb.readings.process_facts import AncestorCache, ProcessFacts, descendants, read_process_facts
 from gpunb.readings.server_kernels import KernelInfo
+from gpunb.readings.test_hooks import active_fakes
 from gpunb.units import gib
 
 # Holder kinds (stable: the JSON API, metrics labels and tests key on them).
@@ -68,6 +69,9 @@ class GpuHolder:
     energy_j: float | None = None
     idle_energy_j: float | None = None
     idle_measured_s: float | None = None
+    # the energy above is a share of a GPU others also use: with whom it was split (their
+    # processes, other users' included, move it); '' when the kernel had the GPU to itself
+    energy_shared_with: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         # every field is a str, a number or None: no deep copy (asdict) needed, thousands per report
@@ -157,6 +161,7 @@ class HoldersReport:
     devices: tuple[DeviceState, ...] = ()
     kernels: tuple[KernelUse, ...] = ()
     notes: tuple[str, ...] = ()
+    fake: tuple[str, ...] = ()  # test stand-ins answering instead of the driver (readings/test_hooks.py)
 
     def holders(self) -> list[GpuHolder]:
         return [h for d in self.devices for h in d.holders]
@@ -169,6 +174,8 @@ class HoldersReport:
             "gpus": [d.to_dict() for d in self.devices],
             "kernels": [k.to_dict(self.t_unix) for k in self.kernels],
             "notes": list(self.notes),
+            "fake": bool(self.fake),  # true: a recording from gpunb's test stand-ins, not this machine
+            "fake_sources": list(self.fake),
         }
 
 
@@ -302,7 +309,8 @@ def build_report(
         notes.append(NAMESPACE_NOTE)
     if not status.ok:
         notes.append(f"No GPU readings: {status.cause} Fix: {status.fix}")
-    return HoldersReport(t, status.ok, status.cause, status.fix, driver, tuple(devices), tuple(uses), tuple(notes))
+    return HoldersReport(t, status.ok, status.cause, status.fix, driver, tuple(devices), tuple(uses), tuple(notes),
+                         active_fakes(nvml_fake=nvml.fake))
 
 
 def _cuda_context(kernel: KernelInfo, facts: Callable[[int], ProcessFacts],

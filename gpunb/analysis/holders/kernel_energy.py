@@ -30,6 +30,23 @@ class _Share:
     joules: float = 0.0
     idle_joules: float = 0.0
     idle_s: float = 0.0
+    shared_with: str = ""  # who else the last interval's energy was split with, in words
+
+
+def _who(h: GpuHolder) -> str:
+    """A holder in a few words: whose process it is (another user can move a kernel's share)."""
+    if h.kind in (KERNEL, KERNEL_CHILD) and h.kernel_id:
+        return f"kernel {h.kernel_id[:8]}" + (f" ({h.path})" if h.path else "")
+    what = h.script or h.process_name or "a process"
+    return f"{h.username}'s {what} (PID {h.pid})" if h.username else f"{what} (PID {h.pid}, user not visible)"
+
+
+def _shared_with(me: Owner, owners: set[Owner], rows: dict[Owner, GpuHolder]) -> str:
+    others = sorted(_who(rows[o]) for o in owners if o != me and o in rows)
+    if not others:
+        return ""
+    shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+    return f"split equally with {len(others)} other process{'es' if len(others) > 1 else ''} on this GPU: {shown}"
 
 
 def _owner(h: GpuHolder) -> Owner:
@@ -71,12 +88,14 @@ class KernelEnergyLedger:
             if not both:
                 continue
             each = (d.energy_mj - start) / 1000.0 / len(both)
+            rows = {_owner(h): h for h in reversed(d.holders)}  # an owner's first row names it
             for kind, who in both:
                 if kind != "kernel":
                     continue
                 kernel_id = str(who)
                 share = self._shares.setdefault((kernel_id, d.index), _Share())
                 share.joules += each
+                share.shared_with = _shared_with((kind, who), both, rows)
                 if states.get(kernel_id) == IDLE and before_states.get(kernel_id) == IDLE:
                     share.idle_joules += each
                     share.idle_s += dt
@@ -93,7 +112,7 @@ class KernelEnergyLedger:
                 if share is not None and h.kernel_id not in seen:
                     seen.add(h.kernel_id)
                     h = dataclasses.replace(h, energy_j=share.joules, idle_energy_j=share.idle_joules or None,
-                                            idle_measured_s=share.idle_s or None)
+                                            idle_measured_s=share.idle_s or None, energy_shared_with=share.shared_with)
                 rows.append(h)
             devices.append(dataclasses.replace(d, holders=tuple(rows)) if seen else d)
         return dataclasses.replace(report, devices=tuple(devices))
@@ -113,4 +132,5 @@ def idle_energy_line(h: GpuHolder, now_unix: float) -> str:
             f"{duration_words(idle_s)}, {duration_words(measured)} of it measured"
     else:
         span = duration_words(idle_s)
-    return f"{who} held GPU {h.gpu_index} idle for {span}: {energy_words(h.idle_energy_j)}"
+    share = f" (its share of a GPU others also use: {h.energy_shared_with})" if h.energy_shared_with else ""
+    return f"{who} held GPU {h.gpu_index} idle for {span}: {energy_words(h.idle_energy_j)}{share}"

@@ -14,6 +14,7 @@ from typing import Any
 from gpunb.analysis.holders.gpus import GpuHolder, describe
 from gpunb.analysis.holders.kernel_energy import idle_energy_line
 from gpunb.readings.server_sessions import ServerReading, default_sessions
+from gpunb.readings.test_hooks import fake_note
 from gpunb.units import gib
 
 MAX_LINES = 6  # per GPU; the rest is summed in one more line
@@ -58,7 +59,11 @@ def holder_lines(reading: ServerReading, gpu_index: int) -> list[str]:
             continue
         idle = idle_energy_line(h, now) if h.kernel_id != reading.kernel_id else ""
         items.append((h.used_bytes, f"{idle}; it" if idle else describe(h, now, reading.kernel_id)))
-    return _lines(items)
+    fake = reading.data.get("fake_sources") if reading.data and reading.data.get("fake") is True else None
+    marked = [fake_note(tuple(str(x) for x in fake) if isinstance(fake, list) else ("the server's",))] \
+        if fake is not None else []
+    lines = _lines(items)
+    return marked + lines if lines else []  # a server on gpunb's test stand-ins says so first
 
 
 def pid_lines(processes: Iterable[Any], own_pids: Iterable[int]) -> list[str]:

@@ -42,6 +42,7 @@ from gpunb.readings.nvml import (
     default_session,
     is_available,
 )
+from gpunb.readings.test_hooks import active_fakes
 
 # NVML refreshes utilization about every 200 ms on an H200 (measured, see research), so
 # faster than 10 Hz only repeats values; below 0.5 Hz a training ramp is a blur.
@@ -159,6 +160,7 @@ class Sampler:
         read_links: bool = True,
     ) -> None:
         self.nvml = nvml if nvml is not None else default_session()
+        self.fake = active_fakes(nvml_fake=self.nvml.fake)  # shown in every window: a recording, not this machine
         self.hz, _ = clamp_hz(hz)
         self._max_hz = self.hz  # the fastest rate used so far: how many rows a window may need
         self._clock = clock
@@ -614,6 +616,7 @@ class Sampler:
             nvml=self.status,
             notes=tuple(self.notes),
             running=self.running,
+            fake=self.fake,
             gpu_count=len(self.gpus),
             started_unix=self.started_unix,
             tariff=session_tariff(),

@@ -143,3 +143,4 @@ class Window:
     gpu_count: int = 0  # all GPUs NVML sees (``gpus`` may show a subset)
     started_unix: float | None = None
     tariff: Tariff | None = None  # the user's price and carbon (empty: energy in Wh only)
+    fake: tuple[str, ...] = ()  # test stand-ins answering instead of the driver (readings/test_hooks.py)

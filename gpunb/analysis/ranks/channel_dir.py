@@ -23,11 +23,12 @@ import stat
 import threading
 from collections.abc import Mapping
 
+from gpunb.readings.untrusted_file import GuardedFolder
+
 ENV_CHANNEL = "GPUNB_RANK_CHANNEL"
 ENV_CHANNEL_ID = "GPUNB_RANK_CHANNEL_ID"
 MODE = 0o700
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 def identity(st: os.stat_result) -> str:
@@ -113,20 +114,5 @@ class ChannelWriter:
             fd = self._fd
             if fd is None or not self.usable():
                 return False
-            tmp = f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
-            try:
-                out = os.open(tmp, _NEW_FILE, 0o600, dir_fd=fd)
-            except FileExistsError:  # left by a write that was interrupted: ours (the directory is)
-                os.unlink(tmp, dir_fd=fd)
-                out = os.open(tmp, _NEW_FILE, 0o600, dir_fd=fd)
-            try:
-                with os.fdopen(out, "w") as f:
-                    f.write(data)
-                os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
-            except BaseException:
-                try:
-                    os.unlink(tmp, dir_fd=fd)
-                except OSError:
-                    pass
-                raise
+            GuardedFolder.borrow(fd, self.path).replace(name, data.encode())  # O_EXCL|O_NOFOLLOW, 0600, renamed
             return True
