@@ -352,7 +352,7 @@ HOOK_KINDS = (("forward hook", "_forward_hooks"), ("forward pre-hook", "_forward
               ("backward hook", "_backward_hooks"), ("backward pre-hook", "_backward_pre_hooks"))
 # an nn.Module's own bookkeeping (parameters, buffers and submodules are named by torch's
 # named_* methods; the hook dicts by HOOK_KINDS)
-_MODULE_INTERNALS = frozenset({
+MODULE_INTERNALS = frozenset({
     "_backward_hooks", "_backward_pre_hooks", "_buffers", "_forward_hooks", "_forward_hooks_always_called",
     "_forward_hooks_with_kwargs", "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_is_full_backward_hook",
     "_load_state_dict_post_hooks", "_load_state_dict_pre_hooks", "_modules", "_non_persistent_buffers_set",
@@ -368,7 +368,7 @@ def module_attributes(module: Any, name: str) -> list[tuple[str, Any]]:
     for sub_name, sub in module.named_modules(remove_duplicate=True):
         where = f"{name}.{sub_name}" if sub_name else name
         for key, value in list(vars(sub).items())[:MAX_ITEMS]:
-            if isinstance(key, str) and key not in _MODULE_INTERNALS:
+            if isinstance(key, str) and key not in MODULE_INTERNALS:
                 out.append((f"{where}.{key}", value))
         for kind, attr in HOOK_KINDS:
             table = sub.__dict__.get(attr)
