@@ -50,6 +50,9 @@ MAX_ITEMS = 10_000  # elements read per container
 PASS_THROUGH: tuple[type[BaseException], ...] = (KeyboardInterrupt, SystemExit)
 
 _ATOMS = (str, bytes, bytearray, int, float, bool, complex, type(None), range, memoryview)
+# outside the guard, atoms are told by their exact type: isinstance() reads ``__class__``, which
+# a user object may make raise
+_ATOM_TYPES = frozenset(_ATOMS)
 _SHELL_MODULES = ("IPython.", "ipykernel.", "jupyter_client.", "zmq.", "traitlets.", "gpunb.")
 # A class's own entries that never lead to user data.
 _CLASS_SKIP = frozenset({"__dict__", "__weakref__", "__doc__", "__module__", "__slots__", "__annotations__",
@@ -280,7 +283,7 @@ class Walk:
         self._seen[id(obj)] = obj
 
     def add(self, obj: Any, path: str, depth: int = 0, tag: Any = None) -> None:
-        if isinstance(obj, _ATOMS) or id(obj) in self._seen:
+        if type(obj) in _ATOM_TYPES or id(obj) in self._seen:
             return
         self._queue.append((obj, path, depth, tag))
 
@@ -320,7 +323,7 @@ class Walk:
                 continue
             self.truncated = self.truncated or more
             for suffix, child in children:
-                if not isinstance(child, _ATOMS) and id(child) not in self._seen:
+                if type(child) not in _ATOM_TYPES and id(child) not in self._seen:
                     queue.append((child, join(path, suffix), depth + 1, tag))
 
 
