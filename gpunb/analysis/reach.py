@@ -39,6 +39,7 @@ import os
 import sys
 import sysconfig
 import types
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -76,6 +77,13 @@ def safe_repr(value: Any, limit: int = 40) -> str:
             raise
         text = f"<{safe_type_name(value)}>"
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _key(k: Any) -> str:
+    """A dict key as a path shows it: ``'preds'``, ``3``; other keys through :func:`safe_repr`."""
+    if type(k) is str and len(k) <= 38:
+        return repr(k)
+    return str(k) if type(k) is int else safe_repr(k)
 
 
 def safe_type_name(value: Any) -> str:
@@ -191,7 +199,7 @@ def edges(obj: Any, *, max_items: int = MAX_ITEMS, function_globals: bool = True
         return out, more
     if isinstance(obj, dict):  # dict, defaultdict, OrderedDict, and their subclasses
         pairs, more = _items(obj.items(), max_items)
-        out = [(f"[{safe_repr(k)}]", v) for k, v in pairs]
+        out = [(f"[{_key(k)}]", v) for k, v in pairs]
         if isinstance(obj, collections.defaultdict) and obj.default_factory is not None:
             out.append((".default_factory", obj.default_factory))
         if type(obj) in (dict, collections.defaultdict, collections.OrderedDict):
@@ -239,17 +247,33 @@ def edges(obj: Any, *, max_items: int = MAX_ITEMS, function_globals: bool = True
         pairs, cut = _items(attrs.items(), max_items)
         more = more or cut
         out += [(f".{k}", v) for k, v in pairs if isinstance(k, str)]
-    cls = type(obj)
-    for klass in cls.__mro__:
-        for slot in klass.__dict__.get("__slots__", ()) or ():
-            if isinstance(slot, str) and slot not in ("__dict__", "__weakref__"):
-                try:
-                    out.append((f".{slot}", getattr(obj, slot)))
-                except AttributeError:  # an empty slot
-                    pass
-    if is_user_class(cls):
-        out.append(("type({})", cls))  # formatted by the walk: "type(trainer)"
+    slots, users = _class_facts(type(obj))
+    for slot in slots:
+        try:
+            out.append((f".{slot}", getattr(obj, slot)))
+        except AttributeError:  # an empty slot
+            pass
+    if users:
+        out.append(("type({})", type(obj)))  # formatted by the walk: "type(trainer)"
     return out, more
+
+
+# weak keys: a class the notebook redefined (and its class attributes' tensors) must not stay alive here
+_CLASS_FACTS: weakref.WeakKeyDictionary[type, tuple[tuple[str, ...], bool]] = weakref.WeakKeyDictionary()
+
+
+def _class_facts(cls: type) -> tuple[tuple[str, ...], bool]:
+    """A class's slots (its bases' too) and whether the user wrote it, cached per class
+    (a notebook holds thousands of instances of a few classes)."""
+    facts = _CLASS_FACTS.get(cls)
+    if facts is None:
+        declared = [klass.__dict__.get("__slots__", ()) or () for klass in cls.__mro__]
+        slots = tuple(slot for names in declared for slot in ((names,) if isinstance(names, str) else names)
+                      if isinstance(slot, str) and slot not in ("__dict__", "__weakref__"))
+        facts = (slots, is_user_class(cls))
+        if len(_CLASS_FACTS) < 10_000:
+            _CLASS_FACTS[cls] = facts
+    return facts
 
 
 def join(path: str, suffix: str) -> str:
@@ -299,32 +323,50 @@ class Walk:
             self.skipped[path] = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
     def run(self, visit: Callable[[Any, str, int, Any], bool]) -> None:
-        queue = self._queue
+        queue, seen, atoms, shell = self._queue, self._seen, _ATOM_TYPES, _shell_type
+        max_nodes, max_depth, max_items, globals_too = self.max_nodes, self.max_depth, self.max_items, \
+            self.function_globals
         while queue:
             obj, path, depth, tag = queue.popleft()
-            if id(obj) in self._seen:
+            if id(obj) in seen:
                 continue
-            if self.nodes >= self.max_nodes:
+            if self.nodes >= max_nodes:
                 self.truncated = True
                 queue.clear()
                 return
             self.nodes += 1
-            self._seen[id(obj)] = obj
+            seen[id(obj)] = obj
             try:
-                if type(obj).__module__.startswith(_SHELL_MODULES[:-1]):
+                if shell(type(obj)):
                     continue  # the IPython shell, kernel, displayhook: they lead back to the namespace
-                if not visit(obj, path, depth, tag) or depth >= self.max_depth:
+                if not visit(obj, path, depth, tag) or depth >= max_depth:
                     continue
-                children, more = edges(obj, max_items=self.max_items, function_globals=self.function_globals)
+                children, more = edges(obj, max_items=max_items, function_globals=globals_too)
             except BaseException as exc:  # noqa: BLE001 (a hostile object: skip it, walk the rest)
                 if passes(exc):
                     raise
                 self.skip(path, exc)
                 continue
-            self.truncated = self.truncated or more
+            if more:
+                self.truncated = True
+            depth += 1
             for suffix, child in children:
-                if type(child) not in _ATOM_TYPES and id(child) not in self._seen:
-                    queue.append((child, join(path, suffix), depth + 1, tag))
+                if type(child) not in atoms and id(child) not in seen:
+                    queue.append((child, suffix.format(path) if suffix[:5] == "type(" else path + suffix, depth, tag))
+
+
+_SHELL_TYPES: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
+
+
+def _shell_type(cls: type) -> bool:
+    """Whether objects of ``cls`` belong to the IPython shell or kernel (cached per class)."""
+    known = _SHELL_TYPES.get(cls)
+    if known is None:
+        module = cls.__module__  # a metaclass may raise here: the walk's guard skips the object
+        known = isinstance(module, str) and module.startswith(_SHELL_MODULES[:-1])
+        if len(_SHELL_TYPES) < 10_000:
+            _SHELL_TYPES[cls] = known
+    return known
 
 
 def step_roots(step_fn: Any) -> list[tuple[str, Any]]:
