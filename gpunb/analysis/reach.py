@@ -199,7 +199,7 @@ def edges(obj: Any, *, max_items: int = MAX_ITEMS, function_globals: bool = True
         return out, more
     if isinstance(obj, dict):  # dict, defaultdict, OrderedDict, and their subclasses
         pairs, more = _items(obj.items(), max_items)
-        out = [(f"[{_key(k)}]", v) for k, v in pairs]
+        out = [(f"[{_key(k)}]", v) for k, v in pairs if type(v) not in _ATOM_TYPES]  # atoms hold nothing
         if isinstance(obj, collections.defaultdict) and obj.default_factory is not None:
             out.append((".default_factory", obj.default_factory))
         if type(obj) in (dict, collections.defaultdict, collections.OrderedDict):
@@ -210,7 +210,7 @@ def edges(obj: Any, *, max_items: int = MAX_ITEMS, function_globals: bool = True
         if isinstance(fields, tuple) and len(fields) == len(values):  # a namedtuple: by its field names
             out = [(f".{f}", v) for f, v in zip(fields, values)]
         else:
-            out = [(f"[{i}]", v) for i, v in enumerate(values)]
+            out = [(f"[{i}]", v) for i, v in enumerate(values) if type(v) not in _ATOM_TYPES]
         if type(obj) in (list, tuple, collections.deque) or fields:
             return out, more
     elif isinstance(obj, (set, frozenset)):
@@ -246,7 +246,7 @@ def edges(obj: Any, *, max_items: int = MAX_ITEMS, function_globals: bool = True
     if isinstance(attrs, dict):
         pairs, cut = _items(attrs.items(), max_items)
         more = more or cut
-        out += [(f".{k}", v) for k, v in pairs if isinstance(k, str)]
+        out += [(f".{k}", v) for k, v in pairs if type(v) not in _ATOM_TYPES and isinstance(k, str)]
     slots, users = _class_facts(type(obj))
     for slot in slots:
         try:
