@@ -313,3 +313,48 @@ def test_a_hostile_object_never_reaches_the_users_cell():
     walk.add(og.Hostile(KeyboardInterrupt()), "k")
     with pytest.raises(KeyboardInterrupt):
         walk.run(lambda *a: True)
+
+
+def test_user_modules_are_walked_and_installed_packages_are_not(tmp_path, monkeypatch):
+    """A module imported from the user's own file is walked (``helpers.cache[0]``); torch's and
+    NumPy's module globals (their caches are not the user's) and the standard library's are not."""
+    (tmp_path / "helpers_29.py").write_text("import torch\ncache = [torch.ones(5)]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import helpers_29
+
+    census = take_census({"helpers": helpers_29, "torch": torch, "np": np, "collections": collections},
+                         torch=torch)
+    assert [e.name for e in census.entries] == ["helpers.cache[0]"]
+    assert reach.is_user_module(helpers_29) and not reach.is_user_module(torch) and not reach.is_user_module(np)
+    assert not reach.is_user_module(collections)
+
+
+def test_the_walk_is_bounded_and_cycle_safe():
+    """Node limit, per-container limit and cycles: the walk ends, says it was cut short, and
+    visits each object once."""
+    loop: list[object] = []
+    loop.append(loop)
+    d: dict[str, object] = {"self": None}
+    d["self"] = d
+    visited: list[str] = []
+    walk = reach.Walk(max_nodes=50)
+    walk.add([loop, d, [[torch.zeros(1)] for _ in range(100)]], "ns")
+    walk.run(lambda obj, path, depth, tag: visited.append(path) or True)
+    assert walk.truncated and walk.nodes == 50 and len(set(visited)) == len(visited) == 50
+    walk = reach.Walk(max_items=10)
+    walk.add(list(range(5)) + [object() for _ in range(20)], "big")
+    walk.run(lambda *a: True)
+    assert walk.truncated
+
+
+def test_what_a_step_reaches_is_named_from_the_step():
+    """partial arguments, a bound method's self, a closure, a class attribute, the globals it names."""
+    w = World()
+    step = functools.partial(train, world={"model": (w.model, w.model)})
+    from gpunb.analysis.fit.reachable import find_reachable
+
+    found = find_reachable(torch, step)
+    assert found.modules == [w.model]
+    method = _ClassHeld().step
+    _ClassHeld.world = {"opt": (w.opt, w.opt)}
+    assert find_reachable(torch, method).optimizers == [w.opt]
