@@ -419,3 +419,4 @@ def test_objects_raising_cancelled_error_never_reach_the_cell(ip, quick_budget):
     assert ip.user_ns["i"] == 119  # every step ran
     (f,) = p.leak.findings
     assert f.holder == "all_preds" and f.pattern == "history"
+    assert "skipped (could not be inspected: odd, proxy" in p.leak.note, p.leak.note

@@ -212,6 +212,9 @@ class LeakFinder:
                     f"{growth.MIN_STEPS} steps)")
         if self.errors:
             note = (note + "; " if note else "") + f"a look failed ({self.errors[0]})"
+        skipped = next((s.skipped_note for s in reversed(looks) if s.skipped_note), "")
+        if skipped:  # an object raising when read: that holder is not judged, the others are
+            note = (note + "; " if note else "") + skipped
         return LeakReport(tuple(findings), len(looks), steps, self.skipped, self.spent_s, wall,
                           allocated if findings else None, note)
 

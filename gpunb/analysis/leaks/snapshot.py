@@ -53,6 +53,7 @@ class Snapshot:
     census_capped: bool = False
     # top-level tensor variables: name -> ((shape, dtype, grad_fn type), id of its grad_fn or 0)
     variables: dict[str, tuple[tuple[Any, ...], int]] = field(default_factory=dict)
+    skipped_note: str = ""  # holders the census could not read (an object raising): not counted
 
 
 _MARKS = re.compile(r"[\[\]'\"]")  # the only characters containers() needs to look at
@@ -188,4 +189,4 @@ def look(namespace: Mapping[str, Any], torch: Any, step: int, *, devices: set[st
         if was_enabled:  # a user's gc.disable() stays theirs
             gc.enable()
     return Snapshot(step, t0, clock() - t0, holdings, census.total_bytes(), graph.capped, census.truncated,
-                    variables)
+                    variables, census.skipped_note())
