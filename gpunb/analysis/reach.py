@@ -172,14 +172,21 @@ def _function_edges(fn: types.FunctionType, user_globals: bool) -> Iterator[tupl
         yield f".__defaults__[{i}]", value
     for key, value in (fn.__kwdefaults__ or {}).items():
         yield f".__kwdefaults__[{key!r}]", value
-    if user_globals:
+    if user_globals and users_globals(fn.__globals__):
         glob = fn.__globals__
-        module = sys.modules.get(glob.get("__name__", "")) if isinstance(glob.get("__name__"), str) else None
-        if glob.get("__name__") == "__main__" or (module is not None and is_user_module(module)) \
-                or ("__file__" not in glob and "__name__" not in glob):
-            for name in dict.fromkeys(global_names(code)):
-                if name in glob:
-                    yield f".<global {name}>", glob[name]
+        for name in dict.fromkeys(global_names(code)):
+            if name in glob:
+                yield f".<global {name}>", glob[name]
+
+
+def users_globals(glob: dict[str, Any]) -> bool:
+    """Whether a function's globals are the user's: the notebook's (``__main__``, or a namespace
+    without a module name) or a module of their own; never an installed package's."""
+    name = glob.get("__name__")
+    if name == "__main__" or not isinstance(name, str):
+        return True
+    module = sys.modules.get(name)
+    return isinstance(module, types.ModuleType) and is_user_module(module)
 
 
 def global_names(code: types.CodeType) -> Iterator[str]:

@@ -113,7 +113,7 @@ def find_reachable(torch: Any, step_fn: Any, *, max_nodes: int = MAX_NODES) -> R
         elif isinstance(obj, types.FunctionType):
             glob = obj.__globals__
             names = frozenset(n for n in reach.global_names(obj.__code__) if n in glob)
-            if names and _users_globals(glob):
+            if names and reach.users_globals(glob):
                 found.bindings.append((f"{path}.__globals__", glob, names))
         elif not isinstance(obj, type) and reach.is_user_class(type(obj)) and isinstance(
                 getattr(obj, "__dict__", None), dict):
@@ -135,10 +135,3 @@ def find_reachable(torch: Any, step_fn: Any, *, max_nodes: int = MAX_NODES) -> R
     found.skipped = dict(walk.skipped)
     return found
 
-
-def _users_globals(glob: dict[str, Any]) -> bool:
-    name = glob.get("__name__")
-    if name == "__main__" or not isinstance(name, str):
-        return True
-    module = sys.modules.get(name)
-    return isinstance(module, types.ModuleType) and reach.is_user_module(module)
