@@ -212,7 +212,10 @@ def edges(obj: Any, *, max_items: int = MAX_ITEMS, function_globals: bool = True
         if type(obj) in (dict, collections.defaultdict, collections.OrderedDict):
             return out, more
     elif isinstance(obj, (list, tuple, collections.deque)):
-        values, more = _items(obj, max_items)
+        if type(obj) is list or type(obj) is tuple:  # C slicing: no iterator of the user's to run
+            values, more = list(obj[:max_items]), len(obj) > max_items
+        else:
+            values, more = _items(obj, max_items)
         fields = getattr(type(obj), "_fields", None) if isinstance(obj, tuple) else None
         if isinstance(fields, tuple) and len(fields) == len(values):  # a namedtuple: by its field names
             out = [(f".{f}", v) for f, v in zip(fields, values)]
