@@ -392,3 +392,48 @@ def test_a_look_leaves_out_gpunbs_own_objects():
     p.kept = [torch.ones(2) for _ in range(5)]  # stands for what the running profile holds
     snap = look({"p": p, "mine": [torch.ones(3)]}, torch, 0)
     assert set(snap.holdings) == {"mine", "mine[0]"}, snap.holdings
+
+
+HOSTILE = """
+import asyncio
+class _Meta(type):
+    @property
+    def __module__(cls):
+        raise asyncio.CancelledError
+class Odd(metaclass=_Meta):
+    pass
+class Proxy:
+    @property
+    def __class__(self):
+        raise asyncio.CancelledError
+odd, proxy = Odd(), Proxy()
+all_preds = []
+"""
+
+
+def test_objects_raising_cancelled_error_never_reach_the_cell(ip, quick_budget):
+    """Issue 29: a metaclass whose ``__module__`` raises CancelledError stopped the loop at step 44;
+    a raising ``__class__`` failed the cell and lost its profile. Now the loop runs to its end and
+    the leak beside them is still found."""
+    p = _profile(ip, "    all_preds.append(logits)\n", before=HOSTILE)
+    assert ip.user_ns["i"] == 119  # every step ran
+    (f,) = p.leak.findings
+    assert f.holder == "all_preds" and f.pattern == "history"
+    assert "skipped (could not be inspected: odd, proxy" in p.leak.note, p.leak.note
+
+
+@pytest.mark.parametrize(("before", "body", "holder", "pattern"), [
+    ("class Store:\n    items = []\nstore = Store()\n", "    store.items.append(x.clone())\n",
+     "Store.items", "tensors"),
+    ("class Store:\n    items = []\nstore = Store()\ndel Store\n", "    store.items.append(x.clone())\n",
+     "type(store).items", "tensors"),
+    ("model.history = []\n", "    model.history.append(x.clone())\n", "model.history", "tensors"),
+    ("import collections\nkept = collections.deque()\n", "    kept.append(x.clone())\n", "kept", "tensors"),
+    ("seen = set()\n", "    seen.add(x.clone())\n", "seen", "tensors"),
+    ("acc = torch.zeros(0, 32)\n", "    acc = torch.cat([acc, x])\n", "acc", "bytes"),
+])
+def test_the_leaks_the_first_census_missed(ip, quick_budget, before, body, holder, pattern):
+    """Issue 29's misses, as a user writes them: a class attribute through an instance, a list
+    attribute of a module, a deque, a set, and one tensor grown by ``torch.cat`` (2 KiB a step)."""
+    p = _profile(ip, body, before=before)
+    assert [(f.holder, f.pattern) for f in p.leak.findings] == [(holder, pattern)], p.leak

@@ -53,8 +53,8 @@ def test_containers_attributes_views_and_depth_bound():
     # a view and its base share one storage: counted once, under the first name found
     names = [e.name for e in c.entries if e.nbytes == 4000]
     assert names == ["view"]
-    assert c.total_bytes() == 400 + 4000  # the deep one is beyond the depth bound (4)
-    assert take_census(ns, torch=torch, max_depth=8).total_bytes() == 400 + 4000 + 12
+    assert c.total_bytes() == 400 + 4000 + 12  # five lists deep: within the walk's depth bound (8)
+    assert take_census(ns, torch=torch, max_depth=4).total_bytes() == 400 + 4000  # beyond a bound of 4
 
 
 def test_ipython_names_are_skipped_and_output_history_is_a_leftover():

@@ -1,18 +1,27 @@
 """Everything of the user's that ``%gpufit``'s trials change, saved before the first trial and put
-back after the last one: the fit leaves the model exactly as it found it.
+back after the last one (on success, an OOM, an error in the step and a Ctrl-C): the fit leaves
+the user's state exactly as it found it, or names in its notes what it could not put back.
 
 The trials run the user's real training step, so they train: weights, BatchNorm's running
-statistics, gradients, the optimizers' state and hyperparameters, a learning-rate scheduler
-stepped inside the step, a GradScaler's scale, the random number generators (Python's, NumPy's
-global one when NumPy is imported, torch's CPU and CUDA ones) and ``train()``/``eval()`` modes.
+statistics, gradients, plain tensors an optimizer trains, the optimizers' state and
+hyperparameters, a learning-rate scheduler stepped inside the step, a GradScaler's scale,
+``train()``/``eval()`` modes, and every random number generator: the global ones (Python's,
+NumPy's when NumPy is imported, torch's CPU and CUDA ones) and the generator objects the step
+reaches (``torch.Generator``, NumPy ``Generator`` and ``RandomState``, ``random.Random``).
 Issue 22 measured on the H200: weights changed on two models mid-training, a scheduler left 18
 epochs ahead. Lightning's BatchSizeFinder restores the model afterwards too.
 
-What the step can reach is found from the step function itself: the globals its code names
-(in a notebook, the notebook's variables), its closure, its defaults and, for a bound method
-or a callable object, the object's attributes; one level into lists, tuples, dicts and
-objects. Modules, optimizers, schedulers (``torch.optim.lr_scheduler``) and GradScalers found
-there are saved; a scheduler's optimizer too.
+What the step can reach is found by the shared walk (``reachable.py``): from the step's bound
+``self``, ``functools.partial`` arguments, closure, defaults and the globals its code names,
+transitively. The bindings the step could change are saved too, shallowly: the user's lists,
+dicts, sets and deques (a history the step appends to), the user's objects' attributes
+(``self.global_step += 1``, ``self.acc = torch.cat(...)``) and the notebook globals the step
+names (``global best``).
+
+What cannot be put back is named when it changed: a Python generator the step drew from, a file
+it wrote, a container too large to copy, an object the walk could not read (a property raising),
+the part of a very large reach the walk's node limit left out. State outside Python objects (a
+counter in a C extension, an installed package's module globals) is not reached.
 
 Tensors are saved on the host (the device memory is what is being fitted). When that copy would
 take more than half of the free host memory the weights are not saved, and the fit says so in
@@ -22,122 +31,21 @@ holds SIGINT back while it runs: a second Ctrl-C cannot leave a half-restored mo
 
 from __future__ import annotations
 
+import collections
 import copy
 import random
 import sys
-import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpunb.analysis import reach
+from gpunb.analysis.fit.reachable import MAX_BOUND_ELEMENTS, Reachable, find_reachable
 from gpunb.readings.interrupts import deferred_sigint
 
+__all__ = ["HOST_SHARE", "Reachable", "UserState", "find_reachable"]
+
 HOST_SHARE = 0.5  # save the weights only if their copy takes at most this share of the free host memory
-_SCAN_ITEMS = 1000  # items looked at per container
-
-
-@dataclass
-class Reachable:
-    modules: list[Any] = field(default_factory=list)
-    optimizers: list[Any] = field(default_factory=list)
-    schedulers: list[Any] = field(default_factory=list)
-    scalers: list[Any] = field(default_factory=list)
-
-
-def _kinds(torch: Any) -> dict[str, tuple[type, ...]]:
-    def types_of(*getters: Callable[[], Any]) -> tuple[type, ...]:
-        out = []
-        for get in getters:
-            try:
-                t = get()
-            except (AttributeError, ImportError):
-                continue
-            if isinstance(t, type):
-                out.append(t)
-        return tuple(out)
-
-    import importlib
-
-    sched = importlib.import_module("torch.optim.lr_scheduler")
-    return {
-        "modules": types_of(lambda: torch.nn.Module),
-        "optimizers": types_of(lambda: torch.optim.Optimizer),
-        "schedulers": types_of(lambda: sched.LRScheduler, lambda: sched._LRScheduler, lambda: sched.ReduceLROnPlateau),
-        "scalers": types_of(lambda: torch.amp.GradScaler, lambda: torch.cuda.amp.GradScaler),
-    }
-
-
-def _global_names(code: types.CodeType) -> Iterator[str]:
-    yield from code.co_names
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):  # a nested function or comprehension
-            yield from _global_names(const)
-
-
-def _roots(step_fn: Any) -> list[Any]:
-    """The objects the step can reach directly."""
-    out: list[Any] = []
-    fn = step_fn
-    owner = getattr(step_fn, "__self__", None)
-    if owner is not None:
-        out.append(owner)
-        fn = getattr(step_fn, "__func__", step_fn)
-    elif not isinstance(step_fn, types.FunctionType):  # a callable object: its attributes, its __call__
-        out.append(step_fn)
-        fn = type(step_fn).__dict__.get("__call__") if hasattr(type(step_fn), "__dict__") else None
-    code = getattr(fn, "__code__", None)
-    if isinstance(code, types.CodeType):
-        glob = getattr(fn, "__globals__", {}) or {}
-        out += [glob[name] for name in dict.fromkeys(_global_names(code)) if name in glob]
-    for cell in getattr(fn, "__closure__", None) or ():
-        try:
-            out.append(cell.cell_contents)
-        except ValueError:  # an empty cell
-            pass
-    out += list(getattr(fn, "__defaults__", None) or ())
-    out += list((getattr(fn, "__kwdefaults__", None) or {}).values())
-    return out
-
-
-def find_reachable(torch: Any, step_fn: Any) -> Reachable:
-    """Modules, optimizers, schedulers and GradScalers the step can reach (see the module doc)."""
-    kinds = _kinds(torch)
-    found = Reachable()
-    seen: set[int] = set()
-
-    def visit(obj: Any, depth: int) -> None:
-        if id(obj) in seen or isinstance(obj, (type, types.ModuleType, str, bytes, int, float)):
-            return
-        seen.add(id(obj))
-        if isinstance(obj, (types.FunctionType, types.MethodType)):  # a wrapper around the step, a helper
-            if depth > 0:
-                for root in _roots(obj):
-                    visit(root, depth - 1)
-            return
-        try:
-            for kind, classes in kinds.items():
-                if classes and isinstance(obj, classes):
-                    getattr(found, kind).append(obj)
-                    if kind == "schedulers":
-                        visit(getattr(obj, "optimizer", None), depth)
-                    return
-            if depth <= 0 or isinstance(obj, torch.Tensor):
-                return
-            if isinstance(obj, dict):
-                items = list(obj.values())[:_SCAN_ITEMS]
-            elif isinstance(obj, (list, tuple)):
-                items = list(obj[:_SCAN_ITEMS])
-            else:
-                attrs = getattr(obj, "__dict__", None)
-                items = list(attrs.values())[:_SCAN_ITEMS] if isinstance(attrs, dict) else []
-        except BaseException:  # noqa: BLE001 (a user object may raise anything on a look)
-            return
-        for item in items:
-            visit(item, depth - 1)
-
-    for root in _roots(step_fn):
-        visit(root, 2)
-    return found
 
 
 def _host_copy(t: Any) -> tuple[Any, Any]:
@@ -168,39 +76,113 @@ def _value_back(torch: Any, saved: tuple[str, Any]) -> Any:
         return v
 
 
+class _Binding:
+    """A holder's contents as they were (shallow: the same objects), put back when they differ.
+    ``names``: for a namespace or a module's ``__dict__``, only those entries are the user's."""
+
+    def __init__(self, path: str, holder: Any, names: frozenset[str] | None) -> None:
+        self.path, self.holder, self.names = path, holder, names
+        if isinstance(holder, dict):
+            self.saved: Any = {k: holder[k] for k in names if k in holder} if names is not None else dict(holder)
+        elif isinstance(holder, (set, frozenset)):
+            self.saved = set(holder)
+        else:  # list, deque
+            self.saved = list(holder)
+
+    def changed(self) -> bool:
+        h, saved = self.holder, self.saved
+        if isinstance(h, dict):
+            keys = saved.keys() if self.names is not None else h.keys()
+            return (self.names is None and len(h) != len(saved)) or any(
+                k not in h or k not in saved or h[k] is not saved[k] for k in keys)
+        if isinstance(h, set):
+            return len(h) != len(saved) or any(x not in h for x in saved)
+        return len(h) != len(saved) or any(a is not b for a, b in zip(h, saved))
+
+    def put_back(self) -> None:
+        if not self.changed():
+            return  # untouched: no write (a shared dict another thread reads stays as it is)
+        h = self.holder
+        if isinstance(h, dict):
+            if self.names is None:
+                h.clear()
+            h.update(self.saved)
+        elif isinstance(h, collections.deque):
+            h.clear()
+            h.extend(self.saved)
+        elif isinstance(h, set):
+            h.clear()
+            h.update(self.saved)
+        else:
+            h[:] = self.saved
+
+
+def _rng_state(gen: Any) -> tuple[Callable[[Any], Any], Any]:
+    """``(set_state, state)`` for a generator object (torch, NumPy ``Generator``/``RandomState``,
+    ``random.Random``)."""
+    if isinstance(gen, random.Random):
+        return gen.setstate, gen.getstate()
+    bit = getattr(gen, "bit_generator", None)
+    if bit is not None:  # numpy.random.Generator: its bit generator's state dict
+
+        def set_bit(state: Any, bit: Any = bit) -> None:
+            bit.state = copy.deepcopy(state)
+
+        return set_bit, copy.deepcopy(bit.state)
+    if hasattr(gen, "get_state") and hasattr(gen, "set_state"):  # torch.Generator, numpy RandomState
+        state = gen.get_state()
+        return gen.set_state, state.clone() if hasattr(state, "clone") else copy.deepcopy(state)
+    raise TypeError(f"{type(gen).__name__} has no state to save")
+
+
+def _position(obj: Any) -> Any:
+    """Where a Python generator or a file stands now (to tell whether the trials moved it)."""
+    frame = getattr(obj, "gi_frame", None)
+    if hasattr(obj, "gi_frame"):
+        return None if frame is None else frame.f_lasti
+    try:
+        return obj.tell()
+    except Exception:  # noqa: BLE001 (closed, or not seekable: it cannot be told)
+        return None
+
+
 @dataclass
 class UserState:
-    """The saved state; :meth:`restore` puts it back. ``notes``: what could not be saved."""
+    """The saved state; :meth:`restore` puts it back. ``notes``: what could not be saved or put back."""
 
     torch: Any
-    tensors: list[tuple[Any, Any]] = field(default_factory=list)  # (param or buffer, saved copy)
-    grads: list[tuple[Any, Any]] = field(default_factory=list)  # (param, saved grad or None)
+    tensors: list[tuple[Any, Any]] = field(default_factory=list)  # (param, buffer or plain tensor, saved copy)
+    grads: list[tuple[Any, Any]] = field(default_factory=list)  # (leaf tensor, saved grad or None)
     modes: list[tuple[Any, bool]] = field(default_factory=list)
     optimizers: list[tuple[Any, dict[Any, dict[str, Any]], list[dict[str, Any]]]] = field(default_factory=list)
     schedulers: list[tuple[Any, dict[str, Any]]] = field(default_factory=list)
     scalers: list[tuple[Any, dict[str, Any]]] = field(default_factory=list)
     rng: list[tuple[Callable[[Any], Any], Any]] = field(default_factory=list)
+    bindings: list[_Binding] = field(default_factory=list)
+    watched: list[tuple[str, Any, Any]] = field(default_factory=list)  # (path, generator or file, position)
     notes: list[str] = field(default_factory=list)
+    _checked: bool = False
 
     @classmethod
     def capture(cls, torch: Any, step_fn: Any, *, host_available: Callable[[], int | None] = lambda: None,
                 reach: Reachable | None = None) -> UserState:
-        reach = reach if reach is not None else find_reachable(torch, step_fn)
+        found = reach if reach is not None else find_reachable(torch, step_fn)
         saved = cls(torch)
-        saved._capture_rng()
-        saved._capture_modules(reach.modules, host_available)
-        saved._capture_optimizers(reach.optimizers, host_available)
-        for sched in reach.schedulers:
+        saved._capture_rng(found.generators)
+        saved._capture_tensors(found, host_available)
+        saved._capture_optimizers(found.optimizers)
+        for sched in found.schedulers:
             try:
                 saved.schedulers.append((sched, copy.deepcopy(sched.state_dict())))
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 (a scheduler subclass whose state cannot be copied)
                 saved.notes.append(f"{type(sched).__name__} could not be saved ({type(exc).__name__}): "
                                    "the trials may have stepped it")
-        for scaler in reach.scalers:
+        for scaler in found.scalers:
             saved.scalers.append((scaler, {k: _copy_value(torch, v) for k, v in vars(scaler).items()}))
+        saved._capture_bindings(found)
         return saved
 
-    def _capture_rng(self) -> None:
+    def _capture_rng(self, generators: list[tuple[str, Any]]) -> None:
         torch = self.torch
         self.rng.append((random.setstate, random.getstate()))
         numpy = sys.modules.get("numpy")
@@ -209,42 +191,78 @@ class UserState:
         self.rng.append((torch.set_rng_state, torch.get_rng_state()))
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             self.rng.append((torch.cuda.set_rng_state_all, torch.cuda.get_rng_state_all()))
+        for path, gen in generators:
+            try:
+                self.rng.append(_rng_state(gen))
+            except Exception as exc:  # noqa: BLE001 (a generator whose state cannot be read: named)
+                self.notes.append(f"not restored: the random generator `{path}` ({type(exc).__name__})")
 
-    def _capture_modules(self, modules: list[Any], host_available: Callable[[], int | None]) -> None:
+    def _capture_tensors(self, found: Reachable, host_available: Callable[[], int | None]) -> None:
         tensors: dict[int, Any] = {}
-        params: dict[int, Any] = {}
-        for module in modules:
+        leaves: dict[int, Any] = {}
+        for module in found.modules:
             for sub in module.modules():
                 self.modes.append((sub, sub.training))
             for p in module.parameters():
-                tensors[id(p)] = p
-                params[id(p)] = p
+                tensors[id(p)] = leaves[id(p)] = p
             for b in module.buffers():
                 tensors[id(b)] = b
+        for _, t in found.tensors:
+            tensors.setdefault(id(t), t)
+            if t.is_leaf and t.requires_grad:
+                leaves.setdefault(id(t), t)
         size = sum(t.nbytes for t in tensors.values())
-        size += sum(p.grad.nbytes for p in params.values() if p.grad is not None)
+        size += sum(p.grad.nbytes for p in leaves.values() if p.grad is not None)
         free = host_available()
         if size and free is not None and size > HOST_SHARE * free:
-            names = ", ".join(sorted({type(m).__name__ for m in modules}))
+            names = ", ".join(sorted({type(m).__name__ for m in found.modules} | ({"tensors"} if found.tensors
+                                                                                     else set())))
             self.notes.append(f"not restored: the weights, buffers and gradients of {names} ({size / 2**30:.2f} GiB) "
                               f"would take more than half of the free host memory ({free / 2**30:.2f} GiB) to "
                               "save, so the trials trained them")
             return
         self.tensors = [(t, _host_copy(t)) for t in tensors.values()]
-        self.grads = [(p, _host_copy(p.grad) if p.grad is not None else None) for p in params.values()]
+        self.grads = [(p, _host_copy(p.grad) if p.grad is not None else None) for p in leaves.values()]
 
-    def _capture_optimizers(self, optimizers: list[Any], host_available: Callable[[], int | None]) -> None:
+    def _capture_optimizers(self, optimizers: list[Any]) -> None:
         for opt in optimizers:
             try:
                 state = {p: {k: _copy_value(self.torch, v) for k, v in s.items()} for p, s in opt.state.items()}
                 groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in opt.param_groups]
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 (an optimizer subclass with odd state)
                 self.notes.append(f"{type(opt).__name__}'s state could not be saved ({type(exc).__name__})")
                 continue
             self.optimizers.append((opt, state, groups))
 
+    def _capture_bindings(self, found: Reachable) -> None:
+        for path, holder, names in found.bindings:
+            try:
+                size = len(names) if names is not None else len(holder)
+                if size > MAX_BOUND_ELEMENTS:
+                    self.watched.append((path, holder, size))
+                    continue
+                self.bindings.append(_Binding(path, holder, names))
+            except BaseException as exc:  # noqa: BLE001 (a hostile container: named, not saved)
+                if reach.passes(exc):
+                    raise
+                found.skipped.setdefault(path, type(exc).__name__)
+        for path, obj in found.unrestorable:
+            try:
+                self.watched.append((path, obj, _position(obj)))
+            except BaseException as exc:  # noqa: BLE001 (a hostile object)
+                if reach.passes(exc):
+                    raise
+        if found.skipped:
+            paths = ", ".join(f"`{p}`" for p in list(found.skipped)[:5])
+            self.notes.append(f"not saved: {len(found.skipped)} object(s) the step reaches could not be read "
+                              f"({paths}: {next(iter(found.skipped.values()))}); the trials may have changed them")
+        if found.truncated:
+            self.notes.append("not saved: the step reaches more objects than the walk looks at "
+                              "(100,000, or 10,000 per container); those past the limit may have changed")
+
     def restore(self) -> None:
-        """Put everything back (idempotent), with SIGINT held back until it is done."""
+        """Put everything back (idempotent), with SIGINT held back until it is done; then name what
+        changed and could not be put back."""
         torch = self.torch
         with deferred_sigint(), torch.no_grad():
             for t, saved in self.tensors:
@@ -264,5 +282,29 @@ class UserState:
             for scaler, attrs in self.scalers:
                 for k, v in attrs.items():
                     setattr(scaler, k, _value_back(torch, v))
+            for binding in self.bindings:
+                binding.put_back()
             for set_state, value in self.rng:
                 set_state(value)
+            if not self._checked:
+                self._checked = True
+                self._name_what_moved()
+
+    def _name_what_moved(self) -> None:
+        for path, obj, before in self.watched:
+            try:
+                now = len(obj) if isinstance(before, int) and isinstance(obj, (list, dict, set,
+                                                                              collections.deque)) else _position(obj)
+            except BaseException as exc:  # noqa: BLE001 (a hostile object)
+                if reach.passes(exc):
+                    raise
+                continue
+            if now == before:
+                continue
+            if hasattr(obj, "gi_frame"):
+                what = "a generator the trials drew from: it cannot be rewound"
+            elif hasattr(obj, "tell"):
+                what = "a file the trials wrote to or read from: not undone"
+            else:
+                what = f"too large to copy ({before:,} elements, now {now:,})"
+            self.notes.append(f"not restored: `{path}`, {what}")

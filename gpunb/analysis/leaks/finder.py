@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from gpunb.analysis import reach
 from gpunb.analysis.advice import Advice
 from gpunb.analysis.leaks import growth
 from gpunb.analysis.leaks.fixes import describe, hooks_filling
@@ -96,7 +97,9 @@ class LeakFinder:
         self.spent_s = 0.0
         try:  # the next look's cost, guessed from the last one
             self.expected_s = first_guess(namespace())
-        except Exception:  # noqa: BLE001 (a frame or mapping that cannot be read now: the first look will say so)
+        except BaseException as exc:  # noqa: BLE001 (CancelledError too; a mapping unreadable now: the look says so)
+            if reach.passes(exc):
+                raise
             self.expected_s = FIRST_LOOK_GUESS_S
         self.skipped = 0
         self.errors: list[str] = []
@@ -132,15 +135,20 @@ class LeakFinder:
         try:
             sizes = {name: len(value) for name, value in list(self.namespace().items())
                      if type(value) in SIZED and not name.startswith("_")}
-        except Exception:  # noqa: BLE001 (a namespace that cannot be read now: the looks say so)
+        except BaseException as exc:  # noqa: BLE001 (CancelledError too; a namespace unreadable now: the looks say so)
+            if reach.passes(exc):
+                raise
             return
         self.sizes.append((index, sizes))
 
     def _look(self, index: int) -> Snapshot | None:
         try:
             snap = look(self.namespace(), self.torch, index, clock=self.clock)
-        except Exception as exc:  # noqa: BLE001 (a gpunb bug or a hostile namespace: no leak report, never a failed cell)
-            self.errors.append(f"{type(exc).__name__}: {exc}")
+        except BaseException as exc:  # noqa: BLE001 (a gpunb bug or a hostile namespace, CancelledError too: no
+            # leak report, never a failed cell; the user's own Ctrl-C goes on)
+            if reach.passes(exc):
+                raise
+            self.errors.append(f"{type(exc).__name__}: {reach.safe_repr(exc, 120)}")
             self.spent_s += self.expected_s
             return None
         self.spent_s += snap.cost_s
@@ -204,6 +212,9 @@ class LeakFinder:
                     f"{growth.MIN_STEPS} steps)")
         if self.errors:
             note = (note + "; " if note else "") + f"a look failed ({self.errors[0]})"
+        skipped = next((s.skipped_note for s in reversed(looks) if s.skipped_note), "")
+        if skipped:  # an object raising when read: that holder is not judged, the others are
+            note = (note + "; " if note else "") + skipped
         return LeakReport(tuple(findings), len(looks), steps, self.skipped, self.spent_s, wall,
                           allocated if findings else None, note)
 
@@ -302,6 +313,8 @@ def _findings(looks: Sequence[Snapshot], namespace: Callable[[], Mapping[str, An
             pattern = "tensors"
         elif held.with_history and rise(gx, nodes):
             pattern = "graph"
+        elif rise(xs, total) and growth.matters(rate, in_use):
+            pattern = "bytes"  # as many tensors, more bytes: `acc = torch.cat([acc, out])`, a buffer made larger
         else:
             continue
         node_rate = growth.theil_sen(gx, nodes) if len(gx) >= 2 else 0.0
@@ -324,8 +337,9 @@ def _deepest(found: list[LeakFinding]) -> list[LeakFinding]:
     keep: list[LeakFinding] = []
     for f in sorted(found, key=lambda f: -len(f.holder)):
         inner = [k for k in keep if k.holder.startswith(f.holder) and k.holder[len(f.holder):][:1] in ("[", ".")]
-        if inner and sum(k.tensors_per_step + k.graph_nodes_per_step for k in inner) >= \
-                0.9 * (f.tensors_per_step + f.graph_nodes_per_step):
+        if inner and (sum(k.tensors_per_step + k.graph_nodes_per_step for k in inner)
+                      >= 0.9 * (f.tensors_per_step + f.graph_nodes_per_step)
+                      and sum(k.bytes_per_step for k in inner) >= 0.9 * f.bytes_per_step):
             continue
         keep.append(f)
     return keep

@@ -4,6 +4,8 @@
   ``logits.detach()``, or ``logits.item()`` for a number;
 - ``total_loss += loss``: "`total_loss` keeps the autograd graph of every step" — add ``loss.item()``;
 - ``cache[i] = x``: "`cache` holds 60 tensors" — bound it, or keep summaries;
+- ``acc = torch.cat([acc, out])``: "`acc` grows every step" (one tensor, more bytes each step) —
+  ``torch.cat`` once after the loop;
 - a forward hook that stores its output (in a closure, a bound object, or a notebook list the
   hook appends to): named with the module it hangs on — store ``output.detach()``.
 
@@ -17,6 +19,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from gpunb.analysis import reach
 from gpunb.analysis.leaks.snapshot import Snapshot
 
 _HOOK = re.compile(r"^(?P<module>.*?)\.<(?P<kind>[a-z -]+hook) (?P<fn>.*?)>(?:\.(?P<var>.*))?$")
@@ -37,24 +40,26 @@ def hook_words(holder: str) -> str | None:
 
 def hooks_filling(namespace: Mapping[str, Any], torch: Any, holder: str) -> str | None:
     """The hook that appends to a notebook variable by its global name (``acts.append(out)`` in a
-    hook defined in the notebook), as "the forward hook `save` on `model.fc1`"; None if none."""
+    hook defined in the notebook), as "the forward hook `save` on `model.fc1`"; None if none.
+    The hooks are those the walk names (:func:`gpunb.analysis.reach.module_attributes`)."""
     name = re.split(r"[.\[]", holder, maxsplit=1)[0]
     module_type = getattr(getattr(torch, "nn", None), "Module", None)
     if module_type is None:
         return None
     for var, value in list(namespace.items()):
         try:
-            if not isinstance(value, module_type) or var.startswith("_"):
+            if not isinstance(var, str) or var.startswith("_") or not isinstance(value, module_type):
                 continue
-            for sub_name, sub in value.named_modules():
-                for kind, attr in (("forward hook", "_forward_hooks"), ("forward pre-hook", "_forward_pre_hooks"),
-                                   ("backward hook", "_backward_hooks")):
-                    for hook in list(getattr(sub, attr, {}).values()):
-                        code = getattr(getattr(hook, "__func__", hook), "__code__", None)
-                        if code is not None and name in code.co_names:
-                            where = f"{var}.{sub_name}" if sub_name else var
-                            return f"the {kind} {_code(getattr(hook, '__name__', 'hook'))} on {_code(where)}"
-        except Exception:  # noqa: BLE001 (a user object may raise anything; the finding stands without it)
+            for path, hook in reach.module_attributes(value, var):
+                m = _HOOK.match(path)
+                if m is None or m["var"]:
+                    continue
+                code = getattr(getattr(hook, "__func__", hook), "__code__", None)
+                if code is not None and name in set(reach.global_names(code)):
+                    return f"the {m['kind']} {_code(m['fn'])} on {_code(m['module'])}"
+        except BaseException as exc:  # noqa: BLE001 (CancelledError too); the finding stands without it
+            if reach.passes(exc):
+                raise
             continue
     return None
 
@@ -106,6 +111,10 @@ def describe(pattern: str, holder: str, tensors: int, nodes: int, nodes_per_step
         if var:
             return sentence, f"append `{var}.detach()`, or `{var}.item()` for a number"
         return sentence, "store each tensor's `.detach()`, or its `.item()` for a number"
+    if pattern == "bytes":
+        sentence = f"{who} grows every step ({tensors:,} tensor{plural}, more bytes at each step)"
+        return sentence, ("collect the pieces in a list and `torch.cat` them once after the loop, or keep a "
+                          "running summary (a sum, a mean) instead of every value")
     sentence = f"{who} holds {tensors:,} tensor{plural}, one more set every step"
     if via_hook or filled_by:
         return sentence, "keep what the hook stores bounded, or `handle.remove()` the hook when done"

@@ -11,7 +11,7 @@ class LeakFinding:
     """One holder whose memory grew with every step."""
 
     holder: str  # the container's reference path: "running_preds", "model.fc1.<forward hook save>.store"
-    pattern: str  # "history" | "graph" | "tensors" | "unnamed"
+    pattern: str  # "history" | "graph" | "tensors" | "bytes" | "unnamed"
     sentence: str  # the finding: "`running_preds` holds 60 tensors with autograd history"
     fix: str  # what to write instead: "append `logits.detach()`, or `logits.item()` for a number"
     tensors: int  # held at the last look

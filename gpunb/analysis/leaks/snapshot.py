@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpunb.analysis import reach
 from gpunb.analysis.memory.census import NAMESPACE, TensorEntry, take_census
 
 GRAPH_NODE_CAP = 20_000  # autograd nodes walked per look (~1 µs each on the CPU of the H200 machine)
@@ -52,6 +53,7 @@ class Snapshot:
     census_capped: bool = False
     # top-level tensor variables: name -> ((shape, dtype, grad_fn type), id of its grad_fn or 0)
     variables: dict[str, tuple[tuple[Any, ...], int]] = field(default_factory=dict)
+    skipped_note: str = ""  # holders the census could not read (an object raising): not counted
 
 
 _MARKS = re.compile(r"[\[\]'\"]")  # the only characters containers() needs to look at
@@ -126,7 +128,12 @@ def _users(namespace: Mapping[str, Any]) -> dict[str, Any]:
     walking them made each look cost milliseconds, so too few fitted the budget."""
     out = {}
     for name, value in list(namespace.items()):
-        module = getattr(type(value), "__module__", "") or ""
+        try:
+            module = getattr(type(value), "__module__", "") or ""  # a metaclass may raise here
+        except BaseException as exc:  # noqa: BLE001 (CancelledError too): the census skips it and says so
+            if reach.passes(exc):
+                raise
+            module = ""
         if not (isinstance(module, str) and (module == "gpunb" or module.startswith("gpunb."))):
             out[name] = value
     return out
@@ -182,4 +189,4 @@ def look(namespace: Mapping[str, Any], torch: Any, step: int, *, devices: set[st
         if was_enabled:  # a user's gc.disable() stays theirs
             gc.enable()
     return Snapshot(step, t0, clock() - t0, holdings, census.total_bytes(), graph.capped, census.truncated,
-                    variables)
+                    variables, census.skipped_note())

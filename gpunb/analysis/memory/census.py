@@ -23,14 +23,12 @@ counted (``Census.names_skipped``); the walk goes on with the others.
 
 from __future__ import annotations
 
-import functools
-import itertools
 import sys
-import types
-from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from gpunb.analysis import reach
 
 ROLES = ("parameter", "gradient", "optimizer state", "other")
 GROUP_TITLES = {
@@ -42,8 +40,6 @@ GROUP_TITLES = {
 
 # Names IPython (and the kernel) put in the user namespace.
 _IPYTHON_NAMES = frozenset({"In", "Out", "get_ipython", "exit", "quit", "open"})
-
-_SHELL_MODULES = ("IPython.", "ipykernel.", "jupyter_client.", "zmq.", "traitlets.")
 
 NAMESPACE = "namespace"
 OUTPUT_HISTORY = "output history"
@@ -122,13 +118,7 @@ class Census:
         }
 
 
-def _short_repr(value: Any, limit: int = 40) -> str:
-    """A key's repr for a reference path: bounded, and never raising."""
-    try:
-        text = repr(value)
-    except BaseException:  # noqa: BLE001 (a user object may raise anything: CancelledError too)
-        text = f"<{type(value).__name__}>"
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+_short_repr = reach.safe_repr
 
 
 def _top_name(path: str) -> str:
@@ -136,7 +126,7 @@ def _top_name(path: str) -> str:
     if " local " in path:
         return path
     for i, ch in enumerate(path):
-        if ch in ".[{":
+        if ch in ".[{(":
             return path[:i]
     return path
 
@@ -146,6 +136,10 @@ def _skip_name(name: str) -> bool:
 
 
 class _Walker:
+    """The census's use of the shared walk (:mod:`gpunb.analysis.reach`): tensors are counted
+    (each storage once), modules named by their parameters, buffers, attributes and hooks, and
+    optimizers' state named after the parameters, once the modules gave them names."""
+
     def __init__(self, torch: Any, devices: set[str] | None, max_depth: int, max_nodes: int,
                  observe: Callable[[Any, TensorEntry], None] | None = None) -> None:
         self.torch = torch
@@ -155,38 +149,18 @@ class _Walker:
         self.Parameter = torch.nn.Parameter
         self.Optimizer = torch.optim.Optimizer
         self.devices = devices
-        self.max_depth = max_depth
-        self.max_nodes = max_nodes
-        self.nodes = 0
-        self.truncated = False
-        self.seen_objects: set[int] = set()
+        self.walk = reach.Walk(max_depth=max_depth, max_nodes=max_nodes)
         self.seen_storages: set[tuple[str, int]] = set()
         self.entries: list[TensorEntry] = []
         self.param_names: dict[int, str] = {}  # id(param) -> first name
         self.optimizers: list[tuple[str, Any, str]] = []
-        self.queue: deque[tuple[Any, str, int, str, str]] = deque()  # (object, name, depth, source, role)
-        self.skipped: dict[str, None] = {}  # top names that could not be inspected, in order
-        self.skipped_count = 0
-        self.skipped_reason = ""
-
-    def skip(self, path: str, exc: BaseException) -> None:
-        name = _top_name(path)
-        if name in self.skipped:
-            return
-        self.skipped_count += 1
-        if len(self.skipped) < 20:
-            self.skipped[name] = None
-        if not self.skipped_reason:
-            try:
-                message = str(exc)
-            except BaseException:  # noqa: BLE001 (a user object may raise anything: CancelledError too)
-                message = ""
-            self.skipped_reason = f"{type(exc).__name__}: {message[:120]}" if message else type(exc).__name__
 
     def is_module(self, obj: Any) -> bool:
         try:
             return isinstance(obj, self.Module)
-        except BaseException:  # noqa: BLE001 (CancelledError too); a proxy whose __class__ raises: the walk skips it later
+        except BaseException as exc:  # noqa: BLE001 (CancelledError too); a proxy whose __class__ raises
+            if reach.passes(exc):
+                raise
             return False
 
     # -- tensors -----------------------------------------------------------------
@@ -200,7 +174,9 @@ class _Walker:
             storage = t.untyped_storage()
             key = (device, storage.data_ptr())
             nbytes = int(storage.nbytes())
-        except BaseException:  # noqa: BLE001 (CancelledError too); sparse, nested, fake or otherwise unusual tensors
+        except BaseException as exc:  # noqa: BLE001 (CancelledError too); sparse, nested, fake or odd tensors
+            if reach.passes(exc):
+                raise
             return
         if key in self.seen_storages or (key[1] == 0 and nbytes == 0):
             return
@@ -211,31 +187,17 @@ class _Walker:
         if self.observe is not None:
             self.observe(t, entry)
 
-    # -- generic walk --------------------------------------------------------------
+    # -- the walk ------------------------------------------------------------------
     def visit(self, obj: Any, name: str, depth: int, source: str, role: str = "other") -> None:
         """Queue ``obj``; :meth:`drain` walks breadth-first, so the shortest name wins."""
-        self.queue.append((obj, name, depth, source, role))
+        self.walk.add(obj, name, depth, (source, role))
 
     def drain(self) -> None:
-        while self.queue:
-            item = self.queue.popleft()
-            try:
-                self._process(*item)
-            except BaseException as exc:  # noqa: BLE001 (CancelledError too); a hostile object: skip that name, walk the rest
-                self.skip(item[1], exc)
+        self.walk.run(self._process)
 
-    def _process(self, obj: Any, name: str, depth: int, source: str, role: str = "other") -> None:
-        if self.nodes >= self.max_nodes:
-            self.truncated = True
-            return
-        self.nodes += 1
-        if obj is None or isinstance(obj, (str, bytes, int, float, bool, complex, type, types.ModuleType,
-                                             types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
-            return
+    def _process(self, obj: Any, name: str, depth: int, tag: tuple[str, str]) -> bool:
+        source, role = tag
         if isinstance(obj, self.Tensor):
-            if id(obj) in self.seen_objects:
-                return
-            self.seen_objects.add(id(obj))
             is_param = isinstance(obj, self.Parameter)
             self.add_tensor(obj, name, "parameter" if is_param else role, source)
             if is_param:
@@ -244,101 +206,54 @@ class _Walker:
             grad = obj.grad if obj.is_leaf and (obj.requires_grad or is_param) else None
             if grad is not None:
                 self.add_tensor(grad, name + ".grad", "gradient", source)
-            return
-        if id(obj) in self.seen_objects:
-            return
-        self.seen_objects.add(id(obj))
-        if type(obj).__module__.startswith(_SHELL_MODULES):
-            return  # the IPython shell, kernel, displayhook...: they lead back to the namespace
+            return False
         if isinstance(obj, self.Module):
-            self.visit_module(obj, name, source)
-            return
+            self.visit_module(obj, name, depth, source)
+            return False
         if isinstance(obj, self.Optimizer):
             self.optimizers.append((name, obj, source))
-            return
-        if depth >= self.max_depth:
-            return
-        if isinstance(obj, dict):
-            for i, (k, v) in enumerate(list(itertools.islice(obj.items(), 10_001))):
-                if i >= 10_000:
-                    self.truncated = True
-                    break
-                self.visit(v, f"{name}[{_short_repr(k)}]", depth + 1, source, role)
-        elif isinstance(obj, (list, tuple)):
-            for i, v in enumerate(list(itertools.islice(obj, 10_001))):
-                if i >= 10_000:
-                    self.truncated = True
-                    break
-                self.visit(v, f"{name}[{i}]", depth + 1, source, role)
-        elif isinstance(obj, (set, frozenset)):
-            for i, v in enumerate(list(itertools.islice(obj, 10_001))):
-                if i >= 10_000:
-                    self.truncated = True
-                    break
-                self.visit(v, f"{name}{{item {i}}}", depth + 1, source, role)
-        else:
-            attrs = getattr(obj, "__dict__", None)
-            if isinstance(attrs, dict):
-                for k, v in list(attrs.items()):
-                    if isinstance(k, str):
-                        self.visit(v, f"{name}.{k}", depth + 1, source, role)
-            for slot in getattr(type(obj), "__slots__", ()) or ():
-                if isinstance(slot, str) and hasattr(obj, slot):
-                    self.visit(getattr(obj, slot, None), f"{name}.{slot}", depth + 1, source, role)
+            return False
+        return True
 
-    def visit_module(self, module: Any, name: str, source: str) -> None:
-        try:
-            params = list(module.named_parameters(remove_duplicate=True))
-            buffers = list(module.named_buffers(remove_duplicate=True))
-        except BaseException:  # noqa: BLE001 (a user object may raise anything: CancelledError too)
-            return
+    def visit_module(self, module: Any, name: str, depth: int, source: str) -> None:
+        params = list(module.named_parameters(remove_duplicate=True))
+        buffers = list(module.named_buffers(remove_duplicate=True))
+        for sub in module.modules():
+            if sub is not module:
+                self.walk.mark(sub)
         for pname, p in params:
             full = f"{name}.{pname}"
             self.param_names.setdefault(id(p), full)
-            self.seen_objects.add(id(p))
+            self.walk.mark(p)
             self.add_tensor(p, full, "parameter", source)
             if p.grad is not None:
                 self.add_tensor(p.grad, full + ".grad", "gradient", source)
         for bname, b in buffers:
-            self.seen_objects.add(id(b))
+            self.walk.mark(b)
             self.add_tensor(b, f"{name}.{bname}", "parameter", source)
-        self.visit_hooks(module, name, source)
-
-    def visit_hooks(self, module: Any, name: str, source: str) -> None:
-        """What the hooks of ``module`` and its submodules keep: closure variables, a bound
-        method's object, a callable object's attributes, a ``functools.partial``'s arguments."""
-        for sub_name, sub in module.named_modules():
-            for kind, attr in _HOOK_KINDS:
-                hooks = getattr(sub, attr, None)
-                if not isinstance(hooks, dict) or not hooks:
-                    continue
-                for hook in list(hooks.values())[:100]:
-                    where = f"{name}.{sub_name}" if sub_name else name
-                    label = f"{where}.<{kind} {getattr(hook, '__name__', type(hook).__name__)}>"
-                    for var, value in _hook_holdings(hook):
-                        self.visit(value, f"{label}.{var}" if var else label, 1, source)
+        for path, value in reach.module_attributes(module, name):  # attributes, then what hooks keep
+            self.visit(value, path, depth + 1, source)
 
     def finish_optimizers(self) -> None:
         for name, opt, source in self.optimizers:
             try:
                 self._finish_optimizer(name, opt, source)
             except BaseException as exc:  # noqa: BLE001 (CancelledError too); an optimizer subclass with odd state
-                self.skip(name, exc)
+                if reach.passes(exc):
+                    raise
+                self.walk.skip(name, exc)
         self.optimizers.clear()
 
     def _finish_optimizer(self, name: str, opt: Any, source: str) -> None:
-        try:
-            groups = opt.param_groups
-            state = opt.state
-        except BaseException:  # noqa: BLE001 (a user object may raise anything: CancelledError too)
-            return
+        groups = opt.param_groups
+        state = opt.state
         index = 0
         for group in groups:
             for p in group.get("params", ()):
                 pname = self.param_names.get(id(p), f"param{index}")
                 index += 1
-                if id(p) not in self.seen_objects:  # parameters only the optimizer holds
-                    self.seen_objects.add(id(p))
+                if not self.walk.seen(p):  # parameters only the optimizer holds
+                    self.walk.mark(p)
                     self.add_tensor(p, f"{name}.param_groups[{pname}]", "parameter", source)
                     if p.grad is not None:
                         self.add_tensor(p.grad, f"{name}.param_groups[{pname}].grad", "gradient", source)
@@ -346,30 +261,11 @@ class _Walker:
                     if isinstance(value, self.Tensor):
                         self.add_tensor(value, f"{name}.state[{pname}].{key}", "optimizer state", source)
 
-
-_HOOK_KINDS = (("forward hook", "_forward_hooks"), ("forward pre-hook", "_forward_pre_hooks"),
-               ("backward hook", "_backward_hooks"), ("backward pre-hook", "_backward_pre_hooks"))
-
-
-def _hook_holdings(hook: Any) -> list[tuple[str, Any]]:
-    """(name, object) for what a hook keeps alive; "" names the hook object itself."""
-    if isinstance(hook, functools.partial):
-        return [(f"args[{i}]", a) for i, a in enumerate(hook.args)] + list(hook.keywords.items()) \
-            + _hook_holdings(hook.func)
-    if isinstance(hook, types.MethodType):
-        return [(getattr(hook.__func__, "__name__", "method") + ".__self__", hook.__self__)]
-    if isinstance(hook, types.FunctionType):
-        cells = hook.__closure__ or ()
-        out = []
-        for var, cell in zip(hook.__code__.co_freevars, cells):
-            try:
-                out.append((var, cell.cell_contents))
-            except ValueError:  # a cell not filled yet
-                pass
-        return out
-    if isinstance(hook, (types.BuiltinFunctionType, type)):
-        return []
-    return [("", hook)]  # a callable object: its attributes
+    def census(self) -> Census:
+        w = self.walk
+        entries = sorted(self.entries, key=lambda e: -e.nbytes)
+        reason = next(iter(w.skipped.values()), "")
+        return Census(tuple(entries), w.truncated, tuple(w.skipped), w.skipped_count, reason)
 
 
 def _frames(tb: Any) -> Iterable[tuple[str, dict[str, Any]]]:
@@ -406,8 +302,8 @@ def take_census(
     devices: set[str] | None = None,
     output_history: dict[int, Any] | None = None,
     exceptions: Iterable[tuple[str, BaseException | None]] = (),
-    max_depth: int = 4,
-    max_nodes: int = 200_000,
+    max_depth: int = reach.MAX_DEPTH,
+    max_nodes: int = reach.MAX_NODES,
     observe: Callable[[Any, TensorEntry], None] | None = None,
 ) -> Census:
     """Name every tensor reachable from ``namespace``, then the unnamed holders.
@@ -422,13 +318,13 @@ def take_census(
         return Census(())
     w = _Walker(torch, devices, max_depth, max_nodes, observe)
     ns = namespace or {}
-    # Modules first, so optimizer state and gradients get the model's names.
+    # Modules first, so optimizer state and gradients get the model's names; every name queued
+    # before the walk starts, so a name of the notebook wins over a path to it (a hook's global).
     items = [(k, v) for k, v in list(ns.items()) if isinstance(k, str) and not _skip_name(k)]
     modules = [w.is_module(v) for _, v in items]
     for (key, value), is_module in zip(items, modules):
         if is_module:
             w.visit(value, key, 0, NAMESPACE)
-    w.drain()
     for (key, value), is_module in zip(items, modules):
         if not is_module:
             w.visit(value, key, 0, NAMESPACE)
@@ -445,5 +341,4 @@ def take_census(
                 w.visit(value, f"{fn}() local {var}", 1, label)
         w.drain()
         w.finish_optimizers()
-    entries = sorted(w.entries, key=lambda e: -e.nbytes)
-    return Census(tuple(entries), w.truncated, tuple(w.skipped), w.skipped_count, w.skipped_reason)
+    return w.census()
