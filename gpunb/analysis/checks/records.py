@@ -56,6 +56,13 @@ class CheckReport(DisplayMixin):
         return not any(c.status == "fail" for c in self.checks)
 
     @property
+    def machine_state(self) -> str | None:
+        """The machine's state as the driver check decided it (gpunb.analysis.machine)."""
+        driver = next((c for c in self.checks if c.id == "driver"), None)
+        machine = driver.measured.get("machine") if driver is not None else None
+        return machine.get("state") if isinstance(machine, Mapping) else None
+
+    @property
     def failed(self) -> list[CheckResult]:
         return [c for c in self.checks if c.status == "fail"]
 
@@ -74,6 +81,7 @@ class CheckReport(DisplayMixin):
         return {
             "summary": self.counts,
             "ok": self.ok,
+            "machine": self.machine_state,
             "quick": self.quick,
             "deep": self.deep,
             "device": self.device,
