@@ -45,8 +45,9 @@ def _did_you_mean(parser: argparse.ArgumentParser, message: str) -> str:
     for word in unknown.group(1).split():
         close = difflib.get_close_matches(word.split("=", 1)[0].lstrip("-"), [o[2:] for o in options],
                                           n=1, cutoff=0.65) if word.startswith("--") else []
-        hints.append(f"unknown option {word}" + (f": did you mean --{close[0]}?" if close else ""))
-    return "; ".join(hints)
+        if close:
+            hints.append(f"unknown option {word}: did you mean --{close[0]}?")
+    return "; ".join(hints) or message
 
 
 def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:

@@ -77,7 +77,7 @@ def laptop_bus(request, monkeypatch):
     machine running the tests has (the H200 box has eight). Tests marked ``gpu`` read the real bus."""
     if request.node.get_closest_marker("gpu") is None:
         from gpunb.readings import pci
-        monkeypatch.setattr(pci, "nvidia_gpu_on_bus", lambda root=None: False)
+        monkeypatch.setenv(pci.FAKE_ENV, "0")  # subprocesses (gpunb check) inherit it
 
 
 def pytest_addoption(parser) -> None:

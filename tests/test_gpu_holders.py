@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpunb.analysis.holders import gpus as gh
 from gpunb.analysis.holders.server import holder_lines, names_by_pid, pid_lines
+from gpunb.analysis.machine import NO_GPU
 from gpunb.readings.gpu import GpuProcess
 from gpunb.readings.nvml import NvmlSession
 from gpunb.readings.process_facts import FAKE_DEVICES_ENV, ProcessFacts, kernel_id_of, read_process_facts
@@ -111,7 +112,8 @@ def test_missing_readings_are_null_with_a_reason_and_absent_from_the_metrics():
     assert families["gpunb_gpu_power_watts"].samples == []
     assert families["gpunb_gpu_temperature_celsius"].samples[0].value == 35.0
     none = gh.build_report(NvmlSession(scenario("no-driver")), (LESSON,), facts_of=facts_table(), now=lambda: NOW)
-    assert not none.nvml_ok and none.devices == () and "libnvidia-ml" in none.notes[0]
+    assert not none.nvml_ok and none.devices == () and "libnvidia-ml" in none.nvml_cause
+    assert none.notes[0] == NO_GPU.sentence  # the machine's one statement, no driver advice on a laptop
     body, _ = metrics_text(none)
     families = {f.name: f for f in text_string_to_metric_families(body.decode())}
     assert families["gpunb_nvml_up"].samples[0].value == 0.0

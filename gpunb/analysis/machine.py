@@ -38,7 +38,7 @@ class MachineStatement:
 
 
 NO_GPU = MachineStatement(
-    "no_gpu", "No NVIDIA GPU on this machine — expected on a laptop; gpunb shows the host only.", "info")
+    "no_gpu", "No NVIDIA GPU on this machine — expected on a laptop; the GPU readings are skipped.", "info")
 _NO_DRIVER_FIX = ("Install the NVIDIA driver until `nvidia-smi` lists the GPU; in a container, start it with "
                   "`--gpus all` (the NVIDIA container toolkit).")
 _NOT_LOADED_FIX = "Load the driver (`sudo modprobe nvidia`) or reboot after the driver install; then run `nvidia-smi`."
@@ -71,8 +71,8 @@ def state_of(nvml: NvmlStatus, gpu_count: int | None, torch: TorchBuild,
                                 f"Install the CUDA build of torch for this driver: `{install_command(driver_cuda)}`.")
     if not torch.cuda and not torch.hip:
         return MachineStatement("cpu_torch", f"{gpus} visible, but torch {torch.version} is a CPU-only build: "
-                                "every model trains on the CPU.", "fail",
-                                f"Reinstall torch as the CUDA build this driver runs: `{install_command(driver_cuda)}`.")
+                                "every model trains on the CPU.", "fail", "Reinstall torch as the CUDA build this "
+                                f"driver runs: `{install_command(driver_cuda)}`.")
     return MachineStatement("gpus", f"{gpus} visible.", "info")
 
 
@@ -82,3 +82,9 @@ def read_state(nvml: NvmlStatus, gpu_count: int | None, driver_cuda: object = No
     from gpunb.readings.torch_build import read_torch_build
 
     return state_of(nvml, gpu_count, read_torch_build(), pci.nvidia_gpu_on_bus(), driver_cuda)
+
+
+def without_gpu(nvml: NvmlStatus, gpu_count: int | None = None) -> str:
+    """What a magic that found no GPU to read says: the machine's one sentence and its fix
+    (a laptop: the sentence alone; a GPU without its driver: how to install or load it)."""
+    return read_state(nvml, gpu_count).text()

@@ -6,6 +6,8 @@ from "an NVIDIA GPU whose driver is missing", which need different fixes.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
 
 NVIDIA_VENDOR = "0x10de"
@@ -13,8 +15,16 @@ NVIDIA_VENDOR = "0x10de"
 _DISPLAY_CLASS = "0x03"
 
 
-def nvidia_gpu_on_bus(root: Path = Path("/sys/bus/pci/devices")) -> bool | None:
+# Tests (and their subprocesses) that replay a fake NVML set what the bus holds: "0" or "1".
+FAKE_ENV = "GPUNB_FAKE_PCI_NVIDIA"
+
+
+def nvidia_gpu_on_bus(root: Path = Path("/sys/bus/pci/devices"),
+                      environ: Mapping[str, str] | None = None) -> bool | None:
     """True/False when sysfs could be read, None when it could not (not Linux, no /sys)."""
+    fake = (os.environ if environ is None else environ).get(FAKE_ENV)
+    if fake in ("0", "1"):
+        return fake == "1"
     try:
         devices = list(root.iterdir())
     except OSError:

@@ -189,7 +189,8 @@ def unknown_option(option: str, known: Any) -> str:
     every option shares and which would make any word look close)."""
     options = {o.lstrip("-"): o for o in known if o.startswith("--")}
     close = difflib.get_close_matches(option.lstrip("-"), list(options), n=1, cutoff=0.65)
-    return f"unknown option {option}" + (f": did you mean {options[close[0]]}?" if close else "")
+    return f"unknown option {option}: did you mean {options[close[0]]}?" if close else \
+        f"unrecognized arguments: {option}"  # argparse's own words, where there is nothing to suggest
 
 
 def _plain(magic: Any, message: str) -> str:

@@ -18,8 +18,8 @@ from html import escape
 from typing import Any
 
 from gpunb.analysis.checks.records import CheckReport, CheckResult
-from gpunb.display import register_views
 from gpunb.analysis.machine import NO_GPU as MACHINE_NO_GPU
+from gpunb.display import register_views
 from gpunb.units import gib, seconds
 from gpunb.views import chart
 from gpunb.views.markup import DIM, code_html

@@ -7,9 +7,9 @@ from typing import Any
 from gpunb.analysis.checks.inputs import CheckInputs
 from gpunb.analysis.checks.records import CheckResult, Status, worst
 from gpunb.analysis.machine import state_of
+from gpunb.readings import pci
 from gpunb.readings.gpu import SLOWDOWN_BITS, clock_event_explanations, clock_event_names
 from gpunb.readings.nvml import is_available
-from gpunb.readings import pci
 from gpunb.readings.visible_devices import VisibleDevices
 from gpunb.units import gib, num, shown
 

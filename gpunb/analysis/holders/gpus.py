@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from gpunb.analysis.machine import without_gpu
 from gpunb.readings.energy import read_energy
 from gpunb.readings.gpu import GpuInfo, clock_event_names, read_info, read_processes, read_sample
 from gpunb.readings.nvml import NvmlSession, Unavailable, is_available
@@ -301,7 +302,7 @@ def build_report(
     if any(h.kind in UNMAPPABLE for h in all_holders):
         notes.append(NAMESPACE_NOTE)
     if not status.ok:
-        notes.append(f"No GPU readings: {status.cause} Fix: {status.fix}")
+        notes.append(without_gpu(status))
     return HoldersReport(t, status.ok, status.cause, status.fix, driver, tuple(devices), tuple(uses), tuple(notes))
 
 
