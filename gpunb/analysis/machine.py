@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gpunb.analysis.torch_wheels import install_command
-from gpunb.readings.nvml import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, TIMEOUT, NvmlStatus
+from gpunb.readings.nvml import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, TIMEOUT, NvmlSession, NvmlStatus
 from gpunb.readings.torch_build import TorchBuild
 
 State = Literal["no_gpu", "no_driver", "nvml_slow", "no_torch", "cpu_torch", "gpus"]
@@ -67,12 +67,12 @@ def state_of(nvml: NvmlStatus, gpu_count: int | None, torch: TorchBuild,
                                 "check CUDA_VISIBLE_DEVICES.")
     gpus = f"{gpu_count} NVIDIA GPU{'s' if gpu_count != 1 else ''}"
     if not torch.installed:
-        return MachineStatement("no_torch", f"{gpus} visible; torch is not installed.", "warn",
-                                f"Install the CUDA build of torch for this driver: `{install_command(driver_cuda)}`.")
+        return MachineStatement("no_torch", "torch is not installed", "warn",
+                                f"Install the CUDA build of torch this driver runs: `{install_command(driver_cuda)}`.")
     if not torch.cuda and not torch.hip:
-        return MachineStatement("cpu_torch", f"{gpus} visible, but torch {torch.version} is a CPU-only build: "
-                                "every model trains on the CPU.", "fail", "Reinstall torch as the CUDA build this "
-                                f"driver runs: `{install_command(driver_cuda)}`.")
+        return MachineStatement("cpu_torch", f"torch {torch.version} is a CPU-only build: every model trains on "
+                                "the CPU", "fail", f"Reinstall the CUDA build your driver (CUDA {driver_cuda}) runs: "
+                                f"`{install_command(driver_cuda)}`.")
     return MachineStatement("gpus", f"{gpus} visible.", "info")
 
 
@@ -88,3 +88,12 @@ def without_gpu(nvml: NvmlStatus, gpu_count: int | None = None) -> str:
     """What a magic that found no GPU to read says: the machine's one sentence and its fix
     (a laptop: the sentence alone; a GPU without its driver: how to install or load it)."""
     return read_state(nvml, gpu_count).text()
+
+
+def machine_of(session: NvmlSession) -> MachineStatement:
+    """The machine's statement with the driver read from ``session`` now: its GPU count and
+    the CUDA version it runs (which the install command for torch depends on)."""
+    from gpunb.readings.gpu import read_driver
+
+    driver = read_driver(session)
+    return read_state(driver.nvml, driver.gpu_count if driver.nvml.ok else None, driver.cuda_driver_version)

@@ -154,10 +154,8 @@ def oom_sites(snapshot: Mapping[str, Any], *, device: int, cell_numbers: Mapping
 def _machine_without_cuda() -> str:
     """The machine's statement when it has no GPU torch could trace (no GPU, no driver, a CPU
     build of torch), as every magic says it; "" when the GPUs are there."""
-    from gpunb.analysis.machine import read_state
+    from gpunb.analysis.machine import machine_of
     from gpunb.readings.nvml import default_session
 
-    nvml = default_session()
-    status = nvml.start()
-    machine = read_state(status, nvml.device_count() if status.ok else None)
+    machine = machine_of(default_session())
     return "" if machine.state in ("gpus", "nvml_slow") else f"{machine.text()} The cell runs untraced."

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from gpunb.analysis.machine import without_gpu
+from gpunb.analysis.machine import machine_of, without_gpu
 from gpunb.analysis.memory.census import Census, take_census
 from gpunb.analysis.memory.records import FreedVariables, GpuMemoryRow, MemoryReport
 from gpunb.analysis.memory.release import measure
@@ -188,7 +188,7 @@ def memory(
         if torch.backends.cuda.is_built() and gpu_count > 0:
             problems.append("this kernel has not used CUDA yet (no CUDA context): showing tensors on all devices.")
         elif gpu_count > 0:  # a GPU beside a CPU build of torch: the machine's statement, with its install fix
-            problems.append(without_gpu(nvml.start(), gpu_count) + " Showing the tensors on the CPU.")
+            problems.append(machine_of(nvml).text() + " Showing the tensors on the CPU.")
         else:  # no GPU: the machine's statement comes with the NVML rows below
             problems.append("Showing the tensors on the CPU.")
     with nvml.budget(NVML_BUDGET_S, "%gpumem"):
