@@ -15,6 +15,7 @@ import os
 import re
 import sys
 import traceback
+from typing import Any
 
 from gpunb._version import __version__
 
@@ -141,6 +142,11 @@ def _check(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if not _emit(report.to_json() if args.json else str(report)):
         return EXIT_OUTPUT
+    return exit_code(report)
+
+
+def exit_code(report: Any) -> int:
+    """The exit status a finished check run gives: the record's own verdict (``report.ok``)."""
     return EXIT_OK if report.ok else EXIT_CHECK_FAILED
 
 

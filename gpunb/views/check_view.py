@@ -29,8 +29,6 @@ SYMBOL = {"ok": "✓", "warn": "!", "fail": "✗", "skip": "–"}
 # Readable on light and dark backgrounds alike (gpunb.views.chart's palette).
 COLOR = {"ok": chart.GREEN, "warn": chart.ORANGE, "fail": chart.RED, "skip": chart.GREY}
 NO_GPU = MACHINE_NO_GPU.sentence
-_WORDS = {"fail": ("problem", "problems"), "warn": ("warning", "warnings"), "ok": ("ok", "ok"),
-          "skip": ("skipped", "skipped")}
 
 
 # -- what each check found, in one short sentence ------------------------------------------
@@ -113,9 +111,8 @@ def headline(report: CheckReport) -> str:
 
 def tally(report: CheckReport) -> str:
     """The second line: counts, time and mode."""
-    counts = dict(report.counts)
-    words = [f"{n} {_WORDS[s][n != 1]}" for s in ("fail", "warn", "ok", "skip") if (n := counts[s])]
-    line = " · ".join(["gpunb check", *words, seconds(report.duration_s)])
+    counts = report.summary_line()  # the record's own words, so the view and the API agree
+    line = " · ".join(["gpunb check", *([counts] if counts else []), seconds(report.duration_s)])
     return line + (" · --quick" if report.quick else "") + (" · --deep" if report.deep else "")
 
 
