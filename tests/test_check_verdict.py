@@ -78,3 +78,4 @@ def test_each_machine_state_has_one_verdict(name, require_gpu):
         assert report.ok is (not require_gpu) and report.machine_state == "no_gpu"
         assert render_text(report).splitlines()[0] == (NO_GPU.sentence if not require_gpu else
                                                        "No NVIDIA GPU on this machine, and this run requires one.")
+
