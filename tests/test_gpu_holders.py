@@ -80,7 +80,7 @@ def test_words_name_the_notebook_its_state_and_idle_time():
     worker = gh.classify(201, 0, GiB, (LESSON, TRAIN), facts)
     assert gh.describe(worker, NOW) == "train.ipynb (busy), its child PID 201 pt_data_worker"
     assert gh.describe(gh.classify(300, 0, GiB, (), facts), NOW) == "PID 300 python3 train.py (user bob)"
-    assert "cannot be mapped" in gh.describe(gh.classify(999, 0, GiB, (), facts), NOW)
+    assert "a process outside this container" in gh.describe(gh.classify(999, 0, GiB, (), facts), NOW)
     assert [gh.duration_words(s) for s in (5, 89, 90, 40 * 60, 3 * 3600 + 300, 2 * 86400 + 4 * 3600)] == [
         "5 s", "89 s", "2 min", "40 min", "3 h 5 min", "2 d 4 h"]
 

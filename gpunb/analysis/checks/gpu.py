@@ -106,7 +106,10 @@ def check_other_processes(inputs: CheckInputs) -> CheckResult:
                 statuses[-1] = "warn"
             parts.append(f"GPU{g.index}: none{note}")
             continue
-        names = ", ".join(f"{p.name or '?'} (pid {p.pid}, {gib(p.used_bytes)})" for p in others[:4])
+        # a process whose name this container cannot read is said as its PID alone, never "?"
+        names = ", ".join(f"{p.name} (pid {p.pid}, {gib(p.used_bytes)})" if p.name else
+                          f"PID {p.pid} ({gib(p.used_bytes)}; its name is hidden from this container)"
+                          for p in others[:4])
         more = f" and {len(others) - 4} more" if len(others) > 4 else ""
         parts.append(f"GPU{g.index}: {len(others)} other process(es) hold {gib(held)}: {names}{more}")
         statuses.append("warn")  # memory and compute are shared with them

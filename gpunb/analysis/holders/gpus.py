@@ -368,7 +368,8 @@ def describe(h: GpuHolder, now_unix: float, this_kernel_id: str = "") -> str:
     if h.kind == PROCESS:
         what = " ".join(x for x in (h.process_name, h.script) if x)
         return f"PID {h.pid} {what}{' (' + user[2:] + ')' if user else ''}".rstrip()
-    return f"PID {h.pid} (cannot be mapped: not a process of this PID namespace)"
+    # NVML reports PIDs as the host sees them; inside a container that PID is another process or none
+    return f"PID {h.pid}, a process outside this container (its name cannot be read from here)"
 
 
 def holder_line(h: GpuHolder, now_unix: float, this_kernel_id: str = "") -> str:
