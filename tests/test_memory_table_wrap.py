@@ -14,7 +14,8 @@ from gpunb.views.memory_tables import table
 
 
 def test_cells_break_between_words_and_a_wide_table_scrolls():
-    html = table(["name", "dtype", "shape"], [["model.encoder.layers.0.self_attn.q_proj.weight", "float32", "4096×4096"]])
+    row = ["model.encoder.layers.0.self_attn.q_proj.weight", "float32", "4096×4096"]
+    html = table(["name", "dtype", "shape"], [row])
     assert re.match(r"<div style='overflow-x:auto'><table", html)
     cells = re.findall(r"<t[dh] style='([^']*)'", html)
     assert len(cells) == 6
