@@ -39,7 +39,7 @@ def _price_words(r: SessionEnergy, wh: float) -> str:
 def headline(r: SessionEnergy) -> str:
     if r.problem:
         # the machine's own statement (gpunb.analysis.machine), word for word as every magic says it
-        return f"{r.problem.strip()} %gpuenergy has nothing to measure."
+        return f"gpunb: {r.problem.strip()} %gpuenergy has nothing to measure."
     if r.just_started:
         return (f"gpunb: counting this kernel's GPU energy from now ({r.since}); run %gpuenergy again after "
                 "some work.")
