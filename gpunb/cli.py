@@ -9,10 +9,13 @@ object on stdout; 2 and 3 with an ``error`` key.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
+import re
 import sys
 import traceback
+from typing import Any
 
 from gpunb._version import __version__
 
@@ -30,7 +33,28 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a bad argument is raised (main prints it as text or JSON) instead of exiting."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise _UsageProblem(self, message)
+        raise _UsageProblem(self, _did_you_mean(self, message))
+
+
+def _did_you_mean(parser: argparse.ArgumentParser, message: str) -> str:
+    """argparse's "unrecognized arguments: --quik" with the option meant (--quick)."""
+    unknown = re.match(r"unrecognized arguments: (.*)", message)
+    if not unknown:
+        return message
+    options = [o for p in _parsers(parser) for o in p._option_string_actions if o.startswith("--")]
+    hints = []
+    for word in unknown.group(1).split():
+        close = difflib.get_close_matches(word.split("=", 1)[0].lstrip("-"), [o[2:] for o in options],
+                                          n=1, cutoff=0.65) if word.startswith("--") else []
+        if close:
+            hints.append(f"unknown option {word}: did you mean --{close[0]}?")
+    return "; ".join(hints) or message
+
+
+def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """The parser and its subcommands' (the unknown option belongs to one of them)."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return [parser, *(p for a in subs for p in a.choices.values())]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="also an NCCL all-reduce across every GPU (subprocesses, killed after 90 s)")
     check.add_argument("--device", type=int, metavar="N", help="check only cuda:N")
     check.add_argument("--json", action="store_true", help="print the report as JSON")
+    check.add_argument("--require-gpu", action="store_true",
+                       help="fail (exit 1) on a machine without an NVIDIA GPU; by default such a machine "
+                            "skips the GPU checks and exits 0")
     return parser
 
 
@@ -104,7 +131,8 @@ def _check(args: argparse.Namespace) -> int:
             print(f"gpunb check: {partial.in_progress}", file=sys.stderr, flush=True)
 
     try:
-        report = check(quick=args.quick, device=args.device, deep=args.deep, progress=progress, in_kernel=False)
+        report = check(quick=args.quick, device=args.device, deep=args.deep, progress=progress, in_kernel=False,
+                       require_gpu=args.require_gpu)
     except CheckOptionError as exc:
         if args.json and not _emit(json.dumps({"ok": False, "error": {
                 "type": "usage", "message": str(exc), "cause": "these options exclude each other",
@@ -114,6 +142,11 @@ def _check(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if not _emit(report.to_json() if args.json else str(report)):
         return EXIT_OUTPUT
+    return exit_code(report)
+
+
+def exit_code(report: Any) -> int:
+    """The exit status a finished check run gives: the record's own verdict (``report.ok``)."""
     return EXIT_OK if report.ok else EXIT_CHECK_FAILED
 
 

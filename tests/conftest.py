@@ -71,6 +71,15 @@ def private_peak_cache(tmp_path_factory, monkeypatch):
     path.unlink(missing_ok=True)
 
 
+@pytest.fixture(autouse=True)
+def laptop_bus(request, monkeypatch):
+    """The fake NVML's "no-driver" is a laptop: no NVIDIA device on the PCI bus, whatever the
+    machine running the tests has (the H200 box has eight). Tests marked ``gpu`` read the real bus."""
+    if request.node.get_closest_marker("gpu") is None:
+        from gpunb.readings import pci
+        monkeypatch.setenv(pci.FAKE_ENV, "0")  # subprocesses (gpunb check) inherit it
+
+
 def pytest_addoption(parser) -> None:
     parser.addoption("--repeat", type=int, default=1, metavar="N",
                      help="run every collected test N times (CI repeats the deadline and lifecycle "

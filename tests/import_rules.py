@@ -53,7 +53,7 @@ CAPABILITY_USES: dict[str, frozenset[str]] = {
 }
 # analysis/<module>.py beside the capabilities: small pieces every capability may use; they
 # import no capability.
-SHARED = ("advice", "gpu_specs", "torch_wheels", "reach")
+SHARED = ("advice", "gpu_specs", "machine", "torch_wheels", "reach")
 
 
 @dataclass(frozen=True)

@@ -74,12 +74,22 @@ def test_quick_skips_the_probe(h200_torch):
     assert report["cuda_smoke"].status == "skip" and "--quick" in report["cuda_smoke"].summary
 
 
-def test_no_driver_fails_with_cause_and_fix():
+def test_no_driver_on_a_laptop_is_skipped_unless_a_gpu_is_required():
+    report = run("no-driver")
+    assert report["driver"].status == "skip" and report["temperature"].status == "skip"
+    assert report.ok and report.machine_state == "no_gpu"
+    required = run("no-driver", require_gpu=True)
+    assert required["driver"].status == "fail" and "nvidia-smi" in required["driver"].fix
+    assert not required.ok
+
+
+def test_no_driver_beside_an_nvidia_gpu_fails_with_the_driver_fix(monkeypatch):
+    from gpunb.readings import pci
+    monkeypatch.setenv(pci.FAKE_ENV, "1")
     report = run("no-driver")
     driver = report["driver"]
-    assert driver.status == "fail"
+    assert driver.status == "fail" and report.machine_state == "no_driver"
     assert "libnvidia-ml.so.1" in driver.cause and "nvidia-smi" in driver.fix
-    assert report["temperature"].status == "skip"
     assert not report.ok
 
 

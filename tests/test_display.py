@@ -126,7 +126,7 @@ def test_to_dict_is_json_and_carries_the_fields(result):
 
 def test_check_report_json_keeps_its_documented_shape(fake_nvml):
     data = _check_report().to_dict()
-    assert list(data) == ["summary", "ok", "quick", "deep", "device", "duration_s", "checks"]
+    assert list(data) == ["summary", "ok", "verdict", "machine", "quick", "deep", "device", "duration_s", "checks"]
     assert data["checks"][0]["id"] == "driver" and isinstance(data["checks"][0]["measured"], dict)
 
 

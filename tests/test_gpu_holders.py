@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpunb.analysis.holders import gpus as gh
 from gpunb.analysis.holders.server import holder_lines, names_by_pid, pid_lines
+from gpunb.analysis.machine import NO_GPU
 from gpunb.readings.gpu import GpuProcess
 from gpunb.readings.nvml import NvmlSession
 from gpunb.readings.process_facts import FAKE_DEVICES_ENV, ProcessFacts, kernel_id_of, read_process_facts
@@ -79,7 +80,7 @@ def test_words_name_the_notebook_its_state_and_idle_time():
     worker = gh.classify(201, 0, GiB, (LESSON, TRAIN), facts)
     assert gh.describe(worker, NOW) == "train.ipynb (busy), its child PID 201 pt_data_worker"
     assert gh.describe(gh.classify(300, 0, GiB, (), facts), NOW) == "PID 300 python3 train.py (user bob)"
-    assert "cannot be mapped" in gh.describe(gh.classify(999, 0, GiB, (), facts), NOW)
+    assert "a process outside this container" in gh.describe(gh.classify(999, 0, GiB, (), facts), NOW)
     assert [gh.duration_words(s) for s in (5, 89, 90, 40 * 60, 3 * 3600 + 300, 2 * 86400 + 4 * 3600)] == [
         "5 s", "89 s", "2 min", "40 min", "3 h 5 min", "2 d 4 h"]
 
@@ -111,7 +112,8 @@ def test_missing_readings_are_null_with_a_reason_and_absent_from_the_metrics():
     assert families["gpunb_gpu_power_watts"].samples == []
     assert families["gpunb_gpu_temperature_celsius"].samples[0].value == 35.0
     none = gh.build_report(NvmlSession(scenario("no-driver")), (LESSON,), facts_of=facts_table(), now=lambda: NOW)
-    assert not none.nvml_ok and none.devices == () and "libnvidia-ml" in none.notes[0]
+    assert not none.nvml_ok and none.devices == () and "libnvidia-ml" in none.nvml_cause
+    assert none.notes[0] == NO_GPU.sentence  # the machine's one statement, no driver advice on a laptop
     body, _ = metrics_text(none)
     families = {f.name: f for f in text_string_to_metric_families(body.decode())}
     assert families["gpunb_nvml_up"].samples[0].value == 0.0

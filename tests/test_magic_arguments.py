@@ -217,3 +217,31 @@ def test_in_a_real_kernel_a_bad_magic_argument_stops_the_notebook():
     assert [(o.output_type, o.get("name")) for o in outputs] == [("stream", "stderr")]
     assert outputs[0].text.startswith("UsageError: %gpuprofile: --steps: 'abc' is not a whole number")
     assert "the body ran" not in outputs[0].text and nb.cells[2].outputs == []
+
+
+# -- a misspelt option of any magic is named, with the option meant -------------------------
+
+def _misspelt(option: str) -> str:
+    """--steps -> --stpes: two letters of the name swapped (the commonest typo)."""
+    name = option[2:]
+    i = len(name) // 2
+    return "--" + name[:i - 1] + name[i] + name[i - 1] + name[i + 1:]
+
+
+def test_every_magics_misspelt_option_gets_a_did_you_mean(ip):
+    from gpunb.shells.arguments import parse_args
+
+    magics = {fn for kind in ("line", "cell") for fn in ip.magics_manager.magics[kind].values()
+              if getattr(fn, "__module__", "").startswith("gpunb") and hasattr(fn, "parser")}
+    tried = 0
+    for magic in magics:
+        options = [o for o in magic.parser._option_string_actions if o.startswith("--") and len(o) >= 6]
+        for option in options:
+            wrong = _misspelt(option)
+            if wrong in options or any(o.startswith(wrong) for o in options):
+                continue
+            with pytest.raises(UsageError) as err:  # a value after it, as users type them
+                parse_args(magic, f"{wrong} 3")
+            assert f"unknown option {wrong}: did you mean {option}?" in str(err.value), (magic.__name__, option)
+            tried += 1
+    assert tried > 30  # every gpunb magic's options, not a handful

@@ -6,12 +6,14 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from html import escape
 
 import pytest
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 import gpunb
+from gpunb.analysis.machine import NO_GPU
 from gpunb.analysis.monitor.sampler import THREAD_NAME
 from gpunb.shells.extension import state_of
 from gpunb.shells.kernel_state import STANDALONE_STATE
@@ -168,9 +170,9 @@ def test_bad_api_arguments_say_what_to_do(fake_nvml):
 @pytest.mark.parametrize("fake_nvml", ["no-driver"], indirect=True)
 def test_no_gpu_monitors_the_host_and_says_so(ip, fake_nvml):
     _, out = run(ip, "%gpumonitor -o mon")
-    assert "No GPU to show" in out.stdout and "host: CPU" in out.stdout
+    assert out.stdout.count(NO_GPU.sentence) == 1 and "host: CPU" in out.stdout
     html = ip.user_ns["mon"]._repr_mimebundle_()["text/html"]
-    assert "No GPU to show" in html and "libnvidia-ml.so.1" in html
+    assert html.count(escape(NO_GPU.sentence)) == 1 and "--gpus all" not in html
     run(ip, "%gpumonitor --stop")
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import html
 import re
 
 import pytest
 
+from gpunb.analysis.machine import NO_GPU
 from gpunb.analysis.monitor.sampler import Sampler
 from gpunb.readings.nvml import NvmlSession
 from gpunb.testing import load_trace, scenario
@@ -246,9 +248,9 @@ def test_text_line_and_no_gpu_message():
     lost = monitor_text(window_of("power-not-supported"))
     assert "power n/a ·" in lost
     none = window_of("no-driver")
-    assert "No GPU to show" in monitor_text(none)
-    page = monitor_html(none)
-    assert "No GPU to show" in page and "libnvidia-ml.so.1" in page and len(charts(page)) == 2
+    assert NO_GPU.sentence in monitor_text(none)
+    page = monitor_html(none)  # a laptop: the machine's statement, no driver or Docker advice
+    assert page.count(html.escape(NO_GPU.sentence)) == 1 and "--gpus all" not in page and len(charts(page)) == 2
 
 
 def test_two_gpus_one_lost():

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from gpunb.analysis.profile.cell import CellProfile, GpuPart, StepStats, TimeShares
 from gpunb.analysis.profile.verdict import judge, sync_gain
 from gpunb.readings.gpu_activity import UtilWindow, now_us, read_util_since
@@ -181,3 +184,16 @@ def test_util_window_from_the_recorded_trace():
     assert read_util_since(nvml, 0, now_us() + 10_000_000) == UtilWindow(())
     lost = NvmlSession(scenario("gpu-lost"))
     assert not read_util_since(lost, 0, since)
+
+
+# -- advice never recommends what the machine already runs ----------------------------------
+
+@given(st.integers(0, 64), st.integers(1, 256))
+def test_dataloader_advice_never_recommends_the_current_workers(workers, cores):
+    from gpunb.analysis.profile.verdict import more_workers
+
+    more = more_workers(workers, cores)
+    if more is not None:
+        assert workers < more <= max(1, cores - 1)  # more than now, and what fits this machine
+    else:
+        assert workers >= max(1, min(8, cores - 1))  # only when nothing more would fit

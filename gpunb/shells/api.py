@@ -38,6 +38,7 @@ def check(
     progress: Callable[[CheckReport], None] | None = None,
     in_kernel: bool | None = None,
     probe_timeout_s: float = 180.0,
+    require_gpu: bool = False,
 ) -> CheckReport:
     """Run the setup checklist and return a :class:`~gpunb.analysis.checks.records.CheckReport`.
 
@@ -48,12 +49,14 @@ def check(
     progress: called with the partial report whenever a step starts or finishes.
     in_kernel: whether to report this process's CUDA state as a notebook kernel's (default:
         inside IPython); it is reported anyway once this process has imported torch.
+    require_gpu: a machine without an NVIDIA GPU is a failure (``report.ok`` is False);
+        by default it is the laptop's ordinary state: the GPU checks are skipped, ``ok`` True.
     """
     from gpunb.analysis.checks.checklist import check as run_checks
 
     return run_checks(quick, device, deep=deep, environ=environ, nvml=nvml, progress=progress,
                       in_kernel=current_shell() is not None if in_kernel is None else in_kernel,
-                      probe_timeout_s=probe_timeout_s)
+                      probe_timeout_s=probe_timeout_s, require_gpu=require_gpu)
 
 
 def _frame_variables(frame: Any) -> Callable[[], dict[str, Any]]:

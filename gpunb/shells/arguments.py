@@ -140,6 +140,7 @@ def parse_args(magic: Any, line: str) -> argparse.Namespace | None:
         print(help_text(magic))
         return None
     _refuse_opposites(magic, words)
+    _refuse_unknown_options(magic, words)
     try:
         return parse_argstring(magic, line)
     except UsageError as exc:
@@ -165,6 +166,31 @@ def _refuse_opposites(magic: Any, words: list[str]) -> None:
         if other is not None and other not in action.option_strings:
             raise usage_error(magic, f"{other} and {option} exclude each other: give one of them")
         seen[action.dest] = option
+
+
+def _refuse_unknown_options(magic: Any, words: list[str]) -> None:
+    """An option the magic does not have is named before argparse parses the line: argparse
+    would otherwise hand its value to a positional and complain about that instead
+    (``--stpes 3`` read as "invalid choice: '3'")."""
+    known = magic.parser._option_string_actions
+    for word in words:
+        if word == "--":
+            return
+        option = word.split("=", 1)[0]
+        if not re.fullmatch(r"--?[A-Za-z][\w-]*", option) or option in known:
+            continue
+        if option.startswith("--") and sum(o.startswith(option) for o in known) == 1:
+            continue  # argparse's own unambiguous abbreviation (--quic for --quick)
+        raise usage_error(magic, unknown_option(option, known))
+
+
+def unknown_option(option: str, known: Any) -> str:
+    """"unknown option --stpes: did you mean --steps?" (compared without the dashes, which
+    every option shares and which would make any word look close)."""
+    options = {o.lstrip("-"): o for o in known if o.startswith("--")}
+    close = difflib.get_close_matches(option.lstrip("-"), list(options), n=1, cutoff=0.65)
+    return f"unknown option {option}: did you mean {options[close[0]]}?" if close else \
+        f"unrecognized arguments: {option}"  # argparse's own words, where there is nothing to suggest
 
 
 def _plain(magic: Any, message: str) -> str:

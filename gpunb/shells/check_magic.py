@@ -28,6 +28,9 @@ class CheckMagics(Magics):
     @argument("--device", type=whole_number(0), default=None, metavar="N",
               help="Check only cuda:N (numbered as CUDA sees GPUs under CUDA_VISIBLE_DEVICES).")
     @argument("--json", action="store_true", help="Print the report as JSON instead of the formatted checklist.")
+    @argument("--require-gpu", action="store_true",
+              help="A machine without an NVIDIA GPU fails the check (by default it skips the GPU checks: "
+                   "a laptop's ordinary state).")
     @output_option("the CheckReport")
     @line_magic
     def gpucheck(self, line: str = "") -> None:
@@ -66,7 +69,8 @@ class CheckMagics(Magics):
         try:
             try:
                 report = check(quick=args.quick, device=args.device, deep=args.deep,
-                               progress=handle.update if handle else None, in_kernel=True)
+                               progress=handle.update if handle else None, in_kernel=True,
+                               require_gpu=args.require_gpu)
             finally:
                 if cancel is not None:
                     cancel.done()  # a click from now on interrupts nothing

@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from gpunb.analysis.energy.tariff import session_tariff
+from gpunb.analysis.machine import without_gpu
 from gpunb.analysis.monitor.sampler import HZ_DEFAULT, WINDOW_MAX_S, WINDOW_MIN_S, Sampler, clamp_hz, gpu_column
 from gpunb.analysis.monitor.series import Window
 from gpunb.display import DisplayMixin, Render
@@ -146,12 +147,9 @@ class Monitor(DisplayMixin):
     # -- data -------------------------------------------------------------------
     @property
     def messages(self) -> tuple[str, ...]:
-        """The monitor's own notes (a clamped or shared rate), and while no GPU is found, why."""
-        if self.sampler.gpus:
-            return self._messages
-        status = self.sampler.status
-        cause = status.cause if not status.ok else "NVML sees no GPU."
-        return (*self._messages, f"No GPU to show: {cause} Monitoring the host only.")
+        """The monitor's own notes (a clamped or shared rate). Why no GPU is shown is the
+        machine's statement, said once by the view (and as ``machine`` in ``to_dict``)."""
+        return self._messages
 
     @property
     def hz(self) -> float:
@@ -266,6 +264,7 @@ class Monitor(DisplayMixin):
             "devices": list(self.devices) if self.devices is not None else None,
             "ticks": self.sampler.ticks,
             "nvml": {"ok": w.nvml.ok, "cause": w.nvml.cause, "fix": w.nvml.fix},
+            "machine": None if w.gpus else without_gpu(w.nvml, None if not w.nvml.ok else 0),
             "gpus": [
                 {
                     "index": g.index,

@@ -90,8 +90,7 @@ class MonitorMagics(Magics):
         except ValueError as exc:  # a GPU that is not there: say what and how, no traceback
             raise usage_error(self.gpumonitor, str(exc)) from None
         for message in mon.messages:
-            if not message.startswith("No GPU to show"):  # the monitor itself says that
-                print(f"gpunb: {message}")
+            print(f"gpunb: {message}")
         if args.output:
             self.shell.user_ns[args.output] = mon
         from IPython.display import display

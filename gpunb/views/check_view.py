@@ -18,8 +18,8 @@ from html import escape
 from typing import Any
 
 from gpunb.analysis.checks.records import CheckReport, CheckResult
+from gpunb.analysis.machine import NO_GPU as MACHINE_NO_GPU
 from gpunb.display import register_views
-from gpunb.readings.nvml import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND
 from gpunb.units import gib, seconds
 from gpunb.views import chart
 from gpunb.views.markup import DIM, code_html
@@ -28,21 +28,15 @@ from gpunb.views.per_gpu import fold, without_qualifiers
 SYMBOL = {"ok": "✓", "warn": "!", "fail": "✗", "skip": "–"}
 # Readable on light and dark backgrounds alike (gpunb.views.chart's palette).
 COLOR = {"ok": chart.GREEN, "warn": chart.ORANGE, "fail": chart.RED, "skip": chart.GREY}
-NO_GPU = "no NVIDIA GPU on this machine — expected on a laptop; the GPU checks are skipped"
-# NVML's answers that mean "no NVIDIA driver here" (a laptop, a CPU-only container), as
-# opposed to a driver that is there and in trouble (a lost GPU stays a red failure).
-_NO_DRIVER_CODES = (LIBRARY_NOT_FOUND, DRIVER_NOT_LOADED)
-_WORDS = {"fail": ("problem", "problems"), "warn": ("warning", "warnings"), "ok": ("ok", "ok"),
-          "skip": ("skipped", "skipped")}
+NO_GPU = MACHINE_NO_GPU.sentence
 
 
 # -- what each check found, in one short sentence ------------------------------------------
 
 def no_gpu(report: CheckReport) -> bool:
-    """The machine has no NVIDIA driver at all: its own state, not a failure among others."""
-    driver = next((c for c in report.checks if c.id == "driver"), None)
-    return driver is not None and driver.status == "fail" and \
-        driver.measured.get("nvml_error_code") in _NO_DRIVER_CODES
+    """The machine has no NVIDIA GPU (gpunb.analysis.machine's "no_gpu" state, which the driver
+    check records): the headline's own state, skipped unless a GPU was required."""
+    return report.machine_state == "no_gpu" and report["driver"].status == "skip"
 
 
 def finding(c: CheckResult) -> str:
@@ -117,11 +111,8 @@ def headline(report: CheckReport) -> str:
 
 def tally(report: CheckReport) -> str:
     """The second line: counts, time and mode."""
-    counts = dict(report.counts)
-    if no_gpu(report):
-        counts["fail"] -= 1  # said by the headline, not a failure among others
-    words = [f"{n} {_WORDS[s][n != 1]}" for s in ("fail", "warn", "ok", "skip") if (n := counts[s])]
-    line = " · ".join(["gpunb check", *words, seconds(report.duration_s)])
+    counts = report.summary_line()  # the record's own words, so the view and the API agree
+    line = " · ".join(["gpunb check", *([counts] if counts else []), seconds(report.duration_s)])
     return line + (" · --quick" if report.quick else "") + (" · --deep" if report.deep else "")
 
 
@@ -240,16 +231,7 @@ def render_html(report: CheckReport) -> str:
             f'<div style="margin-bottom:4px;{DIM}">{escape(tally(report))}</div>')
     progress = (f'<div style="margin-bottom:4px;{DIM}">{escape(report.in_progress)}…</div>'
                 if report.in_progress else "")
-    driver = next((c for c in report.checks if c.id == "driver"), None)
-    if no_gpu(report) and driver is not None:  # on a GPU machine, what would make the GPU visible
-        problems_html = (f'<details style="margin:2px 0"><summary style="cursor:pointer">{_badge("skip")}'
-                         f'on a GPU machine or container this is a problem: see why</summary>'
-                         + "".join(f'<div style="{_INDENT}"><b>{label}:</b> {code_html(text)}</div>'
-                                   for label, text in (("Why", driver.cause), ("Fix", driver.fix)) if text)
-                         + "</details>")
-    else:
-        problems_html = ""
-    problems_html += "".join(render_check_html(c) for c in problems)
+    problems_html = "".join(render_check_html(c) for c in problems)
     rows = "".join(render_check_html(c) for c in passed)
     if skipped:
         inner = "".join(f'<div style="{_INDENT}">{escape(c.title)} <span style="{DIM}">— '

@@ -20,13 +20,18 @@ def size(n: Any) -> str:
 
 
 _STYLE = ("font-family:var(--jp-code-font-family,monospace);font-size:12px;border-collapse:collapse")
-_TD = "padding:1px 8px;text-align:left;border-bottom:1px solid rgba(140,149,159,0.35)"
+# The report around the table wraps long paths anywhere; inside the table that would shrink each
+# column to one character and break words ("floa/t32" at 1024 px). Cells break only between
+# words (break-word leaves the column's minimum width at its longest word), and a table wider
+# than the output scrolls sideways in its own box instead.
+_TD = ("padding:1px 8px;text-align:left;border-bottom:1px solid rgba(140,149,159,0.35);"
+       "overflow-wrap:break-word;word-break:normal")
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
     head = "".join(f"<th style='{_TD}'>{escape(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td style='{_TD}'>{escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table style='{_STYLE}'><tr>{head}</tr>{body}</table>"
+    return f"<div style='overflow-x:auto'><table style='{_STYLE}'><tr>{head}</tr>{body}</table></div>"
 
 
 def holder(source: str) -> str:

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpunb.analysis.energy.tariff import Tariff
+from gpunb.analysis.machine import read_state, without_gpu
 from gpunb.analysis.monitor.series import GpuSeries, Window
 from gpunb.readings.gpu import CLOCK_EVENT_REASONS, SLOWDOWN_BITS
 from gpunb.readings.test_hooks import fake_note
@@ -213,16 +214,14 @@ def clock_event_badge(mask: int | None, share: dict[str, float] | None = None) -
 
 
 def no_gpu_html(nvml: Any) -> str:
-    """Why there is no GPU chart (``nvml`` is the NvmlStatus), and what to do."""
-    if nvml.ok:
-        cause = "NVML sees no GPU on this machine."
-        fix = "Check `nvidia-smi`; in a container, start it with GPU access (`--gpus all`)."
-    else:
-        cause, fix = nvml.cause, nvml.fix
+    """Why there is no GPU chart (``nvml`` is the NvmlStatus): the machine's one statement
+    (gpunb.analysis.machine), its fix only where there is one to make."""
+    said = read_state(nvml, None if not nvml.ok else 0)
+    color = chart.GREY if said.severity == "info" else chart.AMBER
+    fix = f'<br><span style="{DIM}">Fix: {_e(said.fix)}</span>' if said.fix else ""
     return (
-        f'<div class="gpunb-nogpu" style="margin:4px 0;padding:4px 8px;border-left:3px solid {chart.AMBER}">'
-        f"<b>No GPU to show</b> — only the host is monitored. {_e(cause)}"
-        f'<br><span style="{DIM}">Fix: {_e(fix)}</span></div>'
+        f'<div class="gpunb-nogpu" style="margin:4px 0;padding:4px 8px;border-left:3px solid {color}">'
+        f"{_e(said.sentence)}{fix}</div>"
     )
 
 
@@ -257,7 +256,7 @@ def panel_notes(window_notes: Sequence[str], messages: Sequence[str], fake: tupl
     """That the figures are a recording (test stand-ins), first; the caller's messages (a clamped
     rate) and the sampler's last notes (faults)."""
     marked = [fake_note(fake)] if fake else []
-    return marked + [m for m in messages if not m.startswith("No GPU to show")] + list(window_notes[-5:])
+    return marked + list(messages) + list(window_notes[-5:])
 
 
 def monitor_html(window: Window, *, state: str = "live", messages: Sequence[str] = (),
@@ -320,8 +319,7 @@ def monitor_text(window: Window, holders: Mapping[int, Sequence[str]] | None = N
     if energy:
         lines.append(energy)
     if not window.gpus and not window.gpu_count:
-        cause = window.nvml.cause if not window.nvml.ok else "NVML sees no GPU."
-        lines.append(f"No GPU to show ({cause}); monitoring the host only.")
+        lines.append(without_gpu(window.nvml, None if not window.nvml.ok else 0))
     cpu, ram = _latest(window.host["cpu_pct"]), _latest(window.host["ram_used_mib"])
     total = f"/{window.ram_total_mib / 1024:.1f}" if window.ram_total_mib else ""
     lines.append(f"host: CPU {_with(cpu, '%')} · RAM {_with(None if ram is None else ram / 1024, total + ' GiB', 1)}")

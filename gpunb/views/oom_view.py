@@ -111,8 +111,8 @@ def release_lines(r: Any) -> list[str]:
             out.append(f"  now: torch allocated {size(r.after.torch_allocated_bytes)}, reserved "
                        f"{size(r.after.torch_reserved_bytes)}")
     if not r.kept_traceback and r.cleared:
-        out.append("  released: " + "; ".join(_plain_cleared(r.cleared))
-                   + ". %debug has no frames for this error; `%gpumem --keep-traceback on` keeps them next time.")
+        out.append("  Let go of what the error held: " + "; ".join(_plain_cleared(r.cleared))
+                   + ". So %debug cannot open this error; `%gpumem --keep-traceback on` keeps it next time.")
     return out
 
 

@@ -38,10 +38,8 @@ def _price_words(r: SessionEnergy, wh: float) -> str:
 
 def headline(r: SessionEnergy) -> str:
     if r.problem:
-        problem = r.problem.strip().rstrip(".")
-        if problem[:1].isupper() and problem[1:2].islower():  # a sentence of its own, now a clause
-            problem = problem[0].lower() + problem[1:]
-        return f"gpunb: %gpuenergy has nothing to measure: {problem}."
+        # the machine's own statement (gpunb.analysis.machine), word for word as every magic says it
+        return f"gpunb: {r.problem.strip()} %gpuenergy has nothing to measure."
     if r.just_started:
         return (f"gpunb: counting this kernel's GPU energy from now ({r.since}); run %gpuenergy again after "
                 "some work.")

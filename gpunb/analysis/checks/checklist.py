@@ -139,6 +139,7 @@ def check(
     in_kernel: bool = False,
     probe_timeout_s: float = 180.0,
     allreduce_timeout_s: float = ALLREDUCE_TIMEOUT_S,
+    require_gpu: bool = False,
 ) -> CheckReport:
     """Run the setup checklist and return a :class:`CheckReport`.
 
@@ -150,6 +151,8 @@ def check(
     in_kernel: whether to report this process's CUDA state as a notebook kernel's (the
         shells layer says so inside IPython); it is reported anyway once this process has
         imported torch.
+    require_gpu: a machine without an NVIDIA GPU fails (``report.ok`` False, exit 1) instead of
+        skipping the GPU checks (a laptop's ordinary state).
     """
     if quick and deep:
         raise CheckOptionError("quick and deep exclude each other: --quick skips the measurements --deep adds to")
@@ -210,6 +213,7 @@ def check(
         selected=selected,
         quick=quick,
         deep=deep,
+        require_gpu=require_gpu,
     )
     launch = None
     backend = _allreduce_backend(inputs, nvml) if deep else None

@@ -6,6 +6,8 @@ from typing import Any
 
 from gpunb.analysis.checks.inputs import CheckInputs
 from gpunb.analysis.checks.records import CheckResult, Status, worst
+from gpunb.analysis.machine import state_of
+from gpunb.readings import pci
 from gpunb.readings.gpu import SLOWDOWN_BITS, clock_event_explanations, clock_event_names
 from gpunb.readings.nvml import is_available
 from gpunb.readings.visible_devices import VisibleDevices
@@ -24,16 +26,30 @@ def _no_nvml(check_id: str, title: str, inputs: CheckInputs) -> CheckResult | No
 def check_driver(inputs: CheckInputs) -> CheckResult:
     title = "NVIDIA driver sees the GPUs (the nvidia-smi step)"
     driver = inputs.snapshot.driver
+    machine = state_of(driver.nvml, driver.gpu_count if driver.nvml.ok else None, inputs.torch,
+                       pci.nvidia_gpu_on_bus(), driver.cuda_driver_version)
+    said = {"machine": {"state": machine.state, "sentence": machine.sentence, "severity": machine.severity,
+                        "fix": machine.fix}}
+    if machine.state == "no_gpu" and not driver.nvml.ok:
+        # a laptop's ordinary state: skipped, unless the caller said a GPU is required
+        if inputs.require_gpu:
+            return CheckResult("driver", title, "fail", "No NVIDIA GPU on this machine, and this run requires one.",
+                               {"nvml_error_code": driver.nvml.code, **said},
+                               "A GPU is required (require_gpu / --require-gpu) and this machine has none.",
+                               "Run this on a machine with an NVIDIA GPU and its driver (`nvidia-smi` must work).",
+                               NVIDIA_SMI_DOC)
+        return CheckResult("driver", title, "skip", machine.sentence, {"nvml_error_code": driver.nvml.code, **said})
     if not driver.nvml.ok:
-        return CheckResult("driver", title, "fail", "NVML unavailable: no NVIDIA driver reachable",
-                           {"nvml_error_code": driver.nvml.code}, driver.nvml.cause, driver.nvml.fix, NVIDIA_SMI_DOC)
+        return CheckResult("driver", title, "warn" if machine.severity == "warn" else "fail", machine.sentence,
+                           {"nvml_error_code": driver.nvml.code, **said}, driver.nvml.cause, machine.fix,
+                           NVIDIA_SMI_DOC)
     gpus = [
         {"index": g.index, "name": g.name, "memory_total_bytes": g.memory_total_bytes, "uuid": g.uuid,
          "pci_bus_id": g.pci_bus_id, "compute_capability": g.compute_capability, "lost": g.lost}
         for g in inputs.snapshot.gpus
     ]
     measured = {"driver_version": driver.driver_version, "cuda_driver_version": driver.cuda_driver_version,
-                "gpu_count": driver.gpu_count, "gpus": gpus}
+                "gpu_count": driver.gpu_count, "gpus": gpus, **said}
     if driver.gpu_count == 0:
         return CheckResult("driver", title, "fail", f"driver {driver.driver_version} loaded, but it sees no GPU",
                            measured, "The driver is running but reports no GPU (passthrough missing, or the GPU "
@@ -90,7 +106,10 @@ def check_other_processes(inputs: CheckInputs) -> CheckResult:
                 statuses[-1] = "warn"
             parts.append(f"GPU{g.index}: none{note}")
             continue
-        names = ", ".join(f"{p.name or '?'} (pid {p.pid}, {gib(p.used_bytes)})" for p in others[:4])
+        # a process whose name this container cannot read is said as its PID alone, never "?"
+        names = ", ".join(f"{p.name} (pid {p.pid}, {gib(p.used_bytes)})" if p.name else
+                          f"PID {p.pid} ({gib(p.used_bytes)}; its name is hidden from this container)"
+                          for p in others[:4])
         more = f" and {len(others) - 4} more" if len(others) > 4 else ""
         parts.append(f"GPU{g.index}: {len(others)} other process(es) hold {gib(held)}: {names}{more}")
         statuses.append("warn")  # memory and compute are shared with them

@@ -36,6 +36,7 @@ class CheckInputs:
     links: LinkMap | None = None  # NVLink and PCIe between the GPUs (NVML)
     links_error: str = ""  # why reading them failed (a gpunb bug; the other checks still ran)
     allreduce: AllReduceRun | None = None  # None unless deep, with two or more GPUs and a CUDA torch
+    require_gpu: bool = False  # a machine without an NVIDIA GPU fails the driver check instead of skipping it
 
     @property
     def visible(self) -> VisibleDevices:

@@ -10,7 +10,7 @@ from typing import Any
 from gpunb.analysis.checks.inputs import CheckInputs
 from gpunb.analysis.checks.records import CheckResult, Status, worst
 from gpunb.analysis.gpu_specs import pcie_gbps, peak_for
-from gpunb.analysis.torch_wheels import install_command
+from gpunb.analysis.machine import state_of
 from gpunb.readings.devices import uuid_key
 from gpunb.readings.gpu import GpuInfo
 from gpunb.readings.nvml import is_available
@@ -66,21 +66,20 @@ def check_torch_build(inputs: CheckInputs) -> CheckResult:
     measured = {"torch_version": t.version, "torch_cuda": t.cuda, "location": t.location}
     driver_cuda = inputs.snapshot.driver.cuda_driver_version
     measured["driver_cuda"] = driver_cuda
+    machine = state_of(inputs.snapshot.driver.nvml, len(inputs.snapshot.gpus), t, None, driver_cuda)
     if not t.installed:
         status: Status = "warn" if inputs.has_gpu else "skip"
-        return CheckResult("torch_cuda", title, status, "torch is not installed", measured,
-                           "Nothing here can train on the GPU without a framework." if inputs.has_gpu else "",
-                           "Install the CUDA build that matches your driver, from " + INSTALL_DOC, INSTALL_DOC)
+        summary = machine.sentence if inputs.has_gpu else "torch is not installed"
+        why = "Nothing here can train on the GPU without a framework." if inputs.has_gpu else ""
+        return CheckResult("torch_cuda", title, status, summary, measured, why,
+                           machine.fix if inputs.has_gpu else "", INSTALL_DOC)
     if t.hip:
         return CheckResult("torch_cuda", title, "skip", f"torch {t.version} is a ROCm (AMD) build", measured)
     if not t.cuda:
         if not inputs.has_gpu:
             return CheckResult("torch_cuda", title, "skip", f"torch {t.version} is a CPU build (no GPU here)", measured)
-        return CheckResult("torch_cuda", title, "fail",
-                           f"torch {t.version} is a CPU-only build: every model trains on the CPU", measured,
-                           "This torch has no CUDA support, so nothing can run on the GPU.",
-                           f"Reinstall the CUDA build your driver (CUDA {driver_cuda}) runs: "
-                           f"`{install_command(driver_cuda)}`.", INSTALL_DOC)
+        return CheckResult("torch_cuda", title, "fail", machine.sentence, measured,
+                           "This torch has no CUDA support, so nothing can run on the GPU.", machine.fix, INSTALL_DOC)
     summary = f"torch {t.version} built for CUDA {t.cuda}; driver supports CUDA {driver_cuda}"
     facts = _facts(inputs)
     if facts is not None and not facts.get("cuda_available") and inputs.has_gpu:

@@ -12,6 +12,9 @@ from gpunb.display import DisplayMixin, jsonable
 Status = Literal["ok", "warn", "fail", "skip"]
 STATUSES: tuple[Status, ...] = ("ok", "warn", "fail", "skip")
 _SEVERITY = {"skip": 0, "ok": 1, "warn": 2, "fail": 3}
+# (one, several): how the counts are said wherever they are said
+STATUS_WORDS = {"fail": ("problem", "problems"), "warn": ("warning", "warnings"), "ok": ("ok", "ok"),
+                "skip": ("skipped", "skipped")}
 
 
 def worst(statuses: Sequence[Status]) -> Status:
@@ -56,6 +59,13 @@ class CheckReport(DisplayMixin):
         return not any(c.status == "fail" for c in self.checks)
 
     @property
+    def machine_state(self) -> str | None:
+        """The machine's state as the driver check decided it (gpunb.analysis.machine)."""
+        driver = next((c for c in self.checks if c.id == "driver"), None)
+        machine = driver.measured.get("machine") if driver is not None else None
+        return machine.get("state") if isinstance(machine, Mapping) else None
+
+    @property
     def failed(self) -> list[CheckResult]:
         return [c for c in self.checks if c.status == "fail"]
 
@@ -66,14 +76,18 @@ class CheckReport(DisplayMixin):
         raise KeyError(check_id)
 
     def summary_line(self) -> str:
+        """The counts as the view's second line says them ("1 problem · 5 ok · 20 skipped"):
+        one verdict, worded once, for the view, this line and the JSON's ``summary``."""
         counts = self.counts
-        return " · ".join(f"{counts[s]} {s}" for s in STATUSES if counts[s])
+        return " · ".join(f"{n} {STATUS_WORDS[s][n != 1]}" for s in ("fail", "warn", "ok", "skip") if (n := counts[s]))
 
     def to_dict(self) -> dict[str, Any]:
         # the documented JSON of `%gpucheck --json` / `gpunb check --json`: counts first
         return {
             "summary": self.counts,
             "ok": self.ok,
+            "verdict": self.summary_line(),
+            "machine": self.machine_state,
             "quick": self.quick,
             "deep": self.deep,
             "device": self.device,

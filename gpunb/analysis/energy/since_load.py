@@ -18,6 +18,7 @@ from typing import Any
 
 from gpunb.analysis.energy.meter import CellEnergy, SummedOverGpus
 from gpunb.analysis.energy.tariff import Tariff
+from gpunb.analysis.machine import without_gpu
 from gpunb.display import DisplayMixin
 from gpunb.readings.devices import map_devices, read_identities
 from gpunb.readings.energy import read_energy
@@ -45,12 +46,12 @@ def read_snapshot(nvml: NvmlSession, environ: Mapping[str, str] | None = None,
     """Every visible GPU's counter now (blocking: run it on the NVML worker)."""
     status = nvml.start()
     if not status.ok:
-        return CounterSnapshot(clock(), {}, problem=f"{status.cause} {status.fix}".strip())
+        return CounterSnapshot(clock(), {}, problem=without_gpu(status))
     gpus = read_identities(nvml)
     device_map = map_devices(gpus, os.environ if environ is None else environ)
     visible = sorted({d.nvml_index for d in device_map.devices if d.nvml_index is not None})
     if not visible:
-        why = "NVML sees no GPU" if not gpus else "CUDA_VISIBLE_DEVICES leaves this kernel no GPU"
+        why = without_gpu(status, 0) if not gpus else "CUDA_VISIBLE_DEVICES leaves this kernel no GPU"
         return CounterSnapshot(clock(), {}, problem=why)
     by_index = {g.index: g for g in gpus}
     counters, names, uuids, missing = {}, {}, {}, {}

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from gpunb.analysis.machine import without_gpu
 from gpunb.readings.energy import read_energy
 from gpunb.readings.gpu import GpuInfo, clock_event_names, read_info, read_processes, read_sample
 from gpunb.readings.nvml import NvmlSession, Unavailable, is_available
@@ -308,7 +309,7 @@ def build_report(
     if any(h.kind in UNMAPPABLE for h in all_holders):
         notes.append(NAMESPACE_NOTE)
     if not status.ok:
-        notes.append(f"No GPU readings: {status.cause} Fix: {status.fix}")
+        notes.append(without_gpu(status))
     return HoldersReport(t, status.ok, status.cause, status.fix, driver, tuple(devices), tuple(uses), tuple(notes),
                          active_fakes(nvml_fake=nvml.fake))
 
@@ -375,7 +376,8 @@ def describe(h: GpuHolder, now_unix: float, this_kernel_id: str = "") -> str:
     if h.kind == PROCESS:
         what = " ".join(x for x in (h.process_name, h.script) if x)
         return f"PID {h.pid} {what}{' (' + user[2:] + ')' if user else ''}".rstrip()
-    return f"PID {h.pid} (cannot be mapped: not a process of this PID namespace)"
+    # NVML reports PIDs as the host sees them; inside a container that PID is another process or none
+    return f"PID {h.pid}, a process outside this container (its name cannot be read from here)"
 
 
 def holder_line(h: GpuHolder, now_unix: float, this_kernel_id: str = "") -> str:

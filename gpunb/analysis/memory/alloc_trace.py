@@ -58,6 +58,8 @@ class TraceSession:
 
     def start(self) -> None:
         self.reason = unavailable(self.torch)
+        if self.reason:  # no GPU, no driver, a CPU torch: said as the machine's statement
+            self.reason = _machine_without_cuda() or self.reason
         if self.reason:
             return
         torch = self.torch
@@ -147,3 +149,13 @@ def oom_sites(snapshot: Mapping[str, Any], *, device: int, cell_numbers: Mapping
         size = ooms[-1].get("size")
         requested = size if isinstance(size, int) else None
     return OomSites(failed_at, stack, requested, sites_of_blocks(live_blocks(snapshot, device), cell_numbers, top))
+
+
+def _machine_without_cuda() -> str:
+    """The machine's statement when it has no GPU torch could trace (no GPU, no driver, a CPU
+    build of torch), as every magic says it; "" when the GPUs are there."""
+    from gpunb.analysis.machine import machine_of
+    from gpunb.readings.nvml import default_session
+
+    machine = machine_of(default_session())
+    return "" if machine.state in ("gpus", "nvml_slow") else f"{machine.text()} The cell runs untraced."

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
+from gpunb.analysis.machine import machine_of, without_gpu
 from gpunb.analysis.memory.census import Census, take_census
 from gpunb.analysis.memory.records import FreedVariables, GpuMemoryRow, MemoryReport
 from gpunb.analysis.memory.release import measure
@@ -30,7 +31,7 @@ def _gpu_rows(torch: Any, nvml: Any) -> tuple[tuple[GpuMemoryRow, ...], list[str
     problems: list[str] = []
     status = nvml.start()
     if not status.ok:
-        problems.append(f"NVML: {status.cause} {status.fix}")
+        problems.append(without_gpu(status))
     rows = []
     if torch_state.cuda_initialized(torch):
         device_map = read_device_map(nvml, torch=torch) if status.ok else None
@@ -183,13 +184,16 @@ def memory(
         problems.append("torch is not imported in this kernel, so there are no tensors to name; "
                         "`import torch` first (gpunb never imports it for you).")
     elif not _cuda(torch):
-        problems.append("this kernel has not used CUDA yet (no CUDA context): showing tensors on all devices."
-                        if torch.backends.cuda.is_built() and nvml.device_count() > 0 else
-                        "torch sees no CUDA GPU (CPU-only build or no driver): showing CPU tensors. "
-                        "Run %gpucheck to see why.")
+        gpu_count = nvml.device_count()
+        if torch.backends.cuda.is_built() and gpu_count > 0:
+            problems.append("this kernel has not used CUDA yet (no CUDA context): showing tensors on all devices.")
+        elif gpu_count > 0:  # a GPU beside a CPU build of torch: the machine's statement, with its install fix
+            problems.append(machine_of(nvml).text() + " Showing the tensors on the CPU.")
+        else:  # no GPU: the machine's statement comes with the NVML rows below
+            problems.append("Showing the tensors on the CPU.")
     with nvml.budget(NVML_BUDGET_S, "%gpumem"):
         gpus, nvml_problems = _gpu_rows(torch, nvml)
-    problems.extend(nvml_problems)
+    problems[:0] = nvml_problems  # the machine's state first
     use_cuda = torch is not None and _cuda(torch) and not all_devices
     census = None
     if torch is not None:

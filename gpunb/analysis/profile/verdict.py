@@ -24,6 +24,15 @@ ADVICE_SHARE = 0.05
 MEMORY_CEILING = 0.95  # peak reserved / device total
 
 
+
+def more_workers(workers: int, cores: int) -> int | None:
+    """The DataLoader workers worth trying next on ``cores`` cores: double the current ones,
+    at most 8 and at most one fewer than the cores (the training loop keeps one); None when
+    that is no more than ``workers`` already runs (advice never repeats the current value)."""
+    fits = max(1, min(8, cores - 1))
+    more = min(fits, max(1, workers * 2))
+    return more if more > workers else None
+
 def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
 
@@ -49,15 +58,18 @@ def judge(p: CellProfile) -> tuple[Verdict, list[Advice]]:
 
     # -- advice for every measured cost, verdict or not -------------------------------------
     if data >= ADVICE_SHARE and s.batches:
-        workers = s.loader_workers
-        cores = os.cpu_count() or 2
-        suggest = max(2, min(8, cores // 2))
-        if not workers:
+        workers = s.loader_workers or 0
+        cores = os.cpu_count() or 1
+        more = more_workers(workers, cores)
+        if more is None:  # every core but the training loop's already loads data: more workers cannot help
+            title = f"Make each batch cheaper: {workers} DataLoader workers already use this machine's {cores} cores"
+            how = "cache decoded/preprocessed samples, or move augmentation to the GPU"
+        elif not workers:
             title = "Load batches in worker processes"
-            how = f"DataLoader(..., num_workers={suggest}, persistent_workers=True)"
+            how = f"DataLoader(..., num_workers={more}, persistent_workers=True)"
         else:
-            title = f"Use more DataLoader workers (now {workers})"
-            how = f"DataLoader(..., num_workers={min(cores, workers * 2)})"
+            title = f"Use more DataLoader workers: {more} on this machine's {cores} cores (now {workers})"
+            how = f"DataLoader(..., num_workers={more})"
         advice.append(Advice(title, f"the loop waited {s.data_wait_s:.2f} s ({_pct(data)}) for {s.batches} batches",
                              how, gain=data))
         if gpu is not None and s.loader_pin_memory is False:
