@@ -17,6 +17,9 @@ PACKAGED = "reads a file shipped inside the gpunb package (site-packages), not a
 UNNAMED = "an unnamed temporary file (no path another user could plant or follow)"
 
 ALLOWED: dict[tuple[str, str, str], str] = {
+    ("readings/pci.py", "nvidia_gpu_on_bus", "Path.read_text"):
+        "reads the kernel's own sysfs (/sys/bus/pci/devices/*/vendor, class): files only the kernel writes, "
+        "a few bytes each; no other user can plant or redirect them",
     ("analysis/ranks/channel.py", "RankChannel.open", "tempfile.mkdtemp"):
         "the rank channel's folder: mkdtemp makes it 0700 with O_EXCL semantics; workers reopen it by "
         "identity (device, inode) and write only through GuardedFolder (channel_dir.py)",

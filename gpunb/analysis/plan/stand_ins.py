@@ -91,7 +91,7 @@ def lend(torch: Any, mode: Any, reach: Reachable, step_fn: Any) -> Lent:
     lent = Lent(torch)
     with deferred_sigint():
         lent.rng = UserState(torch)
-        lent.rng._capture_rng()
+        lent.rng._capture_rng(reach.generators)  # the global RNGs and every generator the step reaches
         owner = getattr(step_fn, "__self__", None)
         if owner is None and not hasattr(step_fn, "__code__"):
             owner = step_fn  # a callable object
