@@ -55,6 +55,7 @@ from gpunb.analysis.steps.tokens import first_tensor, sequence_length
 from gpunb.readings import torch_state
 from gpunb.readings.import_watch import ImportWatch
 from gpunb.readings.interrupts import deferred_sigint
+from gpunb.readings.transaction import Transaction
 
 # Tensor methods that copy a value to the host (a sync when the tensor is on a GPU).
 SYNC_METHODS = ("item", "tolist", "cpu", "__float__", "__int__", "__bool__", "__repr__", "__format__")
@@ -195,7 +196,8 @@ class Instruments:
         self.leak_watch: Callable[[int], bool] | None = None
         # called with the module when the cell itself imports torch (after the hooks are in)
         self.on_torch_import: Callable[[Any], None] | None = None
-        self._undo: list[Callable[[], None]] = []
+        self._transaction = Transaction("profile instruments")  # every hook's undo, registered before it goes in
+        self._undo = self._transaction.undos
         self.installed = False
 
     # -- life cycle ---------------------------------------------------------------------
@@ -213,7 +215,7 @@ class Instruments:
                 self._hook_torch(torch)
             else:
                 watch = ImportWatch("torch", self._torch_imported)
-                self._undo.append(watch.remove)
+                self._transaction.add(watch.remove)
                 sys.meta_path.insert(0, watch)  # as when_imported does, with the undo first
             self._wrap_output()
         self.sample_memory(force=True)
@@ -237,28 +239,13 @@ class Instruments:
             self.on_torch_import(module)
 
     def remove(self) -> None:
-        """Take every hook out, newest first (idempotent). An undo is dropped only once it ran:
-        one interrupted by an exception that is not an ``Exception`` (an injected
-        ``KeyboardInterrupt``) runs once more, the others still run, and that exception is
-        raised at the end."""
-        interrupted: BaseException | None = None
-        with deferred_sigint():
-            while self._undo:
-                undo = self._undo[-1]
-                try:
-                    undo()
-                except Exception:  # restoring must go on for the other hooks
-                    pass
-                except BaseException as exc:  # noqa: BLE001 (raised again below, once all are out)
-                    interrupted = interrupted or exc
-                    try:
-                        undo()
-                    except BaseException:  # noqa: BLE001 (the rest must still come out)
-                        pass
-                self._undo.pop()
+        """Take every hook out, newest first (idempotent; :meth:`Transaction.close`: an undo
+        interrupted by a ``KeyboardInterrupt`` runs once more, the others still run, and that
+        exception is raised at the end)."""
+        try:
+            self._transaction.close()
+        finally:
             self.installed = False
-        if interrupted is not None:
-            raise interrupted
 
     # -- steps ------------------------------------------------------------------------------
     def _hook_optimizer(self, torch: Any) -> None:
@@ -270,7 +257,7 @@ class Instruments:
         if register is None:  # torch < 2.0: no global optimizer hooks
             return
         handles: list[Any] = []
-        self._undo.append(partial(_remove_handles, handles))
+        self._transaction.add(partial(_remove_handles, handles))
         handles.append(register(self._on_step))
 
     def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -368,7 +355,7 @@ class Instruments:
                 recorder.batch_size = recorder.batch_size or n
             return batch
 
-        self._undo.append(partial(_put_back, _BaseDataLoaderIter, "__next__", original, __next__))
+        self._transaction.add(partial(_put_back, _BaseDataLoaderIter, "__next__", original, __next__))
         _BaseDataLoaderIter.__next__ = __next__  # type: ignore[method-assign, assignment]  # wrapped for the cell
 
     # -- host syncs -------------------------------------------------------------------------
@@ -388,7 +375,7 @@ class Instruments:
             if original is not None:
                 self._own[name] = tensor.__dict__.get(name)
                 self._wrapped[name] = self._sync_wrapper(name, original)
-        self._undo.append(self._unwrap_tensor_syncs)
+        self._transaction.add(self._unwrap_tensor_syncs)
         for name, wrapper in self._wrapped.items():
             setattr(tensor, name, wrapper)
         if originals["item"] is not None:
@@ -420,7 +407,7 @@ class Instruments:
                 if getattr(module, "_get_value", None) is _get_value:  # unless someone replaced ours
                     module._get_value = original
 
-        self._undo.append(restore)
+        self._transaction.add(restore)
         for module in patched:
             module._get_value = _get_value
 
@@ -479,12 +466,12 @@ class Instruments:
             original = stream.write
             timed = self._timed_write(original)
             previous = getattr(stream, "__dict__", {}).get("write")  # an outer profile's timer
-            self._undo.append(partial(_restore_write, stream, timed, previous))
+            self._transaction.add(partial(_restore_write, stream, timed, previous))
             try:
                 stream.write = timed  # ipykernel's OutStream and pytest's capture allow this
             except (AttributeError, TypeError):
                 proxy = _TimedStream(stream, timed)
-                self._undo.append(partial(_restore_stream, attr, stream, proxy))
+                self._transaction.add(partial(_restore_stream, attr, stream, proxy))
                 setattr(sys, attr, proxy)
 
     def _timed_write(self, original: Callable[[str], int]) -> Callable[[str], int]:
