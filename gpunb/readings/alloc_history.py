@@ -118,11 +118,13 @@ class HistoryRecording:
         self._transaction.close()
 
 
-def switch_off_ours() -> None:
-    """Switch off every history gpunb switched on and has not switched off (``%gpumem --trace
-    off``: whatever a Ctrl-C cut off, the user's own recording is left alone)."""
+def switch_off_ours(keep: HistoryRecording | None = None) -> None:
+    """Switch off every history gpunb switched on and has not switched off, but ``keep``'s
+    (``%gpumem --trace off``; after every cell, for a traced cell's: whatever a Ctrl-C cut
+    off, it ends with the cell; the user's own recording is left alone)."""
+    kept = keep._transaction if keep is not None else None
     for transaction in open_transactions():
-        if transaction.name == HISTORY_SWITCH:
+        if transaction.name == HISTORY_SWITCH and transaction is not kept:
             transaction.close()
 
 

@@ -120,6 +120,13 @@ class MemMagics(Magics):
         display(report)
         return None
 
+    def end_cell_traces(self, result: Any = None) -> None:
+        """After every cell: a traced cell's history ends with it, even when a Ctrl-C cut its
+        stop short (the armed one stays on until `--trace off`)."""
+        from gpunb.readings.alloc_history import switch_off_ours
+
+        switch_off_ours(keep=self.kernel.alloc_history)
+
     def disarm(self) -> None:
         """Switch the armed history off (``--trace off``, ``%unload_ext``)."""
         from gpunb.readings.alloc_history import switch_off_ours
@@ -209,3 +216,4 @@ def register(shell: Any, state: Any) -> None:
     magics = MemMagics(shell, state.kernel)
     state.add_magics(magics)
     state.on_unload(magics.disarm)  # torch's history stays on only while the extension is loaded
+    state.on("post_run_cell", magics.end_cell_traces)

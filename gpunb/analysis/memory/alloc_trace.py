@@ -83,9 +83,9 @@ class TraceSession:
 
     def abort(self) -> None:
         """Put the history back as it was, without a record (idempotent)."""
-        recording, self.recording = self.recording, None
-        if recording is not None:
-            recording.stop()
+        if self.recording is not None:
+            self.recording.stop()  # before it is forgotten: a Ctrl-C between the two leaves it known
+        self.recording = None
 
     def stop(self, exc: BaseException | None = None) -> MemoryTrace:
         """Take the snapshot and put the history back; it is back when this returns or raises."""
