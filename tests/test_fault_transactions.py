@@ -241,3 +241,29 @@ def test_a_ctrl_c_in_the_magics_start_leaves_the_cell_unrun_and_nothing_installe
     assert isinstance(result.error_in_exec, KeyboardInterrupt)
     assert "ran" not in ip.user_ns
     assert process_state() == before
+
+
+def test_host_reads_of_another_thread_are_not_the_cells():
+    """The cell's own 20 reads are counted, a background thread's hundreds are not, and the
+    background thread's reads cannot hide the cell's (the nested-read flag is per thread)."""
+    ins = Instruments(torch)
+    ins.install(False)
+    stop = threading.Event()
+
+    def background():
+        t = torch.ones(1)
+        while not stop.is_set():
+            float(t)
+
+    worker = threading.Thread(target=background)
+    try:
+        worker.start()
+        t = torch.ones(1)
+        for _ in range(20):
+            float(t)
+            time.sleep(0.001)
+    finally:
+        stop.set()
+        worker.join()
+        ins.remove()
+    assert ins.sync_n == 20

@@ -177,7 +177,9 @@ class Instruments:
         self.sync_s = 0.0
         self.sync_gpu_s = 0.0
         self.sync_by_method: dict[str, int] = {}
-        self._quiet = False  # True inside a counted read (its own nested reads are not counted again)
+        # per thread: inside a counted read its own nested reads are not counted again (one flag shared
+        # by threads made a background thread's read hide the cell's, or the other way round)
+        self._reading = threading.local()
         # output
         self.write_n = 0
         self.write_chars = 0
@@ -429,7 +431,9 @@ class Instruments:
 
         def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
             __tracebackhide__ = True  # IPython hides this frame in the user's tracebacks
-            if recorder._quiet:  # __format__ calling item(): one read, counted once
+            if recorder._thread is not None and threading.get_ident() != recorder._thread:
+                return original(self, *args, **kwargs)  # another thread's read: not the cell's
+            if getattr(recorder._reading, "quiet", False):  # __format__ calling item(): one read, counted once
                 return original(self, *args, **kwargs)
             caller = sys._getframe(1).f_globals.get("__name__", "")
             if caller.startswith(_OPTIMIZER_CODE) and not caller.startswith(_USER_FACING_OPTIM):
@@ -437,7 +441,7 @@ class Instruments:
             on_gpu = self.device.type != "cpu"
             if name == "cpu" and not on_gpu:
                 return original(self, *args, **kwargs)  # already on the host: no copy, no sync
-            recorder._quiet = True
+            recorder._reading.quiet = True
             t0 = recorder.clock()
             try:
                 if reattribute and self.requires_grad:
@@ -445,7 +449,7 @@ class Instruments:
                 return original(self, *args, **kwargs)
             finally:
                 dt = recorder.clock() - t0
-                recorder._quiet = False
+                recorder._reading.quiet = False
                 recorder.sync_n += 1
                 recorder.sync_s += dt
                 recorder.sync_by_method[name] = recorder.sync_by_method.get(name, 0) + 1
@@ -479,6 +483,8 @@ class Instruments:
 
         def write(text: str) -> int:
             __tracebackhide__ = True  # IPython hides this frame in the user's tracebacks
+            if recorder._thread is not None and threading.get_ident() != recorder._thread:
+                return original(text)  # another thread's output: not the cell's
             t0 = recorder.clock()
             try:
                 return original(text)
