@@ -21,7 +21,7 @@ def h200_torch(monkeypatch):
     """The torch build and probe measurements recorded on the H200 test machine."""
     steps = []
 
-    def fake_run_probe(*, environ, devices, timeout_s, on_step):
+    def fake_run_probe(*, environ, devices, timeout_s, on_step, owner=None):
         result = replay_probe(PROBE, on_step)
         steps.extend(result.results)
         return result

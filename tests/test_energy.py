@@ -196,3 +196,21 @@ def test_the_parts_of_a_total_read_in_the_totals_unit():
     # two GPUs of 2,922 J each under a total of 1.6 Wh: 0.81 Wh each, not "2,922 J"
     assert energy(2922, like=5844) == "0.81 Wh" and energy(2e6, like=4e6) == "0.56 kWh"
     assert energy(300, like=600) == "300 J"
+
+
+@pytest.mark.parametrize("digits", [20, 100, 308, 309, 400, 5000])
+def test_a_price_or_carbon_of_many_digits_is_refused_not_infinite(digits):
+    big = "9" * digits
+    for parse, text in ((parse_price, f"{big}/kWh"), (parse_carbon, f"{big}g/kWh")):
+        with pytest.raises(ValueError, match="outside"):
+            parse(text)
+
+
+@pytest.mark.parametrize("text", ["0.25 kWh", "0.25 Wh", "0.25 MWh", "0.25kWh"])
+def test_an_energy_unit_is_not_taken_for_a_currency(text):
+    try:
+        _, currency = parse_price(text)
+    except ValueError as err:
+        assert "slash" in str(err) or "not a price" in str(err)
+    else:
+        assert currency.lower() not in ("kwh", "wh", "mwh")

@@ -10,7 +10,6 @@ A real SIGINT during the install or removal is held back until it is done (``def
 
 from __future__ import annotations
 
-import linecache
 import os
 import signal
 import sys
@@ -22,78 +21,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import gpunb  # noqa: E402
 from gpunb.analysis.profile.cell import ProfileSession  # noqa: E402
 from gpunb.analysis.ranks import recorder as rank_recorder  # noqa: E402
 from gpunb.analysis.steps.instruments import SYNC_METHODS, Instruments  # noqa: E402
 from gpunb.readings.interrupts import deferred_sigint  # noqa: E402
-
-GPUNB_DIR = str(Path(gpunb.__file__).parent)
-
-
-class LineInjector:
-    """A trace function raising KeyboardInterrupt when gpunb's code reaches line ``at`` (a
-    ``(file, line, n)``: the n-th time that line runs; None: only records the lines). Raising
-    from a trace function switches tracing off, so one run gets one interrupt.
-
-    Every line is a point, each loop's first two passes (a third pass is no new state). Not
-    the first line of the method called (``try:`` of ``start``/``stop``: an interrupt there is
-    the caller's to handle, as the magic does), nor the line event of a ``with`` statement's
-    end: an exception there leaves the context manager unexited in CPython itself (a lock
-    stays held; bpo-29988), which is one reason gpunb holds SIGINT back around its start and
-    stop instead."""
-
-    def __init__(self, at: tuple[str, int, int] | None = None) -> None:
-        self.at = at
-        self.points: list[tuple[str, int, int]] = []
-        self._seen: dict[tuple[str, int], int] = {}
-        self._entered: set[tuple[int, int]] = set()  # (frame id, line) of with statements entered
-        self.where = ""
-        self._entry = None
-
-    def __enter__(self) -> LineInjector:
-        sys.settrace(self._global)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        sys.settrace(None)
-
-    @property
-    def fired(self) -> bool:
-        return bool(self.where)
-
-    def _global(self, frame, event, arg):
-        return self._local if frame.f_code.co_filename.startswith(GPUNB_DIR) else None
-
-    def _local(self, frame, event, arg):
-        if event != "line":
-            return self._local
-        if self._entry is None:
-            self._entry = frame  # the method the test called
-        file, line = frame.f_code.co_filename, frame.f_lineno
-        if frame is self._entry and line == frame.f_code.co_firstlineno + _body_offset(frame.f_code):
-            return self._local
-        if linecache.getline(file, line).lstrip().startswith(("with ", "async with ")):
-            key = (id(frame), line)
-            if key in self._entered:
-                return self._local  # the with block's exit
-            self._entered.add(key)
-        n = self._seen[(file, line)] = self._seen.get((file, line), 0) + 1
-        if n > 2:
-            return self._local
-        point = (file, line, n)
-        if self.at is None:
-            self.points.append(point)
-        elif point == self.at:
-            self.where = f"{Path(file).name}:{line} (pass {n})"
-            raise KeyboardInterrupt(f"injected at {self.where}")
-        return self._local
-
-
-def _body_offset(code) -> int:
-    """Lines from ``def`` to the first statement of the body (past the docstring)."""
-    lines = [line for _, _, line in code.co_lines() if line is not None]
-    return (lines[1] if len(lines) > 1 else lines[0]) - code.co_firstlineno
+from tests.line_injector import LineInjector  # noqa: E402
 
 
 def _optimizer_module():
@@ -309,3 +241,29 @@ def test_a_ctrl_c_in_the_magics_start_leaves_the_cell_unrun_and_nothing_installe
     assert isinstance(result.error_in_exec, KeyboardInterrupt)
     assert "ran" not in ip.user_ns
     assert process_state() == before
+
+
+def test_host_reads_of_another_thread_are_not_the_cells():
+    """The cell's own 20 reads are counted, a background thread's hundreds are not, and the
+    background thread's reads cannot hide the cell's (the nested-read flag is per thread)."""
+    ins = Instruments(torch)
+    ins.install(False)
+    stop = threading.Event()
+
+    def background():
+        t = torch.ones(1)
+        while not stop.is_set():
+            float(t)
+
+    worker = threading.Thread(target=background)
+    try:
+        worker.start()
+        t = torch.ones(1)
+        for _ in range(20):
+            float(t)
+            time.sleep(0.001)
+    finally:
+        stop.set()
+        worker.join()
+        ins.remove()
+    assert ins.sync_n == 20

@@ -19,6 +19,7 @@ import pickle
 from dataclasses import dataclass
 from typing import Any
 
+from gpunb.readings.transaction import Transaction, open_transactions
 from gpunb.readings.untrusted_file import GuardedFolder, NotWritten
 
 # Events kept for one traced cell, and while the OOM doctor's history is armed: a training
@@ -26,6 +27,7 @@ from gpunb.readings.untrusted_file import GuardedFolder, NotWritten
 # under ~100 MB of host memory.
 CELL_MAX_ENTRIES = 100_000
 ARMED_MAX_ENTRIES = 20_000
+HISTORY_SWITCH = "torch allocation history"  # the name of its transactions
 MIN_TORCH = (2, 1)  # the history with "alloc/free_requested/free_completed" events and stacks="python"
 
 
@@ -80,28 +82,51 @@ class HistoryRecording:
     recording: bool = False  # on now, by us
     start_us: int | None = None  # events before this were not ours (when the user's recording was on)
 
+    def __post_init__(self) -> None:
+        self._transaction = Transaction(HISTORY_SWITCH)
+
     def start(self) -> None:
         import time
 
         if history_enabled(self.torch):
             self.start_us = time.time_ns() // 1000  # torch stamps events with the wall clock (time_us)
             return
+        # the switch-off is registered before the switch-on: a Ctrl-C between the two (or inside
+        # torch's call) leaves an undo that stop(), `%gpumem --trace off` or %unload_ext runs
+        self._transaction.switch(self._switch_on, self._switch_off)
+
+    def _switch_on(self) -> None:
+        import time
+
+        self.ours = self.recording = True
         record = self.torch.cuda.memory._record_memory_history
         try:  # clear_history: events of an earlier recording are not this one's
             record(enabled="all", context="all", stacks="python", max_entries=self.max_entries, clear_history=True)
         except TypeError:  # torch before 2.4 has no clear_history: older events are told apart by their time
             self.start_us = time.time_ns() // 1000
             record(enabled="all", context="all", stacks="python", max_entries=self.max_entries)
-        self.ours = self.recording = True
+
+    def _switch_off(self) -> None:
+        self.recording = False
+        self.torch.cuda.memory._record_memory_history(enabled=None)
 
     def snapshot(self) -> dict[str, Any]:
         snap = self.torch.cuda.memory._snapshot()
         return snap if isinstance(snap, dict) else {}
 
     def stop(self) -> None:
-        if self.recording:
-            self.recording = False
-            self.torch.cuda.memory._record_memory_history(enabled=None)
+        """Switch the history off if :meth:`start` switched it on (idempotent)."""
+        self._transaction.close()
+
+
+def switch_off_ours(keep: HistoryRecording | None = None) -> None:
+    """Switch off every history gpunb switched on and has not switched off, but ``keep``'s
+    (``%gpumem --trace off``; after every cell, for a traced cell's: whatever a Ctrl-C cut
+    off, it ends with the cell; the user's own recording is left alone)."""
+    kept = keep._transaction if keep is not None else None
+    for transaction in open_transactions():
+        if transaction.name == HISTORY_SWITCH and transaction is not kept:
+            transaction.close()
 
 
 def arm(torch: Any, max_entries: int = ARMED_MAX_ENTRIES) -> HistoryRecording:

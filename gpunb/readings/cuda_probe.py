@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpunb.readings.children import Child
+from gpunb.readings.transaction import Transaction
+
 SCRIPT = Path(__file__).with_name("cuda_probe_script.py")
 
 
@@ -48,8 +51,11 @@ def run_probe(
     timeout_s: float = 180.0,
     on_step: Callable[[str, int | None], None] | None = None,
     python: str | None = None,
+    owner: Transaction | None = None,
 ) -> ProbeResult:
-    """Run the probe; ``on_step(step, device)`` is called as each measurement starts."""
+    """Run the probe; ``on_step(step, device)`` is called as each measurement starts. The
+    process (its whole group) ends when this returns or raises, or when ``owner`` closes
+    first (the check was interrupted while this runs in another thread)."""
     cmd = [python or sys.executable, str(SCRIPT)]
     if devices is not None:
         cmd.append("--devices=" + ",".join(map(str, devices)))
@@ -57,26 +63,53 @@ def run_probe(
     env.setdefault("PYTHONUNBUFFERED", "1")
     out = ProbeResult()
     t0 = time.monotonic()
+    child = Child("the CUDA probe")
+    if owner is not None:
+        owner.add(child.cancel)  # registered before the start: the owner's close ends it at any point
+    try:  # from here on, whatever ends this (an exception, a Ctrl-C) ends the process group too
+        _run(child, cmd, env, timeout_s, on_step, out)
+    finally:
+        child.end()
+    out.duration_s = time.monotonic() - t0
+    return out
+
+
+def _run(child: Child, cmd: list[str], env: dict[str, str], timeout_s: float,
+         on_step: Callable[[str, int | None], None] | None, out: ProbeResult) -> None:
     # stderr goes to a file: a chatty library must not fill a pipe and stall the child.
     with tempfile.TemporaryFile(mode="w+") as stderr_file:
         try:
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr_file, text=True, env=env)
+            proc = child.start(cmd, stdout=subprocess.PIPE, stderr=stderr_file, text=True, env=env)
         except OSError as exc:
             out.error = f"could not start {cmd[0]}: {exc}"
-            return out
+            return
         # A hung driver blocks the child's output; the timer kills it so reading ends.
-        killer = threading.Timer(timeout_s, proc.kill)
-        killer.start()
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            child.end()
+
+        killer = threading.Timer(timeout_s, expire)
+        killer.daemon = True
         done = False
         try:
+            killer.start()
             assert proc.stdout is not None
             for line in proc.stdout:
-                done = _handle(line, out, on_step) or done
+                if _handle(line, out, on_step):
+                    done = True  # the last line: what the probe started may still hold the pipe open
+                    break
             proc.wait()
         finally:
-            timed_out = not killer.is_alive() and proc.returncode not in (0, None) and not done
+            timed_out = expired.is_set() and not done
             killer.cancel()
-        if timed_out:
+            child.end()
+            if proc.stdout is not None:
+                proc.stdout.close()
+        if child.cancelled and not done:
+            out.error = "the CUDA probe was stopped (the check was interrupted)"
+        elif timed_out:
             out.error = (f"the CUDA probe did not finish within {timeout_s:.0f} s "
                          "(a hung driver, or a GPU busy with another job)")
         elif not done:
@@ -84,8 +117,6 @@ def run_probe(
             lines = [ln for ln in stderr_file.read().strip().splitlines() if ln.strip()]
             tail = " | ".join(lines[-3:]) if lines else f"exit code {proc.returncode}"
             out.error = f"the CUDA probe process died: {tail}"
-    out.duration_s = time.monotonic() - t0
-    return out
 
 
 def _handle(line: str, out: ProbeResult, on_step: Callable[[str, int | None], None] | None) -> bool:

@@ -10,9 +10,11 @@ all of it on ``%unload_ext`` / ``%reload_ext``. What the features keep between c
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from importlib import import_module
 from typing import Any
 
+from gpunb.readings.transaction import Transaction, close_all
 from gpunb.shells.kernel_state import STANDALONE_STATE, KernelState
 from gpunb.shells.session import current_shell
 
@@ -32,54 +34,60 @@ _STATE_ATTR = "_gpunb_extension_state"
 
 
 class ExtensionState:
-    """What the extension registered on one shell, so unload can take it all back."""
+    """What the extension registered on one shell, so unload can take it all back: one
+    :class:`~gpunb.readings.transaction.Transaction`, each registration's undo registered
+    before it."""
 
     def __init__(self, shell: Any) -> None:
         self.shell = shell
-        self._magic_names: list[tuple[str, str]] = []  # (kind, name)
-        self._magic_classes: list[str] = []
-        self._magic_objects: list[Any] = []
-        self._events: list[tuple[str, Callable]] = []
-        self._on_unload: list[Callable[[], None]] = []
+        self._transaction = Transaction("gpunb extension")
         self.kernel = KernelState()
 
     def add_magics(self, magics: Any) -> None:
-        self.shell.register_magics(magics)
-        for kind, table in magics.magics.items():
-            self._magic_names.extend((kind, name) for name in table)
-        self._magic_classes.append(type(magics).__name__)
-        self._magic_objects.append(magics)  # Magics.__init__ also put it in shell.configurables
+        self._transaction.switch(lambda: self.shell.register_magics(magics),
+                                 partial(_remove_magics, self.shell, magics))
 
     def on(self, event: str, callback: Callable) -> None:
-        self.shell.events.register(event, callback)
-        self._events.append((event, callback))
+        self._transaction.switch(lambda: self.shell.events.register(event, callback),
+                                 partial(_unregister, self.shell, event, callback))
 
     def on_unload(self, fn: Callable[[], None]) -> None:
-        self._on_unload.append(fn)
+        self._transaction.add(partial(_reported, fn))
 
     def undo(self) -> None:
-        for fn in reversed(self._on_unload):
-            try:
-                fn()
-            except Exception as exc:  # unload must finish whatever one feature does
-                print(f"gpunb: error while unloading: {exc!r}")
-        for event, callback in self._events:
-            try:
-                self.shell.events.unregister(event, callback)
-            except ValueError:
-                pass
-        manager = self.shell.magics_manager
-        for kind, name in self._magic_names:
-            manager.magics[kind].pop(name, None)
-        for cls in self._magic_classes:
-            manager.registry.pop(cls, None)
-        configurables = getattr(self.shell, "configurables", None)
-        if isinstance(configurables, list):  # else every load/unload left its Magics objects there
-            configurables[:] = [c for c in configurables if not any(c is m for m in self._magic_objects)]
-        self._on_unload.clear()
-        self._events.clear()
-        self._magic_names.clear()
-        self._magic_objects.clear()
+        """Take everything back, newest first; then close any transaction of gpunb's a Ctrl-C
+        left open (a hook, torch's allocation history, an environment entry)."""
+        try:
+            self._transaction.close()
+        finally:
+            close_all()
+
+
+def _reported(fn: Callable[[], None]) -> None:
+    try:
+        fn()
+    except Exception as exc:  # unload must finish whatever one feature does
+        print(f"gpunb: error while unloading: {exc!r}")
+
+
+def _unregister(shell: Any, event: str, callback: Callable) -> None:
+    try:
+        shell.events.unregister(event, callback)
+    except ValueError:  # not registered (its register was cut off)
+        pass
+
+
+def _remove_magics(shell: Any, magics: Any) -> None:
+    manager = shell.magics_manager
+    for kind, table in magics.magics.items():
+        for name in table:
+            if getattr(manager.magics[kind].get(name), "__self__", None) is magics:  # not a later one's
+                manager.magics[kind].pop(name, None)
+    if manager.registry.get(type(magics).__name__) is magics:
+        manager.registry.pop(type(magics).__name__, None)
+    configurables = getattr(shell, "configurables", None)
+    if isinstance(configurables, list):  # else every load/unload left its Magics objects there
+        configurables[:] = [c for c in configurables if c is not magics]
 
 
 def state_of(shell: Any) -> ExtensionState | None:

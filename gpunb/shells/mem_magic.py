@@ -120,11 +120,23 @@ class MemMagics(Magics):
         display(report)
         return None
 
+    def end_cell_traces(self, result: Any = None) -> None:
+        """After every cell: a traced cell's history ends with it, even when a Ctrl-C cut its
+        stop short (the armed one stays on until `--trace off`)."""
+        from gpunb.readings.alloc_history import switch_off_ours
+
+        switch_off_ours(keep=self.kernel.alloc_history)
+
     def disarm(self) -> None:
         """Switch the armed history off (``--trace off``, ``%unload_ext``)."""
+        from gpunb.readings.alloc_history import switch_off_ours
+
         current, self.kernel.alloc_history = self.kernel.alloc_history, None
-        if current is not None:
-            current.stop()
+        try:
+            if current is not None:
+                current.stop()
+        finally:  # and any history a Ctrl-C cut off before gpunb could switch it off
+            switch_off_ours()
 
     # -- allocation history -------------------------------------------------------------------
     def _trace(self, args: Any, cell: str | None) -> Any:
@@ -186,13 +198,9 @@ class MemMagics(Magics):
                                cell_numbers=lambda: shell_cell_numbers(shell.compile),
                                label=f"In [{number}]" if number is not None else "", save_path=args.save,
                                max_entries=args.max_entries or CELL_MAX_ENTRIES)
-        session.start()
-        try:
+        try:  # a Ctrl-C anywhere (start, the cell, stop) still puts the history back as it was
+            session.start()
             place = ReportPlace(shell, f"gpumem --trace In [{number}]")
-        except BaseException:
-            session.stop()
-            raise
-        try:  # a Ctrl-C anywhere still puts the history back as it was
             value, error = run_compiled(shell, code, last_expr)
         finally:
             trace = session.stop()
@@ -208,3 +216,4 @@ def register(shell: Any, state: Any) -> None:
     magics = MemMagics(shell, state.kernel)
     state.add_magics(magics)
     state.on_unload(magics.disarm)  # torch's history stays on only while the extension is loaded
+    state.on("post_run_cell", magics.end_cell_traces)

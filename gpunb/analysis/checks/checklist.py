@@ -32,6 +32,7 @@ from gpunb.readings.links import read_link_map
 from gpunb.readings.nvml import NvmlSession, NvmlStatus, Unavailable, default_session
 from gpunb.readings.peak_cache import remember as remember_matmul_peaks
 from gpunb.readings.torch_build import read_kernel_torch_state, read_torch_build
+from gpunb.readings.transaction import Transaction
 
 # (check, needs the subprocess measurements) in the order of the training checklist:
 # driver first, then versions, one small success, then health, precision, host, config.
@@ -193,14 +194,9 @@ def check(
     probe_events: queue.Queue[tuple[str, int | None]] = queue.Queue()
     probe_box: dict[str, Any] = {}
     prober = None
-    if not quick and build.installed and visible.visible:
-        def probe() -> None:
-            probe_box["result"] = run_probe(environ=env, devices=[device] if device is not None else None,
-                                            timeout_s=probe_timeout_s,
-                                            on_step=lambda step, dev: probe_events.put((step, dev)))
-
-        prober = threading.Thread(target=probe, name="gpunb-check-probe", daemon=True)
-        prober.start()
+    # the processes the check starts end with it (a Ctrl-C, the Cancel button, an error):
+    # closing this kills each one's process group
+    children = Transaction("gpucheck processes")
 
     inputs = CheckInputs(
         environ=env,
@@ -221,6 +217,14 @@ def check(
         launch = AllReduceLaunch(len(devices.devices), backend=backend, environ=env, timeout_s=allreduce_timeout_s,
                                  sizes_mib=GLOO_SIZES_MIB if backend == "gloo" else ALLREDUCE_SIZES_MIB).start()
     try:
+        if not quick and build.installed and visible.visible:
+            def probe() -> None:
+                probe_box["result"] = run_probe(environ=env, devices=[device] if device is not None else None,
+                                                timeout_s=probe_timeout_s, owner=children,
+                                                on_step=lambda step, dev: probe_events.put((step, dev)))
+
+            prober = threading.Thread(target=probe, name="gpunb-check-probe", daemon=True)
+            prober.start()
         me = kernel_pids()
         inputs.ownership = tuple(attribute_processes(g.index, procs, me, torch_reserved_on(torch, devices, g.index))
                                  for g, procs in zip(snapshot.gpus, snapshot.processes))
@@ -269,7 +273,10 @@ def check(
             asker.join()
         inputs.frameworks = frameworks
     finally:
-        if launch is not None:  # an error above: the waiting ranks must not outlive the check
-            launch.cancel()
+        try:
+            children.close()
+        finally:
+            if launch is not None:  # an error above: the waiting ranks must not outlive the check
+                launch.cancel()
     results = tuple(fast[fn] if fn in fast else _one(fn, inputs) for fn, _ in CHECKS)
     return CheckReport(results, time.monotonic() - t0, quick, device, deep=deep)

@@ -7,6 +7,7 @@ without them energy is shown in Wh and J only.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -67,7 +68,23 @@ def parse_price(text: str) -> tuple[float, str]:
                          "0.25 EUR/kWh and 0.00025/Wh work too)")
     unit = (m["unit"] or "kWh").lower()
     currency = (m["pre"] or m["post"] or "").strip()
-    return float(m["amount"]) * _PER_KWH[unit], currency
+    if currency.lower() in _PER_KWH or currency.lower() in ("j", "kj", "mj"):  # "0.25 kWh": no "/"
+        raise ValueError(f"--price {text!r} names an energy ({currency}) where the currency goes: write it as "
+                         "0.25/kWh, with the slash")
+    return _bounded(float(m["amount"]) * _PER_KWH[unit], MAX_PRICE_PER_KWH, f"--price {text!r}", "per kWh"), currency
+
+
+# A price or an intensity past these is a typo (the dearest retail power is a few units of any
+# currency per kWh; the dirtiest grid ~1,000 g CO2/kWh): refused, never shown as "cost inf".
+MAX_PRICE_PER_KWH = 1e6
+MAX_CARBON_G_PER_KWH = 1e5
+
+
+def _bounded(value: float, limit: float, what: str, unit: str) -> float:
+    if not math.isfinite(value) or not 0 <= value <= limit:
+        raise ValueError(f"{what} is {value:g} {unit}, outside 0 to {limit:g} {unit}: check the number "
+                         "(a missing decimal point?)")
+    return value
 
 
 def parse_carbon(text: str) -> float:
@@ -77,7 +94,8 @@ def parse_carbon(text: str) -> float:
         raise ValueError(f"--carbon {text!r} is not a carbon intensity: write it as 350g/kWh (grams of CO₂ per "
                          "kWh; your grid operator or electricitymaps.com gives the figure for your region)")
     grams = float(m["amount"]) * (1000.0 if (m["mass"] or "g").lower() == "kg" else 1.0)
-    return grams * _PER_KWH[(m["unit"] or "kWh").lower()]
+    return _bounded(grams * _PER_KWH[(m["unit"] or "kWh").lower()], MAX_CARBON_G_PER_KWH, f"--carbon {text!r}",
+                    "g CO2/kWh")
 
 
 def tariff_from_env(environ: Mapping[str, str]) -> tuple[Tariff, list[str]]:

@@ -57,6 +57,14 @@ class TraceSession:
             return {}
 
     def start(self) -> None:
+        """Switch the history on; whatever ends it (a Ctrl-C too), nothing is left on when it raises."""
+        try:
+            self._start()
+        except BaseException:
+            self.abort()
+            raise
+
+    def _start(self) -> None:
         self.reason = unavailable(self.torch)
         if self.reason:  # no GPU, no driver, a CPU torch: said as the machine's statement
             self.reason = _machine_without_cuda() or self.reason
@@ -68,16 +76,30 @@ class TraceSession:
             self.start_roles = self._census_roles()
             torch.cuda.reset_peak_memory_stats(self.device)
             self.baseline_bytes = int(torch.cuda.memory_allocated(self.device))
-            recording = HistoryRecording(torch, max_entries=self.max_entries)
-            recording.start()
-            self.recording = recording
+            # kept before it starts: stop() and abort() switch off what a cut-off start switched on
+            self.recording = HistoryRecording(torch, max_entries=self.max_entries)
+            self.recording.start()
         except Exception as err:  # noqa: BLE001 (the cell runs untraced, said in one line)
+            self.abort()
             self.reason = f"torch's allocation history could not be started ({_describe(err)})"
 
+    def abort(self) -> None:
+        """Put the history back as it was, without a record (idempotent)."""
+        if self.recording is not None:
+            self.recording.stop()  # before it is forgotten: a Ctrl-C between the two leaves it known
+        self.recording = None
+
     def stop(self, exc: BaseException | None = None) -> MemoryTrace:
+        """Take the snapshot and put the history back; it is back when this returns or raises."""
+        try:
+            return self._stop(exc)
+        finally:
+            self.abort()
+
+    def _stop(self, exc: BaseException | None) -> MemoryTrace:
         trace = MemoryTrace(label=self.label, unavailable=self.reason, notes=self.notes,
                             error=type(exc).__name__ if exc is not None else "")
-        recording, self.recording = self.recording, None
+        recording = self.recording
         if recording is None:
             return trace
         try:
@@ -87,7 +109,7 @@ class TraceSession:
             trace.unavailable = f"torch's allocation history could not be read ({_describe(err)})"
             return trace
         finally:
-            recording.stop()  # the history is off again (or as the user had it) whatever happened
+            self.abort()  # the history is off again (or as the user had it) whatever happened
         try:
             self._explain(trace, snapshot, recording)
         except Exception as err:  # noqa: BLE001 (a snapshot of a shape we do not know)

@@ -55,6 +55,7 @@ from gpunb.analysis.steps.tokens import first_tensor, sequence_length
 from gpunb.readings import torch_state
 from gpunb.readings.import_watch import ImportWatch
 from gpunb.readings.interrupts import deferred_sigint
+from gpunb.readings.transaction import Transaction
 
 # Tensor methods that copy a value to the host (a sync when the tensor is on a GPU).
 SYNC_METHODS = ("item", "tolist", "cpu", "__float__", "__int__", "__bool__", "__repr__", "__format__")
@@ -176,7 +177,9 @@ class Instruments:
         self.sync_s = 0.0
         self.sync_gpu_s = 0.0
         self.sync_by_method: dict[str, int] = {}
-        self._quiet = False  # True inside a counted read (its own nested reads are not counted again)
+        # per thread: inside a counted read its own nested reads are not counted again (one flag shared
+        # by threads made a background thread's read hide the cell's, or the other way round)
+        self._reading = threading.local()
         # output
         self.write_n = 0
         self.write_chars = 0
@@ -195,7 +198,8 @@ class Instruments:
         self.leak_watch: Callable[[int], bool] | None = None
         # called with the module when the cell itself imports torch (after the hooks are in)
         self.on_torch_import: Callable[[Any], None] | None = None
-        self._undo: list[Callable[[], None]] = []
+        self._transaction = Transaction("profile instruments")  # every hook's undo, registered before it goes in
+        self._undo = self._transaction.undos
         self.installed = False
 
     # -- life cycle ---------------------------------------------------------------------
@@ -213,7 +217,7 @@ class Instruments:
                 self._hook_torch(torch)
             else:
                 watch = ImportWatch("torch", self._torch_imported)
-                self._undo.append(watch.remove)
+                self._transaction.add(watch.remove)
                 sys.meta_path.insert(0, watch)  # as when_imported does, with the undo first
             self._wrap_output()
         self.sample_memory(force=True)
@@ -237,28 +241,13 @@ class Instruments:
             self.on_torch_import(module)
 
     def remove(self) -> None:
-        """Take every hook out, newest first (idempotent). An undo is dropped only once it ran:
-        one interrupted by an exception that is not an ``Exception`` (an injected
-        ``KeyboardInterrupt``) runs once more, the others still run, and that exception is
-        raised at the end."""
-        interrupted: BaseException | None = None
-        with deferred_sigint():
-            while self._undo:
-                undo = self._undo[-1]
-                try:
-                    undo()
-                except Exception:  # restoring must go on for the other hooks
-                    pass
-                except BaseException as exc:  # noqa: BLE001 (raised again below, once all are out)
-                    interrupted = interrupted or exc
-                    try:
-                        undo()
-                    except BaseException:  # noqa: BLE001 (the rest must still come out)
-                        pass
-                self._undo.pop()
+        """Take every hook out, newest first (idempotent; :meth:`Transaction.close`: an undo
+        interrupted by a ``KeyboardInterrupt`` runs once more, the others still run, and that
+        exception is raised at the end)."""
+        try:
+            self._transaction.close()
+        finally:
             self.installed = False
-        if interrupted is not None:
-            raise interrupted
 
     # -- steps ------------------------------------------------------------------------------
     def _hook_optimizer(self, torch: Any) -> None:
@@ -270,7 +259,7 @@ class Instruments:
         if register is None:  # torch < 2.0: no global optimizer hooks
             return
         handles: list[Any] = []
-        self._undo.append(partial(_remove_handles, handles))
+        self._transaction.add(partial(_remove_handles, handles))
         handles.append(register(self._on_step))
 
     def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -368,7 +357,7 @@ class Instruments:
                 recorder.batch_size = recorder.batch_size or n
             return batch
 
-        self._undo.append(partial(_put_back, _BaseDataLoaderIter, "__next__", original, __next__))
+        self._transaction.add(partial(_put_back, _BaseDataLoaderIter, "__next__", original, __next__))
         _BaseDataLoaderIter.__next__ = __next__  # type: ignore[method-assign, assignment]  # wrapped for the cell
 
     # -- host syncs -------------------------------------------------------------------------
@@ -388,7 +377,7 @@ class Instruments:
             if original is not None:
                 self._own[name] = tensor.__dict__.get(name)
                 self._wrapped[name] = self._sync_wrapper(name, original)
-        self._undo.append(self._unwrap_tensor_syncs)
+        self._transaction.add(self._unwrap_tensor_syncs)
         for name, wrapper in self._wrapped.items():
             setattr(tensor, name, wrapper)
         if originals["item"] is not None:
@@ -420,7 +409,7 @@ class Instruments:
                 if getattr(module, "_get_value", None) is _get_value:  # unless someone replaced ours
                     module._get_value = original
 
-        self._undo.append(restore)
+        self._transaction.add(restore)
         for module in patched:
             module._get_value = _get_value
 
@@ -442,7 +431,9 @@ class Instruments:
 
         def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
             __tracebackhide__ = True  # IPython hides this frame in the user's tracebacks
-            if recorder._quiet:  # __format__ calling item(): one read, counted once
+            if recorder._thread is not None and threading.get_ident() != recorder._thread:
+                return original(self, *args, **kwargs)  # another thread's read: not the cell's
+            if getattr(recorder._reading, "quiet", False):  # __format__ calling item(): one read, counted once
                 return original(self, *args, **kwargs)
             caller = sys._getframe(1).f_globals.get("__name__", "")
             if caller.startswith(_OPTIMIZER_CODE) and not caller.startswith(_USER_FACING_OPTIM):
@@ -450,7 +441,7 @@ class Instruments:
             on_gpu = self.device.type != "cpu"
             if name == "cpu" and not on_gpu:
                 return original(self, *args, **kwargs)  # already on the host: no copy, no sync
-            recorder._quiet = True
+            recorder._reading.quiet = True
             t0 = recorder.clock()
             try:
                 if reattribute and self.requires_grad:
@@ -458,7 +449,7 @@ class Instruments:
                 return original(self, *args, **kwargs)
             finally:
                 dt = recorder.clock() - t0
-                recorder._quiet = False
+                recorder._reading.quiet = False
                 recorder.sync_n += 1
                 recorder.sync_s += dt
                 recorder.sync_by_method[name] = recorder.sync_by_method.get(name, 0) + 1
@@ -479,12 +470,12 @@ class Instruments:
             original = stream.write
             timed = self._timed_write(original)
             previous = getattr(stream, "__dict__", {}).get("write")  # an outer profile's timer
-            self._undo.append(partial(_restore_write, stream, timed, previous))
+            self._transaction.add(partial(_restore_write, stream, timed, previous))
             try:
                 stream.write = timed  # ipykernel's OutStream and pytest's capture allow this
             except (AttributeError, TypeError):
                 proxy = _TimedStream(stream, timed)
-                self._undo.append(partial(_restore_stream, attr, stream, proxy))
+                self._transaction.add(partial(_restore_stream, attr, stream, proxy))
                 setattr(sys, attr, proxy)
 
     def _timed_write(self, original: Callable[[str], int]) -> Callable[[str], int]:
@@ -492,6 +483,8 @@ class Instruments:
 
         def write(text: str) -> int:
             __tracebackhide__ = True  # IPython hides this frame in the user's tracebacks
+            if recorder._thread is not None and threading.get_ident() != recorder._thread:
+                return original(text)  # another thread's output: not the cell's
             t0 = recorder.clock()
             try:
                 return original(text)
