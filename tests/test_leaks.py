@@ -437,3 +437,34 @@ def test_the_leaks_the_first_census_missed(ip, quick_budget, before, body, holde
     attribute of a module, a deque, a set, and one tensor grown by ``torch.cat`` (2 KiB a step)."""
     p = _profile(ip, body, before=before)
     assert [(f.holder, f.pattern) for f in p.leak.findings] == [(holder, pattern)], p.leak
+
+
+def test_a_hook_closing_over_a_functions_list_is_named(quick_budget):
+    """The H200 run of 2026-12-05: a hook defined in a function, appending to that function's list,
+    was reported as the list alone; the hook and its module are named, as for a notebook's list."""
+    torch = pytest.importorskip("torch")
+
+    def train():
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        acts = []
+
+        def save(module, inputs, output):
+            acts.append(output)
+
+        handle = model[0].register_forward_hook(save)
+        try:
+            with gpunb.profile(show=False, record=False) as p:
+                deadline = time.perf_counter() + 1.5
+                while time.perf_counter() < deadline:
+                    model(torch.randn(32, 8)).square().mean().backward()
+                    opt.step()
+                    opt.zero_grad()
+                    time.sleep(0.002)
+        finally:
+            handle.remove()
+        return p
+
+    p = train()
+    (f,) = p.result.leak.findings
+    assert f.pattern == "history" and "`save`" in f.sentence and "`model.0`" in f.sentence, f

@@ -54,14 +54,30 @@ def hooks_filling(namespace: Mapping[str, Any], torch: Any, holder: str) -> str 
                 m = _HOOK.match(path)
                 if m is None or m["var"]:
                     continue
-                code = getattr(getattr(hook, "__func__", hook), "__code__", None)
-                if code is not None and name in set(reach.global_names(code)):
+                fn = getattr(hook, "__func__", hook)
+                code = getattr(fn, "__code__", None)
+                if code is not None and (name in set(reach.global_names(code)) or _closes_over(fn, namespace, name)):
                     return f"the {m['kind']} {_code(m['fn'])} on {_code(m['module'])}"
         except BaseException as exc:  # noqa: BLE001 (CancelledError too); the finding stands without it
             if reach.passes(exc):
                 raise
             continue
     return None
+
+
+def _closes_over(fn: Any, namespace: Mapping[str, Any], name: str) -> bool:
+    """Whether ``fn`` holds the variable ``name`` itself in its closure (a hook defined in a function,
+    appending to that function's list), not only a global of that name."""
+    if name not in namespace:
+        return False
+    held = namespace[name]
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            if cell.cell_contents is held:
+                return True
+        except ValueError:  # an empty cell: a variable not yet bound
+            continue
+    return False
 
 
 def appended_variable(holder: str, last: Snapshot) -> str | None:
