@@ -53,8 +53,10 @@ def widgets_problem() -> str:
     """Why gpunb shows no widgets here ("" when it can): ipywidgets missing or outside the range."""
     try:
         import ipywidgets
-    except ImportError:
-        return "ipywidgets is not installed"
+    except ImportError as exc:
+        if getattr(exc, "name", None) == "ipywidgets":
+            return "ipywidgets is not installed"
+        return f"ipywidgets could not be imported ({exc}); fix: `pip install -U 'ipywidgets>=8.1'`"
     version = str(getattr(ipywidgets, "__version__", "0"))
     if _version_tuple(version) < WIDGETS_MIN:
         return (f"ipywidgets {version} is older than the {'.'.join(map(str, WIDGETS_MIN))} gpunb's controls need, "
