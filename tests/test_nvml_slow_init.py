@@ -4,7 +4,7 @@ within its window and the caller's budget; past it the answer is "slow", never "
 
 The class: every caller that meets an nvmlInit in flight (``NvmlSession.start`` and each
 read, through ``_wait_for_init``). Generated cases: seeded init delays from 0 to 3 s (plus
-the edges) crossed with the callers %gpucheck --quick, %gpumem and gpunb.memory().
+the edges) crossed with the callers %gpucheck --quick, %gpumem, gpunb.memory() and the CLI's check.
 """
 
 from __future__ import annotations
@@ -41,7 +41,16 @@ def _memory(ip, capsys) -> str:
     return "\n".join([*(f"GPU {g.index} {g.name}" for g in report.gpus), *report.problems])
 
 
-CALLERS = {"%gpucheck --quick": _gpucheck, "%gpumem": _gpumem, "gpunb.memory()": _memory}
+def _cli(ip, capsys) -> str:
+    from gpunb.cli import main
+
+    rc = main(["check", "--quick"])
+    out = capsys.readouterr().out
+    assert rc in (0, 1), out  # 1 is a real problem found (here: a CPU-only torch), never a crash
+    return out
+
+
+CALLERS = {"%gpucheck --quick": _gpucheck, "%gpumem": _gpumem, "gpunb.memory()": _memory, "CLI check --quick": _cli}
 
 
 @pytest.mark.parametrize("caller", list(CALLERS))
