@@ -225,3 +225,16 @@ def test_without_subshells_the_controls_act_between_cells():
     refused = _kernel(_Socket({"status": "error", "evalue": "no"}))
     widget = _Widget()
     assert not route_clicks([widget], refused) and not hasattr(widget.comm, "_reply_subshell_id")
+
+
+def test_unload_ext_ends_the_controls_subshell(ip, monkeypatch):
+    from gpunb.shells.widget_channel import close_controls_subshell, controls_subshell
+
+    socket = _Socket({"status": "ok", "subshell_id": "sub-9"})
+    kernel = _kernel(socket, subshells=["sub-9"])
+    monkeypatch.setattr(ip, "kernel", kernel, raising=False)
+    assert controls_subshell(kernel) == "sub-9"
+    ip.run_line_magic("unload_ext", "gpunb")
+    assert socket.sent == [{"type": "create"}, {"type": "delete", "subshell_id": "sub-9"}]
+    assert not close_controls_subshell(kernel)  # ended once; nothing left to end
+    ip.run_line_magic("load_ext", "gpunb")  # the fixture unloads it

@@ -275,7 +275,10 @@ class PendingRun(Generic[T]):
             wait += grace_s  # a call running at the deadline may still finish
         self._wait, self._end = wait, now + wait
         with session._lock:
+            if getattr(fn, "__func__", None) is not NvmlSession._start_here:
+                session._wait_for_init(deadline)
             if session._init_since is not None and getattr(fn, "__func__", None) is not NvmlSession._start_here:
+                now = time.monotonic()
                 self._refused = f"NVML is still starting (nvmlInit has run for {now - session._init_since:.1f} s)"
                 return
             worker, why = session._live_worker(now)
@@ -347,6 +350,7 @@ class NvmlSession:
         self._retry_at = 0.0
         self._retry = _Backoff(*RETRY_S)
         self._init_since: float | None = None  # nvmlInit is running since then
+        self._init_ended = threading.Condition(self._lock)  # notified when an nvmlInit ends
         self._handles: dict[int, Any] = {}
         self._handle_index: dict[int, int] = {}  # id(handle) -> GPU index, to name slow calls
         self._worker: _Worker | None = None
@@ -367,11 +371,27 @@ class NvmlSession:
         if worker is not None:
             return self._start_here()
         with self._lock:
+            self._wait_for_init(getattr(self._caller, "deadline", None))
             known = self._known_status()
         if known is not None:
             return known
         return self._hop(self._start_here, (), wait=INIT_WAIT_S, what="nvmlInit",
                          fallback=lambda why: NvmlStatus(False, f"NVML did not start: {why}", HUNG_FIX, TIMEOUT))
+
+    def _wait_for_init(self, deadline: float | None) -> None:
+        """Wait (lock held) for an nvmlInit another thread runs, within that init's own window
+        (INIT_WAIT_S from its start) and the caller's budget: a driver that is slow to start
+        (no persistence mode: 0.2-2 s) gives the real answer when it comes in time, and is
+        said as slow (TIMEOUT), never as absent, when it does not. One window per init, so a
+        cell that already waited it out is not made to wait again."""
+        while self._init_since is not None:
+            until = self._init_since + INIT_WAIT_S
+            if deadline is not None:
+                until = min(until, deadline)
+            left = until - time.monotonic()
+            if left <= 0:
+                return
+            self._init_ended.wait(left)
 
     def _known_status(self) -> NvmlStatus | None:
         """The status when no nvmlInit is needed now (lock held)."""
@@ -395,6 +415,7 @@ class NvmlSession:
         finally:
             with self._lock:
                 self._init_since = None
+                self._init_ended.notify_all()
                 self._status = status
                 if status.ok:
                     self._retry.reset()
@@ -700,6 +721,7 @@ class NvmlSession:
         started session got no GPU, so the child starts NVML again for itself (nvmlInit is
         reference-counted; nothing of the parent's is shut down) and asks for fresh handles."""
         self._lock = threading.Lock()
+        self._init_ended = threading.Condition(self._lock)
         self._worker = None
         self._stuck = []
         self._init_since = None

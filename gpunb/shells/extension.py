@@ -118,6 +118,9 @@ def unload(shell: Any) -> None:
         return
     state.undo()
     delattr(shell, _STATE_ATTR)
+    from gpunb.shells.widget_channel import close_controls_subshell
+
+    close_controls_subshell(getattr(shell, "kernel", None))  # its thread ends with gpunb
     # Threads and monitors were stopped above; the profiled cells are data the API twins
     # keep using without the extension, and a reload takes them back.
     STANDALONE_STATE.take_over(state.kernel)

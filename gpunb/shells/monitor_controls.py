@@ -35,12 +35,47 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WINDOWS_S = (30.0, 120.0, 600.0, 3600.0)
 
 
-def widgets_available() -> bool:
+# The range pyproject.toml declares. Older ipywidgets (7.x) pairs with a different frontend
+# protocol: the controls never drew, yet each monitor left 14 comms open and each check 3.
+WIDGETS_MIN = (8, 1)
+_told_old_widgets = False
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in text.split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def widgets_problem() -> str:
+    """Why gpunb shows no widgets here ("" when it can): ipywidgets missing or outside the range."""
     try:
-        import ipywidgets  # noqa: F401
-    except ImportError:
-        return False
-    return True
+        import ipywidgets
+    except ImportError as exc:
+        if getattr(exc, "name", None) == "ipywidgets":
+            return "ipywidgets is not installed"
+        return f"ipywidgets could not be imported ({exc}); fix: `pip install -U 'ipywidgets>=8.1'`"
+    version = str(getattr(ipywidgets, "__version__", "0"))
+    if _version_tuple(version) < WIDGETS_MIN:
+        return (f"ipywidgets {version} is older than the {'.'.join(map(str, WIDGETS_MIN))} gpunb's controls need, "
+                "so the monitor is shown without Pause/Stop/window controls and no Cancel button; "
+                "fix: `pip install -U 'ipywidgets>=8.1'` and restart the kernel")
+    return ""
+
+
+def widgets_available() -> bool:
+    """True when the supported ipywidgets can be used. Outside the range nothing is opened
+    (no comm, no subshell) and the reason is said once per kernel on stderr."""
+    global _told_old_widgets
+    problem = widgets_problem()
+    if problem and problem.startswith("ipywidgets ") and "older" in problem and not _told_old_widgets:
+        _told_old_widgets = True
+        import sys
+
+        print(f"gpunb: {problem}.", file=sys.stderr)
+    return not problem
 
 
 class MonitorControls:

@@ -67,3 +67,25 @@ def route_clicks(widgets: Iterable[Any], kernel: Any) -> bool:
             comm._reply_subshell_id = subshell
             routed = True
     return routed
+
+
+def close_controls_subshell(kernel: Any) -> bool:
+    """End the controls' subshell thread (``%unload_ext``): the same request the control
+    channel's ``delete_subshell_request`` sends. True when one was ended. Never raises."""
+    if kernel is None:
+        return False
+    key = id(kernel)
+    with _lock:
+        subshell = _subshells.pop(key, None)
+        _broken.discard(key)
+        if subshell is None:
+            return False
+        try:
+            socket = kernel.shell_channel_thread.manager.control_to_shell_channel.from_socket
+            socket.send_json({"type": "delete", "subshell_id": subshell})
+            if not socket.poll(REPLY_WAIT_MS):
+                return False
+            reply = socket.recv_json()
+        except Exception:  # another ipykernel: nothing more to end
+            return False
+        return isinstance(reply, dict) and reply.get("status") == "ok"
