@@ -34,7 +34,7 @@ def test_public_api_is_pinned():
 # Parameters (name=default, * before keyword-only ones) of each API twin, as users call them.
 PUBLIC_SIGNATURES = {
     "check": "(quick=False, device=None, *, deep=False, environ=None, nvml=None, progress=None, in_kernel=None, "
-             "probe_timeout_s=180.0)",
+             "probe_timeout_s=180.0, require_gpu=False)",
     "profile": "(label='', *, warmup_steps=1, reset_peak=True, timeline=True, show=None, record=True, flops=True, "
                "ops=False, trace_dir=None, ranks=True, energy=True, tokens_per_sample=None, leak=True, "
                "namespace=None)",

@@ -17,6 +17,9 @@ PACKAGED = "reads a file shipped inside the gpunb package (site-packages), not a
 UNNAMED = "an unnamed temporary file (no path another user could plant or follow)"
 
 ALLOWED: dict[tuple[str, str, str], str] = {
+    ("readings/cuda_probe.py", "_run", "tempfile.TemporaryFile"):
+        "the probe's stderr: an anonymous file (O_TMPFILE, or made O_EXCL 0600 and unlinked at once) that "
+        "no other user can open or replace",
     ("readings/pci.py", "nvidia_gpu_on_bus", "Path.read_text"):
         "reads the kernel's own sysfs (/sys/bus/pci/devices/*/vendor, class): files only the kernel writes, "
         "a few bytes each; no other user can plant or redirect them",
@@ -36,7 +39,6 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("readings/allreduce.py", "AllReduceLaunch.start", "tempfile.TemporaryDirectory"):
         "the NCCL test's rendezvous folder: mkdtemp, 0700, this process's own",
     ("readings/allreduce.py", "AllReduceLaunch.start", "tempfile.TemporaryFile"): UNNAMED,
-    ("readings/cuda_probe.py", "run_probe", "tempfile.TemporaryFile"): UNNAMED,
     ("readings/devices.py", "namespace_pids", "open"): PROC,
     ("readings/process.py", "reset_peak_rss", "open"): PROC + " (/proc/self/clear_refs, this process's own)",
     ("readings/process.py", "_status_kib", "open"): PROC,

@@ -304,15 +304,14 @@ def test_gpufit_names_what_it_cannot_put_back(tmp_path):
 
 def test_a_hostile_object_never_reaches_the_users_cell():
     """CancelledError and an odd BaseException from a user object: the walk skips the holder and
-    says so; the user's Ctrl-C (KeyboardInterrupt) still goes through."""
+    says so; a KeyboardInterrupt or SystemExit an object raises is skipped the same way."""
     ns = {"a": og.hostile("raise cancelled"), "b": og.hostile("raise base"), "c": og.ClassRaises(),
           "t": torch.ones(3)}
     census = take_census(ns, torch=torch)
     assert census.find("t") is not None and census.skipped_count >= 2
-    walk = reach.Walk()
-    walk.add(og.Hostile(KeyboardInterrupt()), "k")
-    with pytest.raises(KeyboardInterrupt):
-        walk.run(lambda *a: True)
+    for exc in (KeyboardInterrupt(), SystemExit()):
+        census = take_census({"k": og.Hostile(exc), "t": torch.ones(3)}, torch=torch)
+        assert census.find("t") is not None and census.skipped_count >= 1
 
 
 def test_user_modules_are_walked_and_installed_packages_are_not(tmp_path, monkeypatch):
